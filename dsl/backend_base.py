@@ -1,0 +1,134 @@
+"""The ProgramBackend interface the interpreter talks to, and TokenBackend: its shared
+implementation for backends that take token ids (in-process engine, radixlm HTTP server).
+Promise: `select` scores exactly each choice's own tokens after the state's token prefix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from radixlm.chat_template import ChatTemplate
+from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod
+from radixlm.tokens import TokenCodec
+
+if TYPE_CHECKING:
+    from radixlm.interpreter import Executor
+
+
+@dataclass
+class GenOutput:
+    """One generation (or, when streaming, one delta of it)."""
+
+    text: str
+    ids: list[int] | None
+    meta: dict[str, Any]
+
+
+class ProgramBackend:
+    """What a program runs on. Token backends set `tokenizer`; text-only backends leave it None."""
+
+    tokenizer: Any = None
+    supports_pin = False  # pin_prefix really locks KV (in-process engine only)
+
+    _codec: TokenCodec | None = None
+    _template: ChatTemplate | None = None
+
+    @property
+    def codec(self) -> TokenCodec | None:
+        if self._codec is None and self.tokenizer is not None:
+            self._codec = TokenCodec(self.tokenizer)
+        return self._codec
+
+    def get_chat_template(self) -> ChatTemplate:
+        if self._template is None:
+            self._template = ChatTemplate.from_tokenizer(self.tokenizer)
+        return self._template
+
+    def generate(self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]) -> GenOutput:
+        raise NotImplementedError
+
+    def generate_stream(
+        self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]
+    ) -> Iterator[GenOutput]:
+        raise NotImplementedError
+
+    def select(
+        self, ex: Executor, choices: list[str], temperature: float, method: ChoicesSamplingMethod
+    ) -> ChoicesDecision:
+        raise NotImplementedError
+
+    def cache_prefix(self, ids: list[int]) -> None:
+        """Best effort: make `ids` cached on the server (no-op where that means nothing)."""
+
+    def pin_prefix(self, ids: list[int]) -> Any | None:
+        return None
+
+    def unpin_prefix(self, handle: Any) -> None:
+        return None
+
+    def flush_cache(self) -> bool:
+        return False
+
+    def shutdown(self) -> None:
+        return None
+
+
+class TokenBackend(ProgramBackend):
+    """Backends whose requests are token ids. Subclasses implement `_request` (batch,
+    blocking, engine-shaped result dicts) and `_request_stream` (one prompt, delta chunks)."""
+
+    def _request(
+        self, input_ids: list[list[int]], sampling: dict[str, Any], **logprob: Any
+    ) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _request_stream(
+        self, input_ids: list[int], sampling: dict[str, Any], **logprob: Any
+    ) -> Iterator[dict[str, Any]]:
+        raise NotImplementedError
+
+    def generate(self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]) -> GenOutput:
+        out = self._request([list(ex.ids_)], sampling, **logprob)[0]
+        return GenOutput(out["text"], list(out["output_ids"]), out["meta_info"])
+
+    def generate_stream(
+        self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]
+    ) -> Iterator[GenOutput]:
+        for chunk in self._request_stream(list(ex.ids_), sampling, **logprob):
+            yield GenOutput(chunk["text"], list(chunk["output_ids"]), chunk["meta_info"])
+
+    def cache_prefix(self, ids: list[int]) -> None:
+        if ids:
+            self._request([list(ids)], {"max_new_tokens": 0})
+
+    def score(self, prompts: list[list[int]], start: int) -> list[list[Any]]:
+        """Prompt-token logprobs of each prompt from position `start` (one batched call)."""
+        outs = self._request(
+            prompts, {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=start
+        )
+        result = []
+        for prompt, out in zip(prompts, outs, strict=True):
+            entries = [tuple(e) for e in out["meta_info"]["input_token_logprobs"]]
+            expect = prompt[start:]
+            if [e[1] for e in entries] != expect:
+                raise RuntimeError(
+                    f"backend scored tokens {[e[1] for e in entries][:8]} but the choice is {expect[:8]}"
+                )
+            result.append(entries)
+        return result
+
+    def select(
+        self, ex: Executor, choices: list[str], temperature: float, method: ChoicesSamplingMethod
+    ) -> ChoicesDecision:
+        prefix = list(ex.ids_)
+        if not prefix:
+            raise ValueError("select needs some text before it to condition on")
+        codec = ex.codec
+        assert codec is not None
+        choice_ids = [codec.encode(c) for c in choices]
+        if len(choices) > 1:
+            self.cache_prefix(prefix)  # prefill the shared prefix once, then score all choices
+        cond = self.score([prefix + c for c in choice_ids], len(prefix))
+        uncond = self.score(choice_ids, 0) if method.requires_unconditional_logprobs else None
+        return method(choices=choices, input_token_logprobs=cond, unconditional_token_logprobs=uncond)

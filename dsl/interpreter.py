@@ -1,0 +1,402 @@
+"""The interpreter: one Executor per program state runs its expressions in order on a
+worker thread (so `s += gen(...)` returns at once) and keeps the state's text, token ids,
+messages and variables. Promise: the committed token ids are exactly what the backend saw
+and generated; an error in any expression is kept with the program line that added it and
+re-raised to whoever waits on the state."""
+
+from __future__ import annotations
+
+import linecache
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from radixlm.backend_base import ProgramBackend
+from radixlm.ir import (
+    Commit,
+    ConcatAndAppend,
+    Constant,
+    Expr,
+    ExprList,
+    Gen,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    VarScopeBegin,
+    VarScopeEnd,
+    convert_value,
+    to_expr,
+)
+
+_DSL_DIR = os.path.dirname(os.path.abspath(__file__))
+_SKIP_FILES = {os.path.abspath(__import__("contextlib").__file__)}
+
+
+@dataclass(frozen=True)
+class CallSite:
+    filename: str
+    lineno: int
+    function: str
+
+    def describe(self) -> str:
+        line = linecache.getline(self.filename, self.lineno).strip()
+        return f'File "{self.filename}", line {self.lineno}, in {self.function}: {line}'
+
+
+def call_site() -> CallSite | None:
+    """The innermost frame outside radixlm's own code (the program line)."""
+    import sys
+
+    f = sys._getframe(1)
+    while f is not None:
+        name = os.path.abspath(f.f_code.co_filename)
+        if not name.startswith(_DSL_DIR + os.sep) and name not in _SKIP_FILES:
+            return CallSite(name, f.f_lineno, f.f_code.co_name)
+        f = f.f_back
+    return None
+
+
+class _StopTrace(Exception):
+    """Raised in trace mode when the program needs something that is not constant."""
+
+
+class Executor:
+    """Runs one program state's expressions. Fields ending in `_` belong to the worker."""
+
+    def __init__(
+        self,
+        backend: ProgramBackend,
+        arguments: dict[str, Any],
+        sampling: dict[str, Any],
+        logprob: dict[str, Any],
+        stream: bool = False,
+        program_name: str = "<program>",
+        trace: bool = False,
+    ) -> None:
+        self.backend = backend
+        self.codec = backend.codec
+        self.template = backend.get_chat_template()
+        self.arguments = arguments
+        self.sampling = sampling
+        self.logprob = logprob
+        self.stream = stream
+        self.program_name = program_name
+        self.trace = trace
+
+        self.text_ = ""
+        self.ids_: list[int] = []
+        self.pending_ = ""  # tail of text_ not yet tokenized
+        self.messages_: list[dict[str, Any]] = []
+        self.cur_role: str | None = None
+        self.cur_role_begin_pos = 0
+        self.cur_role_suffix = ""
+        self.fork_text_pos = 0
+        self.fork_ids_pos = 0
+
+        self.variables: dict[str, Any] = {}
+        self.variable_event: dict[str, threading.Event] = {}
+        self.meta_info: dict[str, Any] = {}
+        self._scope_start: dict[str, int] = {}
+        self.error_: BaseException | None = None
+        self.is_finished = False
+        self._ended = False
+        self._pins: list[Any] = []
+        self._last_pin: Any = None
+        self.children: list[Executor] = []
+
+        self.stream_text_event = threading.Event() if stream else None
+        self.stream_var_event: dict[str, threading.Event] = {}
+        self._queue: queue.Queue = queue.Queue()
+        self._worker: threading.Thread | None = None
+        if not trace:
+            self._worker = threading.Thread(target=self._loop, name="radixlm-state", daemon=True)
+            self._worker.start()
+
+    # ---- caller side -------------------------------------------------------------------
+
+    def submit(self, expr: Any, site: CallSite | None = None) -> None:
+        expr = to_expr(expr)
+        self._init_events(expr)
+        if self.trace:
+            self._execute(expr)
+            return
+        if self._ended:
+            raise RuntimeError("this program state has ended; it accepts no more expressions")
+        if self.error_ is not None:
+            self._release_waiters()
+        self._queue.put((expr, site))
+
+    def sync(self) -> None:
+        if not self.trace:
+            self._queue.join()
+
+    def raise_error(self) -> None:
+        if self.error_ is not None:
+            raise self.error_
+
+    def get_var(self, name: str) -> Any:
+        event = self.variable_event.get(name)
+        if event is not None:
+            event.wait()
+        if name not in self.variables:
+            self.raise_error()
+            raise KeyError(f"program state has no variable {name!r}")
+        return self.variables[name]
+
+    def get_meta_info(self, name: str) -> Any:
+        event = self.variable_event.get(name)
+        if event is not None:
+            event.wait()
+        if name not in self.variables:
+            self.raise_error()
+        return self.meta_info.get(name)
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.variables[name] = value
+
+    def end(self) -> None:
+        """Finish: let queued expressions run, stop the worker, end forks, drop pins."""
+        if self._ended:
+            return
+        self._ended = True
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join()
+        for child in self.children:
+            child.end()
+        for handle in self._pins:
+            self.backend.unpin_prefix(handle)
+        self._pins.clear()
+
+    def fork(self, size: int, site: CallSite | None) -> tuple[list[Executor], Any]:
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"fork size must be a positive int, got {size!r}")
+        if self.trace:
+            raise _StopTrace
+        self.submit(Commit(pin=size > 1 and self.backend.supports_pin), site)
+        self.sync()
+        self.raise_error()
+        handle, self._last_pin = self._last_pin, None
+        if handle is not None:
+            self._pins.append(handle)
+        kids = [self._child() for _ in range(size)]
+        self.children.extend(kids)
+        return kids, handle
+
+    def release_pin(self, handle: Any) -> None:
+        if handle is not None and handle in self._pins:
+            self._pins.remove(handle)
+            self.backend.unpin_prefix(handle)
+
+    def commit_now(self) -> list[int]:
+        """Tokenize pending text (through the worker) and return the committed ids."""
+        if self._ended or self.trace:
+            self._commit()  # no worker runs any more: safe to do here
+        else:
+            self.submit(Commit())
+            self.sync()
+        self.raise_error()
+        return list(self.ids_)
+
+    def _child(self) -> Executor:
+        kid = Executor(self.backend, self.arguments, self.sampling, self.logprob, self.stream, self.program_name)
+        kid.text_, kid.ids_, kid.pending_ = self.text_, list(self.ids_), self.pending_
+        kid.messages_ = [dict(m) for m in self.messages_]
+        kid.cur_role, kid.cur_role_begin_pos = self.cur_role, self.cur_role_begin_pos
+        kid.cur_role_suffix = self.cur_role_suffix
+        kid.variables = dict(self.variables)
+        kid.meta_info = dict(self.meta_info)
+        kid.fork_text_pos, kid.fork_ids_pos = len(self.text_), len(self.ids_)
+        return kid
+
+    def _init_events(self, expr: Expr) -> None:
+        if isinstance(expr, ExprList):
+            for e in expr.exprs:
+                self._init_events(e)
+            return
+        name = getattr(expr, "name", None) if isinstance(expr, (Gen, Select, VarScopeBegin)) else None
+        if name is not None:
+            self.variable_event[name] = threading.Event()
+            if self.stream:
+                self.stream_var_event[name] = threading.Event()
+
+    # ---- worker side -------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    break
+                if self.error_ is None:
+                    expr, site = item
+                    try:
+                        self._execute(expr)
+                    except BaseException as e:  # noqa: BLE001 - kept and re-raised to the caller
+                        self._fail(e, site)
+            finally:
+                self._queue.task_done()
+                if self.stream_text_event is not None:
+                    self.stream_text_event.set()
+        self.is_finished = True
+        if self.stream_text_event is not None:
+            self.stream_text_event.set()
+
+    def _fail(self, error: BaseException, site: CallSite | None) -> None:
+        where = site.describe() if site is not None else "(unknown line)"
+        if hasattr(error, "add_note"):
+            error.add_note(f"radixlm: in program {self.program_name!r}, {where}")
+        self.error_ = error
+        self._release_waiters()
+
+    def _release_waiters(self) -> None:
+        for ev in list(self.variable_event.values()) + list(self.stream_var_event.values()):
+            ev.set()
+        if self.stream_text_event is not None:
+            self.stream_text_event.set()
+
+    def _execute(self, expr: Expr) -> None:
+        handler = _HANDLERS.get(type(expr))
+        if handler is None:
+            raise ValueError(f"unknown expression {expr!r}")
+        handler(self, expr)
+
+    def _exec_list(self, expr: ExprList) -> None:
+        for e in expr.exprs:
+            self._execute(e)
+
+    def _exec_constant(self, expr: Constant) -> None:
+        self._fill(expr.value)
+
+    def _fill(self, text: str) -> None:
+        self.text_ += text
+        if self.codec is not None:
+            self.pending_ += text
+
+    def _commit(self) -> None:
+        if self.codec is not None and self.pending_:
+            self.ids_.extend(self.codec.encode(self.pending_))
+            self.pending_ = ""
+
+    def _exec_commit(self, expr: Commit) -> None:
+        self._commit()
+        if expr.pin and self.ids_:
+            self._last_pin = self.backend.pin_prefix(list(self.ids_))
+
+    def _append_generated(self, text: str, ids: list[int] | None) -> None:
+        """Add a generation's text; keep the ids that decode to a prefix of it."""
+        self.text_ += text
+        if self.codec is None:
+            return
+        if ids is None:
+            self.pending_ += text
+            return
+        k, decoded = self.codec.consistent_prefix(ids, text)
+        self.ids_.extend(ids[:k])
+        self.pending_ += text[len(decoded) :]
+
+    def _resolve(self, gen: Gen) -> tuple[dict[str, Any], dict[str, Any]]:
+        sampling = {**self.sampling, **gen.sampling}
+        logprob = {**self.logprob, **gen.logprob}
+        return sampling, logprob
+
+    def _exec_gen(self, gen: Gen) -> None:
+        if self.trace:
+            raise _StopTrace
+        sampling, logprob = self._resolve(gen)
+        self._commit()
+        if self.stream:
+            text, meta = self._gen_stream(gen, sampling, logprob)
+        else:
+            out = self.backend.generate(self, sampling, logprob)
+            self._append_generated(out.text, out.ids)
+            text, meta = out.text, out.meta
+        self._set_result(gen.name, convert_value(gen, text), meta)
+
+    def _gen_stream(self, gen: Gen, sampling: dict[str, Any], logprob: dict[str, Any]) -> tuple[str, Any]:
+        name = gen.name
+        text, ids, meta = "", [], {}
+        if name is not None:
+            self.variables[name] = ""
+        for chunk in self.backend.generate_stream(self, sampling, logprob):
+            text += chunk.text
+            ids.extend(chunk.ids or [])
+            meta = chunk.meta
+            self.text_ += chunk.text
+            if name is not None:
+                self.variables[name] = text
+                self.meta_info[name] = meta
+                self.stream_var_event[name].set()
+            assert self.stream_text_event is not None
+            self.stream_text_event.set()
+        # text_ already holds the streamed text; reconcile the ids against it.
+        self.text_ = self.text_[: len(self.text_) - len(text)]
+        self._append_generated(text, ids if self.codec is not None and ids else None)
+        return text, meta
+
+    def _set_result(self, name: str | None, value: Any, meta: Any) -> None:
+        if name is None:
+            return
+        self.variables[name] = value
+        self.meta_info[name] = meta
+        self.variable_event[name].set()
+        if name in self.stream_var_event:
+            self.stream_var_event[name].set()
+
+    def _exec_select(self, sel: Select) -> None:
+        if self.trace:
+            raise _StopTrace
+        self._commit()
+        decision = self.backend.select(self, sel.choices, sel.temperature, sel.choices_method)
+        self.text_ += decision.decision
+        if self.codec is not None:
+            self.ids_.extend(self.codec.encode(decision.decision))
+        self._set_result(sel.name, decision.decision, decision.meta_info)
+
+    def _exec_role_begin(self, expr: RoleBegin) -> None:
+        if self.cur_role is not None:
+            raise ValueError(f"role {expr.role!r} begins inside an open {self.cur_role!r} role; roles do not nest")
+        prefix, suffix = self.template.prefix_and_suffix(expr.role, self.messages_)
+        self._fill(prefix)
+        self.cur_role, self.cur_role_begin_pos, self.cur_role_suffix = expr.role, len(self.text_), suffix
+
+    def _exec_role_end(self, expr: RoleEnd) -> None:
+        if self.cur_role != expr.role:
+            raise ValueError(f"role end {expr.role!r} does not match the open role {self.cur_role!r}")
+        content = self.text_[self.cur_role_begin_pos :]
+        self._fill(self.cur_role_suffix)
+        self.messages_.append({"role": expr.role, "content": content})
+        self.cur_role = None
+
+    def _exec_scope_begin(self, expr: VarScopeBegin) -> None:
+        self._scope_start[expr.name] = len(self.text_)
+
+    def _exec_scope_end(self, expr: VarScopeEnd) -> None:
+        if expr.name not in self._scope_start:
+            raise ValueError(f"var_scope {expr.name!r} ends without a begin")
+        self._set_result(expr.name, self.text_[self._scope_start.pop(expr.name) :], None)
+
+    def _exec_concat(self, expr: ConcatAndAppend) -> None:
+        self._commit()
+        for state in expr.states:
+            kid: Executor = state.stream_executor
+            kid_ids = kid.commit_now()
+            self.text_ += kid.text_[kid.fork_text_pos :]
+            if self.codec is not None:
+                self.ids_.extend(kid_ids[kid.fork_ids_pos :])
+
+
+_HANDLERS = {
+    Constant: Executor._exec_constant,
+    ExprList: Executor._exec_list,
+    Gen: Executor._exec_gen,
+    Select: Executor._exec_select,
+    RoleBegin: Executor._exec_role_begin,
+    RoleEnd: Executor._exec_role_end,
+    VarScopeBegin: Executor._exec_scope_begin,
+    VarScopeEnd: Executor._exec_scope_end,
+    ConcatAndAppend: Executor._exec_concat,
+    Commit: Executor._exec_commit,
+}

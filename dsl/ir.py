@@ -1,0 +1,221 @@
+"""The expressions of a radixlm program (what `s += ...` accepts) and the sampling options
+they carry. Expressions are plain immutable data; the interpreter gives them meaning.
+Promise: every constructor validates its arguments and raises ValueError with a reason."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from radixlm.choices import ChoicesSamplingMethod
+
+# Sampling keys a gen may set, mapped to the engine's (SGLang's) names.
+GEN_TO_ENGINE_KEYS = {
+    "max_tokens": "max_new_tokens",
+    "min_tokens": "min_new_tokens",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "ignore_eos": "ignore_eos",
+    "regex": "regex",
+    "json_schema": "json_schema",
+}
+# Options that are not sampling parameters but ride along with a request.
+LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
+
+REGEX_INT = r"[-+]?[0-9]+"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
+_DTYPE_REGEX = {int: REGEX_INT, float: REGEX_FLOAT, bool: REGEX_BOOL, str: REGEX_STR}
+_DTYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+class Expr:
+    """Base of all expressions; `expr + "text"` and `"text" + expr` build an ExprList."""
+
+    def __add__(self, other: Any) -> ExprList:
+        return ExprList([self, to_expr(other)])
+
+    def __radd__(self, other: Any) -> ExprList:
+        return ExprList([to_expr(other), self])
+
+
+def to_expr(value: Any) -> Expr:
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, str):
+        return Constant(value)
+    if value is None:
+        raise ValueError("cannot append None to a program state")
+    raise ValueError(f"cannot append a {type(value).__name__} to a program state; use str(...) first")
+
+
+@dataclass(frozen=True)
+class Constant(Expr):
+    value: str
+
+    def __repr__(self) -> str:
+        return repr(self.value if len(self.value) < 40 else self.value[:37] + "...")
+
+
+@dataclass(frozen=True)
+class ExprList(Expr):
+    exprs: list[Expr]
+
+    def __add__(self, other: Any) -> ExprList:
+        return ExprList([*self.exprs, to_expr(other)])
+
+    def __radd__(self, other: Any) -> ExprList:
+        return ExprList([to_expr(other), *self.exprs])
+
+
+@dataclass(frozen=True)
+class Gen(Expr):
+    """Generate text. `sampling` holds only the gen-level overrides (engine names)."""
+
+    name: str | None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    logprob: dict[str, Any] = field(default_factory=dict)
+    dtype: type | None = None
+    schema_cls: type | None = None  # pydantic class: the value becomes a validated object
+
+
+@dataclass(frozen=True)
+class Select(Expr):
+    name: str | None
+    choices: list[str]
+    temperature: float
+    choices_method: ChoicesSamplingMethod
+
+
+@dataclass(frozen=True)
+class RoleBegin(Expr):
+    role: str
+
+
+@dataclass(frozen=True)
+class RoleEnd(Expr):
+    role: str
+
+
+@dataclass(frozen=True)
+class VarScopeBegin(Expr):
+    name: str
+
+
+@dataclass(frozen=True)
+class VarScopeEnd(Expr):
+    name: str
+
+
+@dataclass(frozen=True)
+class ConcatAndAppend(Expr):
+    states: list[Any]  # ProgramState of joined forks
+
+
+@dataclass(frozen=True)
+class Commit(Expr):
+    """Internal: tokenize pending text now (and optionally pin the prefix for forks)."""
+
+    pin: bool = False
+
+
+def _is_pydantic_class(obj: Any) -> bool:
+    return isinstance(obj, type) and hasattr(obj, "model_json_schema") and hasattr(obj, "model_validate_json")
+
+
+def normalize_json_schema(schema: Any) -> tuple[str, type | None]:
+    """str | dict | pydantic class → (schema JSON text, pydantic class or None)."""
+    if _is_pydantic_class(schema):
+        return json.dumps(schema.model_json_schema()), schema
+    if isinstance(schema, dict):
+        return json.dumps(schema), None
+    if isinstance(schema, str):
+        try:
+            json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"json_schema is not valid JSON: {e}") from e
+        return schema, None
+    raise ValueError(f"json_schema must be a JSON string, a dict or a pydantic class, got {type(schema).__name__}")
+
+
+def _resolve_dtype(dtype: Any) -> type | None:
+    if dtype is None:
+        return None
+    if isinstance(dtype, str):
+        dtype = _DTYPE_NAMES.get(dtype, dtype)
+    if dtype not in _DTYPE_REGEX:
+        raise ValueError(f"dtype must be one of int, float, bool, str; got {dtype!r}")
+    return dtype
+
+
+def make_gen(name: str | None, options: dict[str, Any], dtype: Any = None) -> Gen:
+    """Build a Gen from gen()'s keyword arguments (None means 'not set')."""
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"gen name must be a str, got {type(name).__name__}")
+    sampling: dict[str, Any] = {}
+    for key, engine_key in GEN_TO_ENGINE_KEYS.items():
+        if options.get(key) is not None:
+            sampling[engine_key] = options[key]
+    logprob = {k: options[k] for k in LOGPROB_KEYS if options.get(k) is not None}
+    dtype = _resolve_dtype(dtype)
+    schema_cls = None
+    if "json_schema" in sampling:
+        sampling["json_schema"], schema_cls = normalize_json_schema(sampling["json_schema"])
+    if "regex" in sampling:
+        try:
+            re.compile(sampling["regex"])
+        except re.error as e:
+            raise ValueError(f"invalid regex {sampling['regex']!r}: {e}") from e
+    if "regex" in sampling and "json_schema" in sampling:
+        raise ValueError("gen: give at most one of regex and json_schema")
+    if dtype is not None and "regex" not in sampling and "json_schema" not in sampling:
+        sampling["regex"] = _DTYPE_REGEX[dtype]
+    for key in ("max_new_tokens", "min_new_tokens"):
+        if key in sampling and (not isinstance(sampling[key], int) or sampling[key] < 0):
+            raise ValueError(f"gen: {key} must be a non-negative int, got {sampling[key]!r}")
+    return Gen(name, sampling, logprob, dtype, schema_cls)
+
+
+def convert_value(gen: Gen, text: str) -> Any:
+    """The variable value of a finished gen: typed when a dtype or pydantic class was given."""
+    if gen.schema_cls is not None:
+        try:
+            return gen.schema_cls.model_validate_json(text)
+        except Exception as e:  # pydantic.ValidationError, kept generic to avoid importing pydantic
+            raise ValueError(f"gen {gen.name!r}: output does not validate as {gen.schema_cls.__name__}: {e}") from e
+    if gen.dtype is None:
+        return text
+    try:
+        if gen.dtype is int:
+            return int(text.strip())
+        if gen.dtype is float:
+            return float(text.strip())
+        if gen.dtype is bool:
+            return {"True": True, "False": False}[text.strip()]
+        return json.loads(text)
+    except (ValueError, KeyError, json.JSONDecodeError) as e:
+        raise ValueError(f"gen {gen.name!r}: output {text!r} does not parse as {gen.dtype.__name__}") from e
+
+
+def make_select(name: str | None, choices: Any, temperature: float, method: Any) -> Select:
+    if not isinstance(choices, (list, tuple)) or not choices:
+        raise ValueError("select needs a non-empty list of choices")
+    if not all(isinstance(c, str) and c for c in choices):
+        raise ValueError("select choices must be non-empty strings")
+    if method is None:
+        from radixlm.choices import token_length_normalized
+
+        method = token_length_normalized
+    if not callable(method):
+        raise ValueError(f"choices_method must be a ChoicesSamplingMethod, got {method!r}")
+    return Select(name, list(choices), float(temperature or 0.0), method)

@@ -1,0 +1,104 @@
+"""OpenAI: the program backend for any OpenAI-compatible server through the official
+`openai` client. Chat mode sends the state's messages; completion mode sends its text.
+Promise: what such servers cannot do (select, regex, continuing a partial assistant turn
+in chat mode) fails at once with a ValueError that says so, never silently."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from radixlm.backend_base import GenOutput, ProgramBackend
+from radixlm.chat_template import ChatTemplate, PlainChatTemplate
+from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod
+
+if TYPE_CHECKING:
+    from radixlm.interpreter import Executor
+
+_DIRECT = {"max_new_tokens": "max_tokens", "stop": "stop", "temperature": "temperature", "top_p": "top_p",
+           "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty"}
+# Not in the OpenAI API; servers such as radixlm, SGLang and vLLM take them in the body.
+_EXTRA = {"top_k": "top_k", "min_p": "min_p", "min_new_tokens": "min_tokens", "ignore_eos": "ignore_eos",
+          "stop_token_ids": "stop_token_ids", "repetition_penalty": "repetition_penalty"}
+
+
+class OpenAI(ProgramBackend):
+    """`OpenAI(model, base_url=..., api_key=..., is_chat_model=True)`."""
+
+    def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None, *,
+                 is_chat_model: bool = True, chat_template: ChatTemplate | None = None,
+                 **client_kwargs: Any) -> None:
+        import openai
+
+        self.model = model
+        self.is_chat_model = is_chat_model
+        self.client = openai.OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
+                                    **client_kwargs)
+        self.tokenizer = None
+        self._template = chat_template or PlainChatTemplate()
+
+    def _kwargs(self, sampling: dict[str, Any], logprob: dict[str, Any]) -> dict[str, Any]:
+        if "regex" in sampling:
+            raise ValueError("regex is not supported by the OpenAI backend (the OpenAI API has no regex "
+                             "constraint); use radixlm.Runtime or radixlm.RuntimeEndpoint")
+        if logprob.get("return_logprob"):
+            raise ValueError("return_logprob is not supported by the OpenAI backend")
+        unknown = set(sampling) - set(_DIRECT) - set(_EXTRA) - {"json_schema"}
+        if unknown:
+            raise ValueError(f"the OpenAI backend cannot send sampling option(s) {sorted(unknown)}")
+        kw: dict[str, Any] = {_DIRECT[k]: v for k, v in sampling.items() if k in _DIRECT}
+        extra = {_EXTRA[k]: v for k, v in sampling.items() if k in _EXTRA}
+        if extra:
+            kw["extra_body"] = extra
+        if "json_schema" in sampling:
+            if not self.is_chat_model:
+                raise ValueError("json_schema needs chat mode on the OpenAI backend (response_format)")
+            kw["response_format"] = {"type": "json_schema",
+                                     "json_schema": {"name": "output", "schema": json.loads(sampling["json_schema"])}}
+        return kw
+
+    def _messages(self, ex: Executor) -> list[dict[str, Any]]:
+        if ex.cur_role != "assistant":
+            raise ValueError("the OpenAI chat backend generates whole assistant messages: put gen inside "
+                             "an assistant role (s += assistant(gen(...)))")
+        if ex.text_[ex.cur_role_begin_pos:]:
+            raise ValueError("the OpenAI chat backend cannot continue a partial assistant message: gen must "
+                             "come first in the assistant role")
+        return list(ex.messages_)
+
+    def generate(self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]) -> GenOutput:
+        kw = self._kwargs(sampling, logprob)
+        if self.is_chat_model:
+            resp = self.client.chat.completions.create(model=self.model, messages=self._messages(ex), **kw)
+            choice = resp.choices[0]
+            text = choice.message.content or ""
+        else:
+            resp = self.client.completions.create(model=self.model, prompt=ex.text_, **kw)
+            choice = resp.choices[0]
+            text = choice.text
+        usage = resp.usage
+        meta = {"prompt_tokens": getattr(usage, "prompt_tokens", None),
+                "completion_tokens": getattr(usage, "completion_tokens", None),
+                "finish_reason": choice.finish_reason}
+        return GenOutput(text, None, meta)
+
+    def generate_stream(self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]) -> Iterator[GenOutput]:
+        kw = self._kwargs(sampling, logprob)
+        if self.is_chat_model:
+            stream = self.client.chat.completions.create(model=self.model, messages=self._messages(ex),
+                                                         stream=True, **kw)
+        else:
+            stream = self.client.completions.create(model=self.model, prompt=ex.text_, stream=True, **kw)
+        for chunk in stream:
+            if not chunk.choices:
+                continue
+            c = chunk.choices[0]
+            delta = (c.delta.content if self.is_chat_model else c.text) or ""
+            yield GenOutput(delta, None, {"finish_reason": c.finish_reason})
+
+    def select(self, ex: Executor, choices: list[str], temperature: float,
+               method: ChoicesSamplingMethod) -> ChoicesDecision:
+        raise ValueError("select / gen(choices=...) is not supported by the OpenAI backend: OpenAI-compatible "
+                         "servers do not score given continuations; use radixlm.Runtime or RuntimeEndpoint")

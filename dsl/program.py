@@ -1,0 +1,244 @@
+"""`@function` programs: run, run_batch (threads, progress bar, generator style), bind,
+async arun/arun_batch, and the tracer that pre-caches a program's constant prefix before a
+batch. Promise: a program's exception reaches the caller, tagged with the program line."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from radixlm.backend_base import ProgramBackend
+from radixlm.interpreter import Executor, _StopTrace
+from radixlm.state import ProgramState
+
+_default_backend: ProgramBackend | None = None
+# Tracing pre-caches a constant prefix only when it is at least this many tokens long.
+PRECACHE_MIN_TOKENS = 32
+
+_RUN_SAMPLING_KEYS = (
+    "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k",
+    "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos",
+)
+_RUN_LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
+
+
+def set_default_backend(backend: ProgramBackend | None) -> None:
+    global _default_backend
+    _default_backend = backend
+
+
+def get_default_backend() -> ProgramBackend | None:
+    return _default_backend
+
+
+def flush_cache(backend: ProgramBackend | None = None) -> bool:
+    backend = backend or _default_backend
+    return False if backend is None else backend.flush_cache()
+
+
+def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    unknown = set(options) - set(_RUN_SAMPLING_KEYS) - set(_RUN_LOGPROB_KEYS)
+    if unknown:
+        raise ValueError(f"unknown run option(s): {sorted(unknown)}")
+    sampling = {k: options[k] for k in _RUN_SAMPLING_KEYS if options.get(k) is not None}
+    logprob = {k: options[k] for k in _RUN_LOGPROB_KEYS if options.get(k) is not None}
+    return sampling, logprob
+
+
+class Program:
+    """A function `def prog(s, *args)` made runnable. Created by `@function`."""
+
+    def __init__(self, func: Callable[..., Any], bind_arguments: dict[str, Any] | None = None,
+                 **options: Any) -> None:
+        if not callable(func):
+            raise ValueError("@function decorates a callable")
+        params = list(inspect.signature(func).parameters)
+        if not params:
+            raise ValueError(f"program {func.__name__!r} must take the state as its first parameter")
+        self.func = func
+        self.arg_names = params[1:]
+        self.bind_arguments = dict(bind_arguments or {})
+        options.pop("num_api_spec_tokens", None)  # SGLang's API speculation: accepted, unused
+        _split_options(options)
+        self.options = options  # default sampling options given to @function(...)
+        self.__name__ = getattr(func, "__name__", "program")
+        self.__doc__ = func.__doc__
+
+    def bind(self, **kwargs: Any) -> Program:
+        unknown = set(kwargs) - set(self.arg_names)
+        if unknown:
+            raise ValueError(f"{self.__name__} has no argument(s) {sorted(unknown)}")
+        return Program(self.func, {**self.bind_arguments, **kwargs}, **self.options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Calling a program inside another program runs it on the caller's state."""
+        if args and isinstance(args[0], ProgramState):
+            return self.func(args[0], *args[1:], **{**self.bind_arguments, **kwargs})
+        return self.run(*args, **kwargs)
+
+    # ---- running ----------------------------------------------------------------------
+
+    def _backend(self, backend: ProgramBackend | None) -> ProgramBackend:
+        backend = backend or _default_backend
+        if backend is None:
+            raise ValueError("no backend: pass backend=... or call radixlm.set_default_backend(...)")
+        return backend
+
+    def _executor(self, backend: ProgramBackend, kwargs: dict[str, Any], options: dict[str, Any],
+                  stream: bool, trace: bool = False) -> Executor:
+        sampling, logprob = _split_options({**self.options, **options})
+        return Executor(backend, kwargs, sampling, logprob, stream, self.__name__, trace=trace)
+
+    def run(self, *args: Any, max_new_tokens: int = 128, stream: bool = False,
+            backend: ProgramBackend | None = None, **options: Any) -> ProgramState:
+        """Run once. Sampling options (temperature, stop, ...) are defaults for every gen."""
+        kwargs = self._arguments(args, options)
+        ex = self._executor(self._backend(backend), kwargs, {"max_new_tokens": max_new_tokens, **options}, stream)
+        state = ProgramState(ex)
+        if stream:
+            threading.Thread(target=self._body, args=(state, kwargs, True), daemon=True).start()
+        else:
+            self._body(state, kwargs, False)
+        return state
+
+    def _arguments(self, args: tuple[Any, ...], options: dict[str, Any]) -> dict[str, Any]:
+        if len(args) > len(self.arg_names):
+            raise ValueError(f"{self.__name__} takes {len(self.arg_names)} argument(s), got {len(args)}")
+        kwargs = dict(zip(self.arg_names, args))
+        for name in list(options):
+            if name in self.arg_names:
+                kwargs[name] = options.pop(name)
+        return {**self.bind_arguments, **kwargs}
+
+    def _body(self, state: ProgramState, kwargs: dict[str, Any], in_thread: bool) -> None:
+        ex = state.stream_executor
+        try:
+            state.ret_value = self.func(state, **kwargs)
+        except BaseException as e:
+            if ex.error_ is None:
+                ex.error_ = e
+            if not in_thread:
+                ex.end()
+                raise
+        finally:
+            ex.end()
+        if not in_thread:
+            ex.raise_error()
+
+    def run_batch(self, batch_kwargs: list[dict[str, Any]], *, max_new_tokens: int = 128,
+                  num_threads: int | str = "auto", progress_bar: bool = False,
+                  generator_style: bool = False, backend: ProgramBackend | None = None,
+                  **options: Any) -> list[ProgramState] | Iterator[ProgramState]:
+        """Run the program once per kwargs dict, concurrently. The first error is raised."""
+        if not isinstance(batch_kwargs, (list, tuple)) or not all(isinstance(b, dict) for b in batch_kwargs):
+            raise ValueError("run_batch takes a list of dicts of program arguments")
+        backend = self._backend(backend)
+        _split_options(options)  # validate before any work
+        if len(batch_kwargs) > 1:
+            self.precache(backend)
+        threads = _num_threads(num_threads, len(batch_kwargs))
+
+        def one(kw: dict[str, Any]) -> ProgramState:
+            return self.run(max_new_tokens=max_new_tokens, backend=backend, **dict(kw), **options)
+
+        it = _run_all(one, list(batch_kwargs), threads, progress_bar)
+        return it if generator_style else list(it)
+
+    async def arun(self, *args: Any, **kwargs: Any) -> ProgramState:
+        return await asyncio.to_thread(self.run, *args, **kwargs)
+
+    async def arun_batch(self, batch_kwargs: list[dict[str, Any]], **kwargs: Any) -> list[ProgramState]:
+        kwargs.pop("generator_style", None)
+        return await asyncio.to_thread(self.run_batch, batch_kwargs, **kwargs)
+
+    # ---- tracing ----------------------------------------------------------------------
+
+    def trace_prefix(self, backend: ProgramBackend) -> str:
+        """The text the program appends before it first needs an argument or the model."""
+        ex = self._executor(backend, {}, {}, stream=False, trace=True)
+        state = ProgramState(ex)
+        args = {n: self.bind_arguments.get(n, _Placeholder(n)) for n in self.arg_names}
+        try:
+            self.func(state, **args)
+        except _StopTrace:
+            pass
+        except Exception:  # noqa: BLE001 - tracing is an optimization; the real run reports errors
+            pass
+        return ex.text_
+
+    def precache(self, backend: ProgramBackend) -> int:
+        """Cache the constant prefix on the backend; returns its token count (0 if skipped)."""
+        if backend.codec is None:
+            return 0
+        ids = backend.codec.encode(self.trace_prefix(backend))
+        if len(ids) < PRECACHE_MIN_TOKENS:
+            return 0
+        backend.cache_prefix(ids)
+        return len(ids)
+
+
+class _Placeholder:
+    """Stands for a program argument while tracing: any use of it ends the trace."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def _stop(self, *args: Any, **kwargs: Any) -> Any:
+        raise _StopTrace
+
+    __str__ = __format__ = __add__ = __radd__ = __getitem__ = __iter__ = __len__ = _stop
+    __eq__ = __lt__ = __gt__ = __le__ = __ge__ = __bool__ = __int__ = __float__ = __contains__ = _stop
+    __call__ = __mul__ = __rmul__ = __mod__ = __hash__ = _stop
+
+    def __getattr__(self, name: str) -> Any:
+        raise _StopTrace
+
+
+def _num_threads(num_threads: int | str, n: int) -> int:
+    if num_threads == "auto":
+        num_threads = max(64, (os.cpu_count() or 1) * 16)
+    if not isinstance(num_threads, int) or num_threads < 1:
+        raise ValueError(f"num_threads must be 'auto' or a positive int, got {num_threads!r}")
+    return max(1, min(num_threads, n))
+
+
+def _run_all(one: Callable[[dict[str, Any]], ProgramState], batch: list[dict[str, Any]],
+             threads: int, progress_bar: bool) -> Iterator[ProgramState]:
+    pbar = None
+    if progress_bar:
+        import tqdm
+
+        pbar = tqdm.tqdm(total=len(batch))
+    try:
+        if threads == 1:
+            for kw in batch:
+                yield one(kw)
+                if pbar is not None:
+                    pbar.update()
+            return
+        with ThreadPoolExecutor(threads) as pool:
+            futures = [pool.submit(one, kw) for kw in batch]
+            if pbar is not None:
+                for f in futures:
+                    f.add_done_callback(lambda _: pbar.update())
+            for f in futures:
+                yield f.result()
+    finally:
+        if pbar is not None:
+            pbar.close()
+
+
+def function(func: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Decorator: `@function` or `@function(temperature=0, max_new_tokens=64)`."""
+    if func is not None:
+        return Program(func, **options)
+
+    def wrap(f: Callable[..., Any]) -> Program:
+        return Program(f, **options)
+
+    return wrap

@@ -1,0 +1,54 @@
+"""Runtime: the in-process program backend over a radixlm `Engine`. Requests are token
+ids; forks pin the shared prefix's KV in the engine (prefilled once, locked until join)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from radixlm.backend_base import TokenBackend
+
+
+class Runtime(TokenBackend):
+    """`Runtime(model_path=None, **engine_options)` starts an Engine in this process;
+    `Runtime(engine=existing_engine)` wraps one you already have."""
+
+    supports_pin = True
+
+    def __init__(self, model_path: str | None = None, *, engine: Any = None, **engine_options: Any) -> None:
+        if engine is None:
+            from radixlm.backend.engine import Engine
+
+            engine = Engine(model_path=model_path, **engine_options)
+        elif model_path is not None or engine_options:
+            raise ValueError("give either engine=... or model_path/engine options, not both")
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+
+    def _request(self, input_ids: list[list[int]], sampling: dict[str, Any], **logprob: Any) -> list[dict[str, Any]]:
+        outs = self.engine.generate(input_ids=input_ids, sampling_params=dict(sampling), **logprob)
+        return outs if isinstance(outs, list) else [outs]
+
+    def _request_stream(self, input_ids: list[int], sampling: dict[str, Any], **logprob: Any) -> Iterator[dict[str, Any]]:
+        return self.engine.generate(input_ids=input_ids, sampling_params=dict(sampling), stream=True, **logprob)
+
+    def pin_prefix(self, ids: list[int]) -> Any:
+        return self.engine.pin_prefix(list(ids))
+
+    def unpin_prefix(self, handle: Any) -> None:
+        self.engine.unpin_prefix(handle)
+
+    def flush_cache(self) -> bool:
+        return bool(self.engine.flush_cache())
+
+    def get_stats(self) -> dict[str, Any]:
+        return self.engine.get_stats()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()

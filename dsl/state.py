@@ -1,0 +1,267 @@
+"""ProgramState (the `s` a program receives) and ProgramStateGroup (what `s.fork(n)`
+returns). Promise: `+=` never blocks; reading a variable, the text or the messages waits
+for what it needs and raises the program's error (with its line) if one happened."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from radixlm.interpreter import Executor, call_site
+from radixlm.ir import ConcatAndAppend, Expr, ExprList, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd
+
+
+class _Submitted:
+    """Returned by `s.user("...")`: already appended, so `s += s.user(...)` adds nothing more."""
+
+
+SUBMITTED = _Submitted()
+
+
+class _RoleScope:
+    """`s.user()` without content: a context manager (`with s.user(): ...`)."""
+
+    def __init__(self, state: ProgramState, role: str) -> None:
+        self._state, self._role = state, role
+
+    def __enter__(self) -> ProgramState:
+        self._state.stream_executor.submit(RoleBegin(self._role), call_site())
+        return self._state
+
+    def __exit__(self, *exc: Any) -> None:
+        self._state.stream_executor.submit(RoleEnd(self._role), call_site())
+
+
+class ProgramState:
+    """The state of a running program: its text, token ids, messages and variables."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.stream_executor = executor
+        self.ret_value: Any = None
+
+    # ---- appending --------------------------------------------------------------------
+
+    def __iadd__(self, other: Any) -> ProgramState:
+        if other is not SUBMITTED:
+            self.stream_executor.submit(other, call_site())
+        return self
+
+    def _role(self, role: str, expr: Any) -> Any:
+        if expr is None:
+            return _RoleScope(self, role)
+        self.stream_executor.submit(ExprList([RoleBegin(role), expr, RoleEnd(role)]), call_site())
+        return SUBMITTED
+
+    def system(self, expr: Any = None) -> Any:
+        return self._role("system", expr)
+
+    def user(self, expr: Any = None) -> Any:
+        return self._role("user", expr)
+
+    def assistant(self, expr: Any = None) -> Any:
+        return self._role("assistant", expr)
+
+    @contextmanager
+    def var_scope(self, name: str) -> Iterator[ProgramState]:
+        ex = self.stream_executor
+        ex.submit(VarScopeBegin(name), call_site())
+        yield self
+        ex.submit(VarScopeEnd(name), call_site())
+
+    # ---- forks ------------------------------------------------------------------------
+
+    def fork(self, size: int = 1) -> ProgramStateGroup:
+        kids, handle = self.stream_executor.fork(size, call_site())
+        return ProgramStateGroup([ProgramState(k) for k in kids], self, handle)
+
+    @contextmanager
+    def copy(self) -> Iterator[ProgramState]:
+        group = self.fork(1)
+        try:
+            yield group[0]
+        finally:
+            group.join()
+
+    # ---- reading ----------------------------------------------------------------------
+
+    def _synced(self) -> Executor:
+        ex = self.stream_executor
+        ex.sync()
+        ex.raise_error()
+        return ex
+
+    def text(self) -> str:
+        return self._synced().text_
+
+    def messages(self) -> list[dict[str, Any]]:
+        return list(self._synced().messages_)
+
+    def token_ids(self) -> list[int]:
+        """The state's token ids (its pending text tokenized now)."""
+        return self.stream_executor.commit_now()
+
+    def sync(self) -> None:
+        self._synced()
+
+    def error(self) -> BaseException | None:
+        self.stream_executor.sync()
+        return self.stream_executor.error_
+
+    def get_var(self, name: str) -> Any:
+        return self.stream_executor.get_var(name)
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.stream_executor.set_var(name, value)
+
+    def get_meta_info(self, name: str) -> Any:
+        return self.stream_executor.get_meta_info(name)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.get_var(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.set_var(name, value)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.stream_executor.variables
+
+    def __repr__(self) -> str:
+        return f"ProgramState({self.text()!r})"
+
+    # ---- streaming --------------------------------------------------------------------
+
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        ex = self.stream_executor
+        if not ex.stream:
+            yield self.text() if var_name is None else self.get_var(var_name)
+            return
+        if var_name is None:
+            yield from self._iter_text(ex)
+        else:
+            yield from self._iter_var(ex, var_name)
+        ex.raise_error()
+
+    @staticmethod
+    def _iter_text(ex: Executor) -> Iterator[str]:
+        event, pos = ex.stream_text_event, 0
+        assert event is not None
+        while True:
+            event.wait()
+            event.clear()
+            out = ex.text_[pos:]
+            pos += len(out)
+            if out:
+                yield out
+            if ex.is_finished:
+                out = ex.text_[pos:]
+                if out:
+                    yield out
+                return
+
+    @staticmethod
+    def _iter_var(ex: Executor, name: str) -> Iterator[str]:
+        event = ex.stream_var_event.get(name)
+        while event is None:
+            if ex.is_finished:
+                return
+            assert ex.stream_text_event is not None
+            ex.stream_text_event.wait(0.05)
+            event = ex.stream_var_event.get(name)
+        pos = 0
+        while True:
+            event.wait()
+            event.clear()
+            value = ex.variables.get(name, "")
+            out = value[pos:] if isinstance(value, str) else ""
+            pos += len(out)
+            if out:
+                yield out
+            if ex.variable_event[name].is_set():
+                return
+
+    async def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
+        """Async version of text_iter; with return_meta_data, yields (chunk, meta_info)."""
+        it = self.text_iter(var_name)
+        done = object()
+        while True:
+            chunk = await asyncio.to_thread(next, it, done)
+            if chunk is done:
+                return
+            if return_meta_data:
+                meta = self.stream_executor.meta_info.get(var_name) if var_name else None
+                yield chunk, meta
+            else:
+                yield chunk
+
+
+class ProgramStateGroup:
+    """The forks of a state: index with `[i]`, append with `+=` (broadcast, per-fork list,
+    or `lambda i: ...`), then `join()`."""
+
+    def __init__(self, states: list[ProgramState], src: ProgramState, pin_handle: Any = None) -> None:
+        self.states = states
+        self.src_state = src
+        self._pin = pin_handle
+        self._joined = False
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self.states[i]
+
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        if value is not self.states[i]:
+            raise ValueError("a fork group's members cannot be replaced")
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.states)
+
+    def __iadd__(self, other: Any) -> ProgramStateGroup:
+        site = call_site()
+        if isinstance(other, (list, tuple)):
+            if len(other) != len(self.states):
+                raise ValueError(f"got {len(other)} items for {len(self.states)} forks")
+            items = list(other)
+        elif isinstance(other, (str, Expr)):
+            items = [other] * len(self.states)
+        elif isinstance(other, Callable):
+            items = [other(i) for i in range(len(self.states))]
+        else:
+            raise ValueError(f"cannot append a {type(other).__name__} to a fork group")
+        for st, item in zip(self.states, items):
+            st.stream_executor.submit(item, site)
+        return self
+
+    def join(self, mode: str = "gather_variable") -> None:
+        if self._joined:
+            raise ValueError("this fork group was already joined")
+        if mode not in ("gather_variable", "concate_and_append"):
+            raise ValueError(f"join mode must be 'gather_variable' or 'concate_and_append', got {mode!r}")
+        self._joined = True
+        src = self.src_state.stream_executor
+        try:
+            for st in self.states:
+                st.sync()
+            if mode == "gather_variable":
+                self._gather(src)
+            else:
+                src.submit(ConcatAndAppend(self.states), call_site())
+                src.sync()
+                src.raise_error()
+        finally:
+            for st in self.states:
+                st.stream_executor.end()
+            src.release_pin(self._pin)
+
+    def _gather(self, src: Executor) -> None:
+        before = set(src.variables)
+        for st in self.states:
+            kid = st.stream_executor
+            for name in kid.variables.keys() - before:
+                src.variables.setdefault(name, []).append(kid.variables[name])
+                src.meta_info.setdefault(name, []).append(kid.meta_info.get(name))

@@ -1,0 +1,228 @@
+"""Model-free unit tests of the language: choice-scoring methods on fixed logprob lists with
+known winners, expression validation, typed values, the chat-template differ and the
+interpreter's error reporting (on a tiny scripted backend)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+import radixlm as sgl
+from pydantic import BaseModel
+from radixlm.backend_base import GenOutput, ProgramBackend
+from radixlm.chat_template import ChatTemplate, PlainChatTemplate
+from radixlm.ir import REGEX_INT, convert_value, make_gen
+
+
+def _lp(values):
+    """Logprob entries (lp, token_id, None) with distinct fake token ids."""
+    return [(v, 100 + i, None) for i, v in enumerate(values)]
+
+
+# ---- choice scoring --------------------------------------------------------------------
+
+
+def test_token_length_normalized_uses_mean_not_sum():
+    choices = ["long", "short"]
+    cond = [_lp([-1.0, -0.01, -0.01]), _lp([-0.5])]
+    means = [statistics.mean([-1.0, -0.01, -0.01]), -0.5]
+    d = sgl.token_length_normalized(choices=choices, input_token_logprobs=cond)
+    assert d.decision == "long"  # the sum would pick "short" (-0.5 > -1.02)
+    assert d.meta_info["normalized_prompt_logprobs"] == pytest.approx(means)
+    assert d.meta_info["input_token_logprobs"] is cond
+
+
+def test_greedy_token_selection_follows_first_token():
+    choices = ["A", "B"]
+    cond = [_lp([-0.5, -5.0]), _lp([-0.6, -0.1])]
+    assert sgl.greedy_token_selection(choices=choices, input_token_logprobs=cond).decision == "A"
+    assert sgl.token_length_normalized(choices=choices, input_token_logprobs=cond).decision == "B"
+
+
+def test_greedy_token_selection_breaks_ties_on_later_tokens_and_pads_short_choices():
+    tie = [_lp([-0.5, -0.2]), _lp([-0.5, -0.1])]
+    assert sgl.greedy_token_selection(choices=["x", "y"], input_token_logprobs=tie).decision == "y"
+    # "organ" is one token; padded with its own mean (-0.1) it beats "organism"'s -0.3.
+    pad = [_lp([-0.1]), _lp([-0.1, -0.3])]
+    d = sgl.greedy_token_selection(choices=["organ", "organism"], input_token_logprobs=pad)
+    assert d.decision == "organ"
+    assert d.meta_info["greedy_logprob_matrix"] == [[-0.1, -0.1], [-0.1, -0.3]]
+
+
+def test_unconditional_likelihood_normalized_discounts_common_choices():
+    choices = ["rare", "common"]
+    cond = [_lp([-1.0, -1.0]), _lp([-0.5, -0.5])]
+    uncond = [_lp([None, -3.0]), _lp([None, -0.5])]
+    d = sgl.unconditional_likelihood_normalized(
+        choices=choices, input_token_logprobs=cond, unconditional_token_logprobs=uncond)
+    assert d.decision == "rare"
+    expect = [statistics.mean([-1.0 - 0.0, -1.0 + 3.0]), statistics.mean([-0.5 - 0.0, -0.5 + 0.5])]
+    assert d.meta_info["normalized_unconditional_prompt_logprobs"] == pytest.approx(expect)
+    assert sgl.token_length_normalized(choices=choices, input_token_logprobs=cond).decision == "common"
+
+
+def test_scoring_rejects_bad_inputs():
+    with pytest.raises(ValueError, match="unconditional"):
+        sgl.unconditional_likelihood_normalized(choices=["a"], input_token_logprobs=[_lp([-1.0])])
+    with pytest.raises(ValueError, match="length"):
+        sgl.unconditional_likelihood_normalized(
+            choices=["a"], input_token_logprobs=[_lp([-1.0, -2.0])], unconditional_token_logprobs=[_lp([None])])
+    with pytest.raises(ValueError):
+        sgl.token_length_normalized(choices=["a", "b"], input_token_logprobs=[_lp([-1.0])])
+    with pytest.raises(ValueError, match="at least one token"):
+        sgl.token_length_normalized(choices=["a"], input_token_logprobs=[[]])
+
+
+# ---- expressions -----------------------------------------------------------------------
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+def test_gen_maps_options_to_engine_names():
+    g = sgl.gen("x", max_tokens=5, min_tokens=2, stop=")", temperature=0.0, top_logprobs_num=3,
+                return_logprob=True)
+    assert g.sampling == {"max_new_tokens": 5, "min_new_tokens": 2, "stop": ")", "temperature": 0.0}
+    assert g.logprob == {"return_logprob": True, "top_logprobs_num": 3}
+    assert sgl.gen_int("n").sampling["regex"] == REGEX_INT
+    assert isinstance(sgl.gen("c", choices=["a", "b"]), type(sgl.select("c", ["a", "b"])))
+
+
+@pytest.mark.parametrize("schema", [Person, Person.model_json_schema(), json.dumps(Person.model_json_schema())])
+def test_json_schema_accepts_str_dict_and_pydantic(schema):
+    g = sgl.gen("p", json_schema=schema)
+    assert json.loads(g.sampling["json_schema"]) == Person.model_json_schema()
+    assert (g.schema_cls is Person) == (schema is Person)
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"regex": "["}, "invalid regex"),
+    ({"json_schema": "{not json"}, "not valid JSON"),
+    ({"json_schema": 3}, "json_schema must be"),
+    ({"regex": "a", "json_schema": {}}, "at most one"),
+    ({"max_tokens": -1}, "non-negative"),
+    ({"dtype": list}, "dtype"),
+])
+def test_gen_rejects_bad_options(kwargs, reason):
+    with pytest.raises(ValueError, match=reason):
+        sgl.gen("x", **kwargs)
+
+
+@pytest.mark.parametrize("choices", [[], None, ["a", ""], ["a", 3]])
+def test_select_rejects_bad_choices(choices):
+    with pytest.raises(ValueError):
+        sgl.select("x", choices)
+
+
+def test_typed_values_convert_or_fail_with_reason():
+    assert convert_value(make_gen("n", {}, int), " 42") == 42
+    assert convert_value(make_gen("f", {}, float), "-1.5") == -1.5
+    assert convert_value(make_gen("s", {}, str), '"hi there"') == "hi there"
+    p = convert_value(sgl.gen("p", json_schema=Person), '{"name": "Ann", "age": 3}')
+    assert isinstance(p, Person) and p.age == 3
+    with pytest.raises(ValueError, match="does not validate as Person"):
+        convert_value(sgl.gen("p", json_schema=Person), '{"name": "Ann"}')
+    with pytest.raises(ValueError, match="does not parse as int"):
+        convert_value(make_gen("n", {}, int), "4x")
+
+
+def test_expressions_concatenate_and_reject_none():
+    e = "Q: " + sgl.gen("a") + "\n"
+    assert [type(x).__name__ for x in e.exprs] == ["Constant", "Gen", "Constant"]
+    with pytest.raises(ValueError, match="None"):
+        sgl.user(None) + None  # noqa: B018
+
+
+# ---- chat template differ --------------------------------------------------------------
+
+
+def test_chat_template_prefix_suffix_from_render():
+    def render(msgs):
+        return "<s>" + "".join(f"[{m['role']}]{m['content']}[/{m['role']}]" for m in msgs)
+
+    t = ChatTemplate(render)
+    assert t.prefix_and_suffix("user", []) == ("[user]", "[/user]")
+    assert t.prefix_and_suffix("assistant", [{"role": "user", "content": "x"}]) == ("[assistant]", "[/assistant]")
+    with pytest.raises(ValueError, match="unknown role"):
+        t.prefix_and_suffix("robot", [])
+
+
+def test_chat_template_rejects_non_incremental_template():
+    def render(msgs):  # the last message is rendered differently: not incremental
+        return "".join(("LAST:" if i == len(msgs) - 1 else "") + m["content"] for i, m in enumerate(msgs))
+
+    with pytest.raises(ValueError, match="not incremental"):
+        ChatTemplate(render).prefix_and_suffix("user", [{"role": "user", "content": "a"}])
+
+
+# ---- interpreter on a scripted text backend ----------------------------------------------
+
+
+class ScriptedBackend(ProgramBackend):
+    """Returns canned text; fails on request. Only for interpreter mechanics."""
+
+    def __init__(self):
+        self._template = PlainChatTemplate()
+        self.prompts: list[str] = []
+
+    def generate(self, ex, sampling, logprob):
+        self.prompts.append(ex.text_)
+        if sampling.get("stop") == "boom":
+            raise ValueError("backend refused")
+        return GenOutput(f"<{len(self.prompts)}>", None, {"n": len(self.prompts)})
+
+
+def test_worker_error_reaches_caller_with_program_line():
+    @sgl.function
+    def prog(s):
+        s += "a" + sgl.gen("x")
+        s += sgl.gen("y", stop="boom")  # the failing line
+        s += sgl.gen("z")
+
+    with pytest.raises(ValueError, match="backend refused") as info:
+        prog.run(backend=ScriptedBackend())
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "test_lang_units.py" in notes and 's += sgl.gen("y", stop="boom")' in notes
+
+
+def test_reading_a_failed_variable_raises_inside_the_program():
+    seen = []
+
+    @sgl.function
+    def prog(s):
+        s += sgl.gen("y", stop="boom")
+        seen.append("before")
+        s["y"]  # noqa: B018 - raises the worker's error here
+        seen.append("after")
+
+    with pytest.raises(ValueError, match="backend refused"):
+        prog.run(backend=ScriptedBackend())
+    assert seen == ["before"]
+
+
+def test_state_text_roles_vars_and_forks_on_text_backend():
+    be = ScriptedBackend()
+
+    @sgl.function
+    def prog(s, q):
+        with s.user():
+            s += q
+        s += sgl.assistant(sgl.gen("a"))
+        with s.var_scope("tail"):
+            s += "T"
+        forks = s.fork(3)
+        forks += [f"f{i}" for i in range(3)]
+        forks += sgl.gen("g")
+        forks.join()
+        return "done"
+
+    st = prog.run(q="hi", backend=be)
+    assert st.ret_value == "done"
+    assert st.messages() == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<1>"}]
+    assert st.text() == "User: hi\nAssistant: <1>\nT"
+    assert st["tail"] == "T" and st["a"] == "<1>"
+    assert sorted(st["g"]) == ["<2>", "<3>", "<4>"] and len(st.get_meta_info("g")) == 3
+    assert sorted(be.prompts[1:]) == [st.text() + f"f{i}" for i in range(3)]
