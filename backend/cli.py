@@ -1,0 +1,65 @@
+"""The `radixlm` command: `radixlm serve [options]` starts the HTTP server; `radixlm run FILE
+[args...]` runs a program file as __main__ with the default backend set to an in-process
+engine (or to a running server with --url)."""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+from radixlm.backend.server.launch import add_engine_args, engine_kwargs, serve, serve_parser
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="radixlm run", description="Run a program file on the default backend.")
+    p.add_argument("file", help="a Python file using radixlm programs")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the file (sys.argv[1:])")
+    p.add_argument("--url", default=None, help="run on a radixlm server at this URL instead of in-process")
+    p.add_argument("--api-key", default=None)
+    add_engine_args(p)
+    return p
+
+
+def run_file(argv: list[str]) -> None:
+    args = _run_parser().parse_args(argv)
+    path = Path(args.file)
+    if not path.is_file():
+        raise SystemExit(f"radixlm run: no such file: {args.file}")
+    import radixlm
+
+    backend: Any
+    if args.url:
+        backend = radixlm.RuntimeEndpoint(args.url, api_key=args.api_key)
+    else:
+        backend = radixlm.Runtime(**engine_kwargs(args))
+    radixlm.set_default_backend(backend)
+    old_argv = sys.argv
+    sys.argv = [str(path), *args.args]
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    finally:
+        sys.argv = old_argv
+        radixlm.set_default_backend(None)
+        backend.shutdown()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    usage = "usage: radixlm {serve,run} ...  (radixlm serve --help, radixlm run --help)"
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage)
+        return
+    command, rest = argv[0], argv[1:]
+    if command == "serve":
+        serve(serve_parser().parse_args(rest))
+    elif command == "run":
+        run_file(rest)
+    else:
+        raise SystemExit(f"radixlm: unknown command {command!r}\n{usage}")
+
+
+if __name__ == "__main__":
+    main()

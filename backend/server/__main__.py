@@ -1,0 +1,13 @@
+"""`python -m radixlm.backend.server [options]`: the same as `radixlm serve`."""
+
+from __future__ import annotations
+
+from radixlm.backend.server.launch import serve, serve_parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    serve(serve_parser("python -m radixlm.backend.server").parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Starting and stopping a server: engine/server command-line options, the uvicorn server with
+graceful shutdown (stop accepting, drain running requests up to a timeout, then abort the
+rest so every stream ends with finish_reason abort), and a background-thread launcher."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+from radixlm.backend.server.app import create_app, drain
+from radixlm.backend.server.runner import ServerLimits
+
+
+class RadixServer(uvicorn.Server):
+    """uvicorn.Server whose shutdown drains the engine's requests before closing connections."""
+
+    def __init__(self, config: uvicorn.Config, runner: Any, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self.runner = runner
+        self.drain_timeout_s = drain_timeout_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()  # stop accepting before draining
+        await drain(self.runner, self.drain_timeout_s)
+        await super().shutdown(sockets)
+
+
+def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A listening socket; port 0 picks a free port (read it back with getsockname)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_server(app: Any, log_level: str = "warning", drain_timeout_s: float = 30.0) -> RadixServer:
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=int(drain_timeout_s) + 10,
+                            lifespan="on", access_log=False)
+    return RadixServer(config, app.state.runner, drain_timeout_s)
+
+
+class ServerThread:
+    """Run an app on 127.0.0.1 in a background thread (tests, benchmarks, notebooks)."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, drain_timeout_s: float = 5.0) -> None:
+        self.sock = bind_socket(host, port)
+        self.host, self.port = self.sock.getsockname()[:2]
+        self.server = make_server(app, drain_timeout_s=drain_timeout_s)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="radixlm-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("server failed to start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+        self.sock.close()
+
+
+# ---------------------------------------------------------------- command-line options
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model-path", default=None, help="HF folder or GGUF file (default: SmolLM2-135M GGUF)")
+    g.add_argument("--device", default=None)
+    g.add_argument("--dtype", default=None)
+    g.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens")
+    g.add_argument("--mem-fraction-static", type=float, default=0.85)
+    g.add_argument("--chunked-prefill-size", type=int, default=2048)
+    g.add_argument("--max-running-requests", type=int, default=256)
+    g.add_argument("--disable-radix-cache", action="store_true")
+    g.add_argument("--random-weights", action="store_true")
+    g.add_argument("--model-shape", default=None, help="e.g. llama-3.1-8b (with --random-weights)")
+    g.add_argument("--context-length", type=int, default=None)
+    g.add_argument("--seed", type=int, default=0)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    keys = ("model_path", "device", "dtype", "max_total_tokens", "mem_fraction_static", "chunked_prefill_size",
+            "max_running_requests", "disable_radix_cache", "random_weights", "model_shape", "context_length",
+            "seed")
+    return {k: getattr(args, k) for k in keys}
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=30000)
+    g.add_argument("--api-key", default=None, help="required as 'Authorization: Bearer KEY' on all but /health")
+    g.add_argument("--programs", action="append", default=[], metavar="MODULE_OR_FILE",
+                   help="register every @function in this module or .py file (repeatable)")
+    g.add_argument("--served-model-name", default=None)
+    g.add_argument("--max-body-bytes", type=int, default=ServerLimits.max_body_bytes)
+    g.add_argument("--max-prompt-tokens", type=int, default=None)
+    g.add_argument("--max-new-tokens-limit", type=int, default=None)
+    g.add_argument("--max-pending-requests", type=int, default=ServerLimits.max_pending_requests)
+    g.add_argument("--drain-timeout", type=float, default=ServerLimits.drain_timeout_s)
+    g.add_argument("--log-level", default="info")
+
+
+def limits_from_args(args: argparse.Namespace) -> ServerLimits:
+    return ServerLimits(max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
+                        max_new_tokens=args.max_new_tokens_limit, max_pending_requests=args.max_pending_requests,
+                        drain_timeout_s=args.drain_timeout)
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Build the engine and serve until SIGINT/SIGTERM (then drain, abort, shut down)."""
+    from radixlm.backend.engine import Engine
+    from radixlm.backend.server.programs import ProgramRegistry
+
+    limits = limits_from_args(args)
+    registry = ProgramRegistry.load(args.programs, limits.max_pending_requests) if args.programs else None
+    engine = Engine(**engine_kwargs(args))
+    app = create_app(engine, api_key=args.api_key, programs=registry, limits=limits,
+                     served_model_name=args.served_model_name, owns_engine=True)
+    sock = bind_socket(args.host, args.port)
+    print(f"radixlm serving {engine.model_path} on http://{args.host}:{sock.getsockname()[1]}", flush=True)
+    server = make_server(app, log_level=args.log_level, drain_timeout_s=limits.drain_timeout_s)
+    server.run(sockets=[sock])
+
+
+def serve_parser(prog: str = "radixlm serve") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Serve a model over HTTP (native + OpenAI API).")
+    add_server_args(p)
+    add_engine_args(p)
+    return p

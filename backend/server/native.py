@@ -1,0 +1,184 @@
+"""Native, SGLang-compatible routes: /generate (text or input_ids, single or batch, SSE
+streaming whose events carry the cumulative text like SGLang's and end with `data: [DONE]`),
+/health, /health_generate, /model_info, /flush_cache, /abort_request."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from radixlm.backend.server.protocol import AbortRequest, GenerateRequest, SamplingParams, error_body
+from radixlm.backend.server.runner import Runner, Seq, run_to_end
+from radixlm.backend.server.streams import (
+    SSE_DONE,
+    gather_all,
+    merge_streams,
+    sse,
+    sse_response,
+    until_disconnect,
+)
+
+_LOGPROB_LISTS = ("input_token_logprobs", "output_token_logprobs")
+_TOP_LISTS = ("input_top_logprobs", "output_top_logprobs")
+
+
+def build_seqs(req: GenerateRequest) -> list[Seq]:
+    """Fan the request out to one engine request per (prompt, sample), prompt-major."""
+    prompts = req.prompts()
+    params = req.sampling_params
+    if isinstance(params, list):
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} sampling_params for {len(prompts)} prompts")
+        per_prompt = params
+    else:
+        per_prompt = [params or SamplingParams()] * len(prompts)
+    rids = _rids(req.rid, len(prompts))
+    seqs: list[Seq] = []
+    for i, (prompt, sp) in enumerate(zip(prompts, per_prompt)):
+        n = sp.n or 1
+        for j in range(n):
+            engine_sp = sp.to_engine()
+            if n > 1 and sp.seed is not None:
+                engine_sp["seed"] = sp.seed + j
+            rid = rids[i] if n == 1 else f"{rids[i]}-{j}"
+            seqs.append(Seq(prompt=prompt, sampling_params=engine_sp, rid=rid,
+                            return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
+                            top_logprobs_num=req.top_logprobs_num, index=len(seqs)))
+    return seqs
+
+
+def _rids(rid: str | list[str] | None, n: int) -> list[str]:
+    if rid is None:
+        return [uuid.uuid4().hex for _ in range(n)]
+    if isinstance(rid, str):
+        return [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
+    if len(rid) != n or len(set(rid)) != n:
+        raise ValueError(f"rid must be {n} distinct ids, one per prompt")
+    return list(rid)
+
+
+def add_logprob_text(meta: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    """Fill the third slot of each (logprob, token_id, text) entry with the token's text."""
+    def fill(entry: Any) -> Any:
+        lp, tid = entry[0], entry[1]
+        return [lp, tid, tokenizer.decode([tid])]
+
+    out = dict(meta)
+    for key in _LOGPROB_LISTS:
+        if out.get(key) is not None:
+            out[key] = [fill(e) for e in out[key]]
+    for key in _TOP_LISTS:
+        if out.get(key) is not None:
+            out[key] = [None if row is None else [fill(e) for e in row] for row in out[key]]
+    return out
+
+
+def _finish(result: dict[str, Any], req: GenerateRequest, tokenizer: Any) -> dict[str, Any]:
+    meta = result.get("meta_info", {})
+    if req.return_logprob and req.return_text_in_logprobs:
+        meta = add_logprob_text(meta, tokenizer)
+    return {"text": result.get("text", ""), "output_ids": list(result.get("output_ids", [])),
+            "meta_info": meta}
+
+
+async def _stream_events(runner: Runner, seqs: list[Seq], req: GenerateRequest,
+                         group: str | None) -> AsyncGenerator[bytes, None]:
+    """SSE events: per sequence, cumulative text/output_ids/logprobs (SGLang's convention)."""
+    acc = [{"text": "", "output_ids": [], "meta_info": {}} for _ in seqs]
+    gens = [runner.run(s, stream=True, group=group) for s in seqs]
+    try:
+        async for i, chunk in merge_streams(gens):
+            state = acc[i]
+            state["text"] += chunk.get("text", "")
+            state["output_ids"] = state["output_ids"] + list(chunk.get("output_ids", []))
+            state["meta_info"] = _merge_meta(state["meta_info"], chunk.get("meta_info", {}))
+            event = _finish(state, req, runner.engine.tokenizer)
+            if req.is_batch or len(seqs) > 1:
+                event["index"] = i
+            yield sse(event)
+    except ValueError as exc:
+        yield sse(error_body(str(exc), 400))
+    finally:
+        runner.release_all(seqs)
+    yield SSE_DONE
+
+
+def _merge_meta(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    merged = {**old, **new}
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        if key in new:
+            merged[key] = list(old.get(key, [])) + list(new[key])
+    return merged
+
+
+def register(app: FastAPI) -> None:
+    runner: Runner = app.state.runner
+    engine = app.state.engine
+
+    @app.post("/generate")
+    async def generate(req: GenerateRequest, request: Request) -> Any:
+        seqs = build_seqs(req)
+        runner.check(seqs)
+        group = req.rid if isinstance(req.rid, str) and len(seqs) > 1 else None
+        runner.reserve(seqs, group)
+        if req.stream:
+            return await sse_response(request, _stream_events(runner, seqs, req, group))
+        try:
+            results = await until_disconnect(
+                request, gather_all([run_to_end(runner, s, group) for s in seqs]))
+        finally:
+            runner.release_all(seqs)
+        outs = [_finish(r, req, engine.tokenizer) for r in results]
+        return outs if req.is_batch or len(outs) > 1 else outs[0]
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not runner.accepting:
+            return JSONResponse(error_body("shutting down", 503), status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/health_generate")
+    async def health_generate(request: Request) -> Response:
+        seq = Seq(prompt={"input_ids": [_probe_token(engine)]}, sampling_params={"max_new_tokens": 1})
+        runner.check([seq])
+        runner.reserve([seq])
+        try:
+            out = await asyncio.wait_for(until_disconnect(request, run_to_end(runner, seq)), 60.0)
+        except TimeoutError:
+            return JSONResponse(error_body("generation timed out", 503), status_code=503)
+        return JSONResponse({"status": "ok", "completion_tokens": out["meta_info"]["completion_tokens"]})
+
+    async def model_info() -> dict[str, Any]:
+        cfg = engine.model_config
+        return {"model_path": str(engine.model_path), "tokenizer_path": str(engine.model_path),
+                "is_generation": True, "model_name": app.state.model_name,
+                "context_length": getattr(cfg, "context_len", None),
+                "vocab_size": getattr(cfg, "vocab_size", None)}
+
+    app.get("/model_info")(model_info)
+    app.get("/get_model_info")(model_info)
+
+    @app.post("/flush_cache")
+    async def flush_cache() -> Response:
+        if engine.flush_cache():
+            return JSONResponse({"flushed": True, "message": "cache flushed"})
+        return JSONResponse(error_body("cache not flushed: requests are running", 400), status_code=400)
+
+    @app.post("/abort_request")
+    async def abort_request(req: AbortRequest) -> dict[str, Any]:
+        found = runner.abort(req.rid)
+        if not found:
+            engine.abort_request(req.rid)
+        return {"rid": req.rid, "found": found}
+
+
+def _probe_token(engine: Any) -> int:
+    tok = engine.tokenizer
+    for tid in (getattr(tok, "bos_token_id", None), getattr(tok, "eos_token_id", None)):
+        if isinstance(tid, int):
+            return tid
+    return 0

@@ -1,0 +1,321 @@
+"""Request/response shapes of the HTTP server (native SGLang-style API and OpenAI API).
+Every request model forbids unknown fields, so a typo is a 422 with the field's name, never
+silently ignored; value checks here are cheap shape checks, the engine does the deep ones."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_TOP_LOGPROBS = 20
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- native API
+
+
+class SamplingParams(_Strict):
+    """The engine's sampling parameters (SGLang names)."""
+
+    max_new_tokens: int | None = Field(default=None, ge=0)
+    min_new_tokens: int | None = Field(default=None, ge=0)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    no_stop_trim: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    n: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+    regex: str | None = None
+    json_schema: str | dict[str, Any] | None = None
+    ebnf: str | None = None
+
+    def to_engine(self) -> dict[str, Any]:
+        """Only the fields the client set, without `n` (the server fans out samples itself)."""
+        out = self.model_dump(exclude_none=True)
+        out.pop("n", None)
+        return out
+
+
+class GenerateRequest(_Strict):
+    """POST /generate: one prompt or a batch, as text or token ids."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: SamplingParams | list[SamplingParams] | None = None
+    stream: bool = False
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
+    return_text_in_logprobs: bool = False
+    rid: str | list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt_kind(self) -> GenerateRequest:
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of `text` or `input_ids`")
+        return self
+
+    def prompts(self) -> list[dict[str, Any]]:
+        """The batch as a list of {'text': ...} / {'input_ids': ...} items."""
+        if self.text is not None:
+            texts = [self.text] if isinstance(self.text, str) else self.text
+            return [{"text": t} for t in texts]
+        ids = self.input_ids or []
+        if ids and isinstance(ids[0], list):
+            return [{"input_ids": list(x)} for x in ids]
+        return [{"input_ids": list(ids)}]
+
+    @property
+    def is_batch(self) -> bool:
+        if self.text is not None:
+            return not isinstance(self.text, str)
+        return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+
+
+class AbortRequest(_Strict):
+    rid: str
+
+
+# ---------------------------------------------------------------- OpenAI API
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(_Strict):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError("response_format type 'json_schema' needs json_schema.schema")
+        return self
+
+
+class _SamplingExtras(_Strict):
+    """OpenAI sampling fields plus radixlm/SGLang extras shared by completions and chat."""
+
+    model: str | None = None
+    n: int = Field(default=1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    # extras
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    min_tokens: int | None = Field(default=None, ge=0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    no_stop_trim: bool | None = None
+    skip_special_tokens: bool | None = None
+    regex: str | None = None
+    json_schema: str | dict[str, Any] | None = None
+    ebnf: str | None = None
+    rid: str | None = None
+
+    @model_validator(mode="after")
+    def _no_logit_bias(self) -> _SamplingExtras:
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        return self
+
+    def sampling_params(self, max_new_tokens: int | None) -> dict[str, Any]:
+        """The engine sampling params for one sample (constraint from response_format too)."""
+        sp: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+        for ours, theirs in (
+            ("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed"),
+            ("presence_penalty", "presence_penalty"), ("frequency_penalty", "frequency_penalty"),
+            ("top_k", "top_k"), ("min_p", "min_p"), ("min_tokens", "min_new_tokens"),
+            ("repetition_penalty", "repetition_penalty"), ("stop", "stop"),
+            ("stop_token_ids", "stop_token_ids"), ("ignore_eos", "ignore_eos"),
+            ("no_stop_trim", "no_stop_trim"), ("skip_special_tokens", "skip_special_tokens"),
+            ("regex", "regex"), ("json_schema", "json_schema"), ("ebnf", "ebnf"),
+        ):
+            value = getattr(self, ours)
+            if value is not None:
+                sp[theirs] = value
+        fmt = self.response_format
+        if fmt is not None and fmt.type != "text":
+            if any(k in sp for k in ("regex", "json_schema", "ebnf")):
+                raise ValueError("response_format cannot be combined with regex/json_schema/ebnf")
+            sp["json_schema"] = fmt.json_schema.schema_ if fmt.type == "json_schema" else {"type": "object"}
+        return {k: v for k, v in sp.items() if v is not None}
+
+
+class CompletionRequest(_SamplingExtras):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=0)
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = Field(default=None, ge=1)
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> CompletionRequest:
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of other than n is not supported")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt must not be empty")
+        return self
+
+    def prompts(self) -> list[dict[str, Any]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [{"text": p}]
+        if isinstance(p[0], str):
+            return [{"text": t} for t in p]
+        if isinstance(p[0], int):
+            return [{"input_ids": list(p)}]
+        return [{"input_ids": list(x)} for x in p]
+
+
+class FunctionDef(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class ToolCallFunction(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_SamplingExtras):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @model_validator(mode="after")
+    def _tool_choice_valid(self) -> ChatCompletionRequest:
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tool names must be unique")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names unknown tool {choice.function.name!r}")
+        if choice == "required" and not names:
+            raise ValueError("tool_choice 'required' needs tools")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        return self
+
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class ProgramRunRequest(_Strict):
+    """POST /programs/{name}: the program's arguments and default sampling options."""
+
+    args: dict[str, Any] = Field(default_factory=dict)
+    stream: bool = False
+    max_new_tokens: int | None = Field(default=None, ge=0)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    stop: str | list[str] | None = None
+
+    def sampling_options(self, max_new_tokens_limit: int | None) -> dict[str, Any]:
+        if (self.max_new_tokens is not None and max_new_tokens_limit is not None
+                and self.max_new_tokens > max_new_tokens_limit):
+            raise ValueError(f"max_new_tokens {self.max_new_tokens} exceeds the limit {max_new_tokens_limit}")
+        return self.model_dump(exclude_none=True, exclude={"args", "stream"})
+
+
+# ---------------------------------------------------------------- response helpers
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def error_body(message: str, status: int, err_type: str = "invalid_request_error",
+               param: str | None = None) -> dict[str, Any]:
+    """OpenAI-style error object (the openai client reads error.message)."""
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}

@@ -1,0 +1,222 @@
+"""The server's one way into the engine: admission control (limits, back-pressure), request
+ids, abort-on-cancel (a cancelled handler or a dropped client always aborts its engine request,
+so its KV is freed), latency metrics, and normalising engine chunks to increments."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixlm.backend.server.metrics import ServerMetrics
+
+_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs")
+
+
+@dataclass
+class ServerLimits:
+    """Limits enforced before any engine work (None → derived from the model's context)."""
+
+    max_body_bytes: int = 4 << 20
+    max_prompt_tokens: int | None = None
+    max_new_tokens: int | None = None
+    max_pending_requests: int = 256
+    max_samples_per_request: int = 64
+    retry_after_s: int = 1
+    drain_timeout_s: float = 30.0
+
+
+class Overloaded(Exception):
+    """Too many pending engine requests (→ 503 with Retry-After)."""
+
+
+@dataclass
+class Seq:
+    """One engine request: a single prompt and one sample."""
+
+    prompt: dict[str, Any]
+    sampling_params: dict[str, Any]
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    index: int = 0
+
+
+class Runner:
+    def __init__(self, engine: Any, limits: ServerLimits, metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.limits = limits
+        self.metrics = metrics
+        self.accepting = True
+        self.inflight: dict[str, Seq] = {}
+        self.groups: dict[str, list[str]] = {}
+        self._reserved = 0
+        context = int(getattr(engine.model_config, "context_len", 0) or 0) or None
+        self.max_prompt_tokens = limits.max_prompt_tokens or (context - 1 if context else None)
+        self.max_new_tokens = limits.max_new_tokens or context
+
+    # ------------------------------------------------------------ admission
+
+    def check(self, seqs: list[Seq]) -> None:
+        """Validate limits for a whole HTTP request; raise ValueError or Overloaded."""
+        if len(seqs) > self.limits.max_samples_per_request:
+            raise ValueError(
+                f"request asks for {len(seqs)} sequences (prompts × n); "
+                f"the limit is {self.limits.max_samples_per_request}"
+            )
+        for seq in seqs:
+            self._check_seq(seq)
+        if not self.accepting:
+            raise Overloaded("server is shutting down")
+        if self._reserved + len(seqs) > self.limits.max_pending_requests:
+            self.metrics.rejected.inc()
+            raise Overloaded(
+                f"{self._reserved} requests pending; the limit is {self.limits.max_pending_requests}"
+            )
+
+    def _check_seq(self, seq: Seq) -> None:
+        if seq.rid in self.inflight:
+            raise ValueError(f"request id {seq.rid!r} is already running")
+        n_tokens = self.count_prompt_tokens(seq.prompt)
+        if n_tokens == 0 and "input_ids" in seq.prompt:
+            raise ValueError("input_ids must not be empty")
+        if self.max_prompt_tokens is not None and n_tokens > self.max_prompt_tokens:
+            raise ValueError(f"prompt has {n_tokens} tokens; the limit is {self.max_prompt_tokens}")
+        max_new = seq.sampling_params.get("max_new_tokens")
+        if max_new is not None and self.max_new_tokens is not None and max_new > self.max_new_tokens:
+            raise ValueError(f"max_new_tokens {max_new} exceeds the limit {self.max_new_tokens}")
+
+    def count_prompt_tokens(self, prompt: dict[str, Any]) -> int:
+        if "input_ids" in prompt:
+            return len(prompt["input_ids"])
+        return len(self.engine.tokenizer.encode(prompt["text"]))
+
+    def reserve(self, seqs: list[Seq], group: str | None = None) -> None:
+        """Take the pending slots (after check) and register the ids for /abort_request."""
+        self._reserved += len(seqs)
+        for seq in seqs:
+            self.inflight[seq.rid] = seq
+        if group is not None:
+            self.groups[group] = [s.rid for s in seqs]
+
+    def _release(self, seq: Seq) -> None:
+        if self.inflight.pop(seq.rid, None) is not None:
+            self._reserved -= 1
+
+    def release_all(self, seqs: list[Seq]) -> None:
+        """Final guard of a handler: any of its sequences still registered (never started, or
+        cancelled before their own cleanup ran) is aborted and released."""
+        for seq in seqs:
+            if seq.rid in self.inflight:
+                self.engine.abort_request(seq.rid)
+                self._release(seq)
+
+    def abort(self, rid: str) -> bool:
+        """Abort a running request by its id (or the id of a whole HTTP request)."""
+        rids = self.groups.get(rid) or ([rid] if rid in self.inflight else [])
+        for r in rids:
+            self.engine.abort_request(r)
+        return bool(rids)
+
+    def abort_all(self) -> int:
+        rids = list(self.inflight)
+        for rid in rids:
+            self.engine.abort_request(rid)
+        return len(rids)
+
+    @property
+    def num_pending(self) -> int:
+        return self._reserved
+
+    # ------------------------------------------------------------ running
+
+    async def run(self, seq: Seq, stream: bool, group: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Chunks of one engine request, each with only the new text/ids/logprobs; the last one
+        has meta_info.finish_reason. Cancelling the consumer aborts the engine request."""
+        finished = False
+        start = time.perf_counter()
+        try:
+            if stream:
+                async with aclosing(self._stream_chunks(seq, start)) as chunks:
+                    async for chunk in chunks:
+                        finished = chunk["meta_info"].get("finish_reason") is not None
+                        yield chunk
+            else:
+                out = await self.engine.async_generate(stream=False, rid=seq.rid, **self._kwargs(seq))
+                finished = True
+                yield out
+            self.metrics.observe_finished(seq_e2e=time.perf_counter() - start)
+        finally:
+            if not finished:
+                self.engine.abort_request(seq.rid)
+                self.metrics.client_aborts.inc()
+            self._release(seq)
+            if group is not None and not any(r in self.inflight for r in self.groups.get(group, [])):
+                self.groups.pop(group, None)
+
+    def _kwargs(self, seq: Seq) -> dict[str, Any]:
+        kw: dict[str, Any] = {"sampling_params": seq.sampling_params}
+        if "input_ids" in seq.prompt:
+            kw["input_ids"] = seq.prompt["input_ids"]
+        else:
+            kw["prompt"] = seq.prompt["text"]
+        if seq.return_logprob:
+            kw.update(return_logprob=True, logprob_start_len=seq.logprob_start_len,
+                      top_logprobs_num=seq.top_logprobs_num)
+        return kw
+
+    async def _stream_chunks(self, seq: Seq, start: float) -> AsyncIterator[dict[str, Any]]:
+        agen = await self.engine.async_generate(stream=True, rid=seq.rid, **self._kwargs(seq))
+        last = start
+        sent = {k: 0 for k in _LOGPROB_KEYS}
+        n_out = 0
+        try:
+            async for chunk in agen:
+                t = time.perf_counter()
+                new_ids = len(chunk.get("output_ids") or [])
+                if new_ids:
+                    if n_out == 0:
+                        self.metrics.ttft.observe(t - start)
+                    else:
+                        self.metrics.itl.observe((t - last) / new_ids)
+                    last = t
+                n_out += new_ids
+                yield _incremental_logprobs(chunk, sent)
+        finally:
+            aclose = getattr(agen, "aclose", None)
+            if aclose is not None:
+                await asyncio.shield(_quiet_close(aclose))
+
+
+async def _quiet_close(aclose: Any) -> None:
+    try:
+        await aclose()
+    except Exception:  # noqa: BLE001 - closing an engine iterator must not mask the real error
+        pass
+
+
+def _incremental_logprobs(chunk: dict[str, Any], sent: dict[str, int]) -> dict[str, Any]:
+    """Engine stream chunks carry cumulative logprob lists (possibly still growing on the
+    scheduler thread); cut each to the entries of this chunk's tokens."""
+    meta = chunk.get("meta_info") or {}
+    total = int(meta.get("completion_tokens", 0))
+    cut = {}
+    for key in _LOGPROB_KEYS:
+        values = meta.get(key)
+        if values is not None:
+            cut[key] = list(values[sent[key]:total])
+            sent[key] = total
+    return {**chunk, "meta_info": {**meta, **cut}} if cut else chunk
+
+
+async def run_to_end(runner: Runner, seq: Seq, group: str | None = None) -> dict[str, Any]:
+    """Run one sequence without streaming and return the engine's final dict."""
+    result: dict[str, Any] = {}
+    async for chunk in runner.run(seq, stream=False, group=group):
+        result = chunk
+    return result
