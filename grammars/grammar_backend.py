@@ -1,0 +1,111 @@
+"""GrammarBackend: compiles (kind, spec) with our FSM or xgrammar, caches the results (errors too)
+and compiles off the caller's thread. Promises: thread-safe; one compile per distinct grammar even
+under concurrent requests; every bad grammar surfaces as ValueError with the reason."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from radixlm.grammars.base import CompiledGrammar, EngineName, GrammarKind
+from radixlm.grammars.fsm import compile_regex
+from radixlm.grammars.json_schema import (
+    NotRegularError,
+    check_schema,
+    json_schema_to_regex,
+    normalize_json_schema,
+)
+from radixlm.grammars.token_index import TokenVocab, vocab_from_tokenizer
+
+KINDS = ("regex", "json_schema", "ebnf", "json")
+ENGINES = ("fsm", "xgrammar", "auto")
+
+
+class GrammarBackend:
+    def __init__(self, tokenizer: Any, vocab_size: int, *, stop_token_ids: list[int] | None = None,
+                 max_threads: int = 2, compile_timeout_s: float = 30.0, max_states: int = 100_000,
+                 use_disk_cache: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = int(vocab_size)
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.stop_token_ids = list(stop_token_ids or ([eos] if eos is not None else []))
+        if not self.stop_token_ids:
+            raise ValueError("no stop token: the tokenizer has no eos_token_id and none was given")
+        self.compile_timeout_s = compile_timeout_s
+        self.max_states = max_states
+        self.use_disk_cache = use_disk_cache
+        self._lock = threading.Lock()
+        self._cache: dict[tuple[str, str, str], Future] = {}
+        self._vocab: TokenVocab | None = None
+        self._xgr: Any = None
+        self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="grammar-compile")
+
+    @property
+    def vocab(self) -> TokenVocab:
+        with self._lock:
+            if self._vocab is None:
+                self._vocab = vocab_from_tokenizer(self.tokenizer, self.vocab_size, self.stop_token_ids)
+            return self._vocab
+
+    @property
+    def xgrammar(self) -> Any:
+        with self._lock:
+            if self._xgr is None:
+                from radixlm.grammars.xgrammar_backend import XGrammarCompiler
+
+                self._xgr = XGrammarCompiler(self.tokenizer, self.vocab_size, self.stop_token_ids)
+            return self._xgr
+
+    def compile(self, kind: GrammarKind, spec: Any, engine: EngineName = "auto") -> CompiledGrammar:
+        """Compile (or fetch from cache); ValueError naming the problem."""
+        return self.compile_async(kind, spec, engine).result()
+
+    def compile_async(self, kind: GrammarKind, spec: Any, engine: EngineName = "auto") -> Future:
+        """Future of a CompiledGrammar; validation errors of the arguments raise at once."""
+        key = self._key(kind, spec, engine)
+        with self._lock:
+            fut = self._cache.get(key)
+            if fut is None:
+                fut = self._pool.submit(self._compile, *key)
+                self._cache[key] = fut
+        return fut
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    @staticmethod
+    def _key(kind: str, spec: Any, engine: str) -> tuple[str, str, str]:
+        if kind not in KINDS:
+            raise ValueError(f"unknown grammar kind {kind!r}; expected one of {KINDS}")
+        if engine not in ENGINES:
+            raise ValueError(f"unknown grammar engine {engine!r}; expected one of {ENGINES}")
+        if kind == "json_schema":
+            spec = normalize_json_schema(spec)
+        elif kind == "json":
+            spec = ""
+        elif not isinstance(spec, str) or not spec:
+            raise ValueError(f"{kind} must be a non-empty string")
+        return kind, spec, engine
+
+    def _compile(self, kind: str, spec: str, engine: str) -> CompiledGrammar:
+        if kind == "json_schema":
+            check_schema(json.loads(spec))
+        if engine == "xgrammar" or (engine == "auto" and kind in ("ebnf", "json")):
+            return self.xgrammar.compile(kind, spec)
+        if kind in ("ebnf", "json"):
+            raise ValueError(f"the fsm engine compiles regex and json_schema only, not {kind}")
+        if kind == "regex":
+            return self._fsm(spec)
+        try:
+            regex = json_schema_to_regex(spec)
+        except NotRegularError as e:
+            if engine == "fsm":
+                raise ValueError(f"json_schema not supported by the fsm engine: {e}") from e
+            return self.xgrammar.compile(kind, spec)
+        return self._fsm(regex)
+
+    def _fsm(self, regex: str) -> CompiledGrammar:
+        return compile_regex(regex, self.vocab, timeout_s=self.compile_timeout_s,
+                             max_states=self.max_states, use_disk_cache=self.use_disk_cache)

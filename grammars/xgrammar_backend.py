@@ -1,0 +1,102 @@
+"""xgrammar adapter: regex, JSON schema, EBNF and built-in JSON through xgrammar, behind our
+GrammarMatcher interface. Promises: the same vocabulary view as our FSM (special tokens blanked so
+they are never allowed, the same stop tokens); xgrammar errors become ValueError."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import xgrammar as xgr
+from radixlm.grammars.token_index import detect_vocab_type, special_token_ids
+
+_VOCAB_TYPES = {"byte_level": xgr.VocabType.BYTE_LEVEL, "byte_fallback": xgr.VocabType.BYTE_FALLBACK,
+                "raw": xgr.VocabType.RAW}
+
+
+def make_tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> xgr.TokenizerInfo:
+    """xgrammar's TokenizerInfo, decoding tokens itself, with special tokens blanked (never allowed)."""
+    vocab = tokenizer.get_vocab()
+    specials = special_token_ids(tokenizer)
+    encoded = [""] * vocab_size
+    for tok, idx in vocab.items():
+        if idx < vocab_size and idx not in specials:
+            encoded[idx] = tok
+    vtype = _VOCAB_TYPES[detect_vocab_type(tokenizer, vocab)]
+    return xgr.TokenizerInfo(encoded, vocab_type=vtype, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+
+
+class XGrammarCompiled:
+    engine = "xgrammar"
+
+    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int, stop_token_ids: list[int]) -> None:
+        self.compiled = compiled
+        self.stop_token_ids = list(stop_token_ids)
+        words = torch.zeros((vocab_size + 31) // 32 * 32, dtype=torch.bool)
+        words[self.stop_token_ids] = True
+        shifts = torch.arange(32, dtype=torch.int64)
+        packed = (words.view(-1, 32).to(torch.int64) << shifts).sum(dim=1)
+        self.eos_mask = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+    def new_matcher(self) -> XGrammarMatcher:
+        return XGrammarMatcher(self)
+
+
+class XGrammarMatcher:
+    """Thin wrapper; after termination the mask allows only the stop tokens (xgrammar would raise)."""
+
+    def __init__(self, grammar: XGrammarCompiled) -> None:
+        self._g = grammar
+        self._m = xgr.GrammarMatcher(grammar.compiled, override_stop_tokens=grammar.stop_token_ids)
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        if self._m.is_terminated():
+            bitmask[row].copy_(self._g.eos_mask)
+        else:
+            self._m.fill_next_token_bitmask(bitmask, row)
+
+    def accept_token(self, token_id: int) -> bool:
+        return not self._m.is_terminated() and bool(self._m.accept_token(int(token_id)))
+
+    def accept_string(self, text: str) -> bool:
+        return not self._m.is_terminated() and bool(self._m.accept_string(text))
+
+    def find_jump_forward_string(self) -> str:
+        return "" if self._m.is_terminated() else self._m.find_jump_forward_string()
+
+    def is_terminated(self) -> bool:
+        return self._m.is_terminated()
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self._m.rollback(num_tokens)
+
+    def reset(self) -> None:
+        self._m.reset()
+
+
+class XGrammarCompiler:
+    """Compiles each grammar kind with one shared (internally cached, thread-safe) GrammarCompiler."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], max_threads: int = 2):
+        self.vocab_size = vocab_size
+        self.stop_token_ids = stop_token_ids
+        self.info = make_tokenizer_info(tokenizer, vocab_size, stop_token_ids)
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=max_threads)
+
+    def compile(self, kind: str, spec: str) -> XGrammarCompiled:
+        try:
+            if kind == "regex":
+                out = self.compiler.compile_regex(spec)
+            elif kind == "json_schema":
+                out = self.compiler.compile_json_schema(spec, any_whitespace=False)
+            elif kind == "ebnf":
+                out = self.compiler.compile_grammar(spec)
+            elif kind == "json":
+                out = self.compiler.compile_builtin_json_grammar()
+            else:
+                raise ValueError(f"unknown grammar kind {kind!r}")
+        except (RuntimeError, xgr.InvalidJSONError) as e:
+            msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise ValueError(f"invalid {kind}: {msg}") from e
+        return XGrammarCompiled(out, self.vocab_size, self.stop_token_ids)
