@@ -14,6 +14,7 @@ from typing import Any
 
 from radixlm.backend_base import ProgramBackend
 from radixlm.interpreter import Executor, _StopTrace
+from radixlm.ir import Expr
 from radixlm.state import ProgramState
 
 _default_backend: ProgramBackend | None = None
@@ -182,8 +183,9 @@ class Program:
         return len(ids)
 
 
-class _Placeholder:
-    """Stands for a program argument while tracing: any use of it ends the trace."""
+class _Placeholder(Expr):
+    """Stands for a program argument while tracing. `"Q: " + arg` still builds an ExprList
+    (so the constant before it is traced); appending or any other use ends the trace."""
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -191,7 +193,7 @@ class _Placeholder:
     def _stop(self, *args: Any, **kwargs: Any) -> Any:
         raise _StopTrace
 
-    __str__ = __format__ = __add__ = __radd__ = __getitem__ = __iter__ = __len__ = _stop
+    __str__ = __format__ = __getitem__ = __iter__ = __len__ = _stop
     __eq__ = __lt__ = __gt__ = __le__ = __ge__ = __bool__ = __int__ = __float__ = __contains__ = _stop
     __call__ = __mul__ = __rmul__ = __mod__ = __hash__ = _stop
 
