@@ -75,6 +75,18 @@ class XGrammarMatcher:
         self._m.reset()
 
 
+# xgrammar 0.2.9 writes length-bounded strings as [^"\\\r\n]{m,n}, which lets raw control characters
+# (invalid in JSON) through; we tighten that class to the one its unbounded strings use.
+_LOOSE_STRING_CHAR = r'[^\"\\\r\n]'
+_JSON_STRING_CHAR = r'[^\"\\\0-\x1f]'
+
+
+def json_schema_ebnf(schema: str) -> str:
+    """xgrammar's EBNF for a JSON schema in compact form (separators ", " and ": "), strings fixed."""
+    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False)
+    return str(grammar).replace(_LOOSE_STRING_CHAR, _JSON_STRING_CHAR)
+
+
 class XGrammarCompiler:
     """Compiles each grammar kind with one shared (internally cached, thread-safe) GrammarCompiler."""
 
@@ -89,7 +101,7 @@ class XGrammarCompiler:
             if kind == "regex":
                 out = self.compiler.compile_regex(spec)
             elif kind == "json_schema":
-                out = self.compiler.compile_json_schema(spec, any_whitespace=False)
+                out = self.compiler.compile_grammar(json_schema_ebnf(spec))
             elif kind == "ebnf":
                 out = self.compiler.compile_grammar(spec)
             elif kind == "json":
