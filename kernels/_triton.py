@@ -1,0 +1,71 @@
+"""Triton import guard and dispatch rule shared by the kernel files. Promises: importing any
+kernel module works without Triton (the `*_ref` torch functions stay usable); `use_triton(t)`
+says whether an op on tensor `t` should launch its Triton kernel (CUDA, or the interpreter)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - exercised only where triton is absent
+    HAS_TRITON = False
+
+    class _Shim:
+        """Stands in for `triton` / `tl` so kernel definitions still parse; launching raises."""
+
+        constexpr = Any
+
+        @staticmethod
+        def jit(fn: Any = None, **_: Any) -> Any:
+            def missing(*args: Any, **kwargs: Any) -> None:
+                raise RuntimeError("triton is not installed; use the *_ref torch function")
+
+            return missing if fn is not None else (lambda f: missing)
+
+        def __getattr__(self, name: str) -> Any:
+            return Any
+
+    triton = _Shim()  # type: ignore[assignment]
+    tl = _Shim()  # type: ignore[assignment]
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Launch the Triton kernel for tensors on CUDA, or anywhere under the interpreter."""
+    return HAS_TRITON and (t.is_cuda or interpreting())
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """The DOT_PREC constexpr for `mma`: fp32 operands get exact products (tests); 16-bit
+    operands run on tensor cores, or are upcast under the interpreter (its bf16 dot is broken:
+    triton 3.9 multiplies the raw uint16 bit patterns)."""
+    if dtype == torch.float32:
+        return "ieee"
+    return "upcast" if interpreting() else "tf32"
+
+
+@triton.jit
+def mma(a, b, DOT_PREC: tl.constexpr):
+    """tl.dot with fp32 accumulation; see dot_precision for DOT_PREC."""
+    if DOT_PREC == "upcast":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=DOT_PREC)
+
+
+__all__ = ["HAS_TRITON", "triton", "tl", "interpreting", "use_triton", "next_pow2", "dot_precision", "mma"]

@@ -1,0 +1,215 @@
+"""Numerical self-checks of every kernel against its torch reference on fresh random inputs,
+shared by the CPU tests (under TRITON_INTERPRET=1, small shapes), the GPU tests and the H200
+benchmark (all shapes). Each check returns records (label, relative error, bound); a record
+passes when error <= bound (NaN never passes). Outputs are poisoned with NaN before each run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from radixlm.kernels.cascade_attention import cascade_decode_attention, make_cascade_plan
+from radixlm.kernels.decode_attention import decode_attention, decode_attention_ref
+from radixlm.kernels.extend_attention import extend_attention, extend_attention_ref
+from radixlm.kernels.kv_store import kv_store, kv_store_ref
+from radixlm.kernels.merge_state import merge_state, merge_state_ref
+from radixlm.kernels.rmsnorm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
+from radixlm.kernels.rotary import apply_rotary, build_cos_sin_cache, rotary_ref
+from radixlm.kernels.sampling import sample, sample_ref
+from radixlm.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
+
+Record = tuple[str, float, float]
+BOUND = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
+DTYPE_NAME = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ in float64 (NaN if out has NaN)."""
+    o, r = out.double().cpu(), ref.double().cpu()
+    return float((o - r).norm() / r.norm().clamp_min(1e-300))
+
+
+def ref_dtype(device: torch.device | str) -> torch.dtype:
+    return torch.float64 if torch.device(device).type == "cpu" else torch.float32
+
+
+def paged_kv(seq_lens: list[int], hkv: int, d: int, dtype: torch.dtype, device: str, shared: list[int] | None = None,
+             group_sizes: list[int] | None = None, extra_rows: int = 2):
+    """Random K/V buffers and a req_to_token table whose rows hold random distinct slots;
+    requests of a group share the slots of their first `shared` tokens. Rows are permuted."""
+    group_sizes = group_sizes or [1] * len(seq_lens)
+    shared = shared or [0] * len(group_sizes)
+    n_slots = sum(seq_lens) + 8
+    perm = torch.randperm(n_slots, device=device) + 1
+    rows = torch.randperm(len(seq_lens) + extra_rows, device=device)[: len(seq_lens)]
+    table = torch.zeros(len(seq_lens) + extra_rows, max(seq_lens) + 3, dtype=torch.int64, device=device)
+    used, b = 0, 0
+    for n, s in zip(group_sizes, shared):
+        pre = perm[used : used + s]
+        used += s
+        for _ in range(n):
+            own = seq_lens[b] - s
+            table[rows[b], :s] = pre
+            table[rows[b], s : seq_lens[b]] = perm[used : used + own]
+            used, b = used + own, b + 1
+    kb = torch.randn(n_slots + 1, hkv, d, dtype=dtype, device=device)
+    vb = torch.randn(n_slots + 1, hkv, d, dtype=dtype, device=device)
+    return kb, vb, table, rows
+
+
+def check_decode(device: str, dtype: torch.dtype, seq_lens: list[int], hq: int, hkv: int, d: int,
+                 splits: list[int | None], block_n: int = 64) -> list[Record]:
+    kb, vb, table, rows = paged_kv(seq_lens, hkv, d, dtype, device)
+    lens = torch.tensor(seq_lens, device=device)
+    q = torch.randn(len(seq_lens), hq, d, dtype=dtype, device=device)
+    rd = ref_dtype(device)
+    ref, ref_lse = decode_attention_ref(q.to(rd), kb.to(rd), vb.to(rd), table, rows, lens)
+    recs = []
+    for s in splits:
+        out = torch.full_like(q, float("nan"))
+        o, lse = decode_attention(q, kb, vb, table, rows, lens, num_splits=s, max_len=max(seq_lens), out=out,
+                                  return_lse=True, block_n=block_n)
+        tag = f"decode {DTYPE_NAME[dtype]} B={len(seq_lens)} L<={max(seq_lens)} Hq{hq}/Hkv{hkv} D{d} splits={s}"
+        recs.append((tag, rel_err(o, ref), BOUND[dtype]))
+        recs.append((tag + " lse", rel_err(lse, ref_lse), 1e-5 if dtype == torch.float32 else 1e-3))
+    return recs
+
+
+def check_extend(device: str, dtype: torch.dtype, prefix_lens: list[int], extend_lens: list[int], hq: int,
+                 hkv: int, d: int, block_m: int = 128, block_n: int = 64, num_warps: int = 8) -> list[Record]:
+    seq = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    kb, vb, table, rows = paged_kv(seq, hkv, d, dtype, device)
+    t = sum(extend_lens)
+    q = torch.randn(t, hq, d, dtype=dtype, device=device)
+    kn = torch.randn(t, hkv, d, dtype=dtype, device=device)
+    vn = torch.randn(t, hkv, d, dtype=dtype, device=device)
+    pl = torch.tensor(prefix_lens, device=device)
+    el = torch.tensor(extend_lens, device=device)
+    starts = torch.cumsum(el, 0) - el
+    rd = ref_dtype(device)
+    ref = extend_attention_ref(q.to(rd), kn.to(rd), vn.to(rd), kb.to(rd), vb.to(rd), table, rows, pl, el, starts)
+    out = torch.full_like(q, float("nan"))
+    o = extend_attention(q, kn, vn, kb, vb, table, rows, pl, el, starts, max(extend_lens), out=out,
+                         block_m=block_m, block_n=block_n, num_warps=num_warps)
+    tag = f"extend {DTYPE_NAME[dtype]} prefix={prefix_lens[:4]} extend={extend_lens[:4]} Hq{hq}/Hkv{hkv} D{d}"
+    return [(tag, rel_err(o, ref), BOUND[dtype])]
+
+
+def check_cascade(device: str, dtype: torch.dtype, group_sizes: list[int], shared: list[int], own: list[int],
+                  hq: int, hkv: int, d: int, block_m: int = 64, block_n: int = 64) -> list[Record]:
+    """own: per-request own lengths. Reference: plain decode over each whole sequence."""
+    per_req_shared = [s for s, n in zip(shared, group_sizes) for _ in range(n)]
+    seq = [s + o for s, o in zip(per_req_shared, own)]
+    kb, vb, table, rows = paged_kv(seq, hkv, d, dtype, device, shared, group_sizes)
+    lens = torch.tensor(seq, device=device)
+    q = torch.randn(len(seq), hq, d, dtype=dtype, device=device)
+    rd = ref_dtype(device)
+    ref, _ = decode_attention_ref(q.to(rd), kb.to(rd), vb.to(rd), table, rows, lens)
+    plan = make_cascade_plan(group_sizes, shared, seq, device)
+    recs = []
+    for fused in (True, False):
+        o = cascade_decode_attention(q, kb, vb, table, rows, lens, plan, fused_merge=fused, block_m=block_m,
+                                     block_n=block_n)
+        tag = f"cascade {DTYPE_NAME[dtype]} groups={group_sizes[:4]} shared={shared[:4]} fused={fused}"
+        recs.append((tag, rel_err(o, ref), BOUND[dtype]))
+    return recs
+
+
+def check_pointwise(device: str, dtype: torch.dtype, rows: int = 7, hidden: int = 96) -> list[Record]:
+    """RMSNorm (+ residual), SiLU-and-mul, merge_state, KV store."""
+    bound = BOUND[dtype]
+    name = DTYPE_NAME[dtype]
+    x = torch.randn(rows, hidden, dtype=dtype, device=device)
+    r = torch.randn(rows, hidden, dtype=dtype, device=device)
+    w = torch.randn(hidden, dtype=dtype, device=device)
+    y, res = fused_add_rmsnorm(x, r, w, 1e-5)
+    y_ref, res_ref = fused_add_rmsnorm_ref(x, r, w, 1e-5)
+    gu = torch.randn(rows, 2 * hidden + 2, dtype=dtype, device=device)
+    recs = [(f"rmsnorm {name}", rel_err(rmsnorm(x, w), rmsnorm_ref(x, w)), bound),
+            (f"fused_add_rmsnorm {name} out", rel_err(y, y_ref), bound),
+            (f"fused_add_rmsnorm {name} residual", rel_err(res, res_ref), bound),
+            (f"silu_and_mul {name}", rel_err(silu_and_mul(gu), silu_and_mul_ref(gu)), bound)]
+    oa, ob = (torch.randn(rows, 4, 32, device=device) for _ in range(2))
+    la, lb = (torch.randn(rows, 4, device=device) * 5 for _ in range(2))
+    la[0, 0] = float("-inf")
+    la[1], lb[1] = float("-inf"), float("-inf")
+    o, lse = merge_state(oa, la, ob, lb, return_lse=True)
+    o_ref, lse_ref = merge_state_ref(oa, la, ob, lb)
+    finite = torch.isfinite(lse_ref)
+    same_inf = bool((lse[~finite] == lse_ref[~finite]).all())
+    recs += [("merge_state out", rel_err(o, o_ref), 1e-5),
+             ("merge_state lse", rel_err(lse[finite], lse_ref[finite]) + (0.0 if same_inf else math.inf), 1e-5)]
+    kb = torch.randn(40, 3, 16, dtype=dtype, device=device)
+    vb = torch.randn(40, 3, 16, dtype=dtype, device=device)
+    kb2, vb2 = kb.clone(), vb.clone()
+    loc = torch.randperm(39, device=device)[:9] + 1
+    k = torch.randn(9, 3, 16, dtype=dtype, device=device)
+    v = torch.randn(9, 3, 16, dtype=dtype, device=device)
+    kv_store(kb, vb, loc, k, v)
+    kv_store_ref(kb2, vb2, loc, k, v)
+    recs.append((f"kv_store {name} (exact, untouched rows too)",
+                 float((kb - kb2).abs().max() + (vb - vb2).abs().max()), 0.0))
+    return recs
+
+
+def check_rotary(device: str, dtype: torch.dtype, tokens: int = 6, hq: int = 4, hkv: int = 2, d: int = 32
+                 ) -> list[Record]:
+    """Against our reference and, independently, HF's apply_rotary_pos_emb (fp32 math)."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
+    cache = build_cos_sin_cache(inv_freq, 256)
+    q = torch.randn(tokens, hq, d, dtype=dtype, device=device)
+    k = torch.randn(tokens, hkv, d, dtype=dtype, device=device)
+    pos = torch.randint(0, 256, (tokens,), device=device)
+    qo, ko = apply_rotary(q, k, pos, cache)
+    qr, kr = rotary_ref(q, k, pos, cache)
+    recs = [(f"rotary {DTYPE_NAME[dtype]} q", rel_err(qo, qr), BOUND[dtype]),
+            (f"rotary {DTYPE_NAME[dtype]} k", rel_err(ko, kr), BOUND[dtype])]
+    try:
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    except ImportError:
+        return recs
+    freqs = pos.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], -1)
+    hq_ref, hk_ref = apply_rotary_pos_emb(q.float().transpose(0, 1)[None], k.float().transpose(0, 1)[None],
+                                          emb.cos()[None], emb.sin()[None])
+    recs += [(f"rotary {DTYPE_NAME[dtype]} q vs HF", rel_err(qo, hq_ref[0].transpose(0, 1)), BOUND[dtype]),
+             (f"rotary {DTYPE_NAME[dtype]} k vs HF", rel_err(ko, hk_ref[0].transpose(0, 1)), BOUND[dtype])]
+    return recs
+
+
+def check_sampling(device: str, batch: int = 6, vocab: int = 300, draws: int = 3) -> list[Record]:
+    """Same exponential noise → same token as the sort-based reference, over mixed settings
+    (greedy, top-k, top-p, min-p and combinations); the error is the mismatch fraction."""
+    temp = torch.tensor([0.0, 1.0, 0.7, 1.0, 1.3, 1.0] * (batch // 6 + 1), device=device)[:batch]
+    top_k = torch.tensor([0, 5, 0, 50, 3, 0] * (batch // 6 + 1), device=device)[:batch]
+    top_p = torch.tensor([1.0, 1.0, 0.8, 0.5, 0.9, 1.0] * (batch // 6 + 1), device=device)[:batch]
+    min_p = torch.tensor([0.0, 0.0, 0.0, 0.05, 0.0, 0.2] * (batch // 6 + 1), device=device)[:batch]
+    bad = 0
+    for _ in range(draws):
+        logits = torch.randn(batch, vocab, device=device) * 3
+        noise = torch.empty(batch, vocab, device=device).exponential_()
+        got = sample(logits, temp, top_k, top_p, min_p, exp_noise=noise)
+        bad += int((got != sample_ref(logits, temp, top_k, top_p, min_p, noise)).sum())
+    return [(f"sampling B={batch} V={vocab} mismatches", bad / (batch * draws), 0.0)]
+
+
+def check_sampling_distribution(device: str, rows: int = 300, vocab: int = 8) -> list[Record]:
+    """In-kernel noise: empirical frequencies vs the renormalised kept probabilities (min-p 0.3
+    keeps 4 of a known distribution); error = max |freq − p| in standard errors, bound 5."""
+    probs = torch.tensor([0.3, 0.25, 0.2, 0.1, 0.08, 0.04, 0.02, 0.01], device=device)[:vocab]
+    logits = torch.log(probs).expand(rows, vocab).contiguous()
+    ones = torch.ones(rows, device=device)
+    got = sample(logits, ones, torch.zeros(rows, dtype=torch.int64, device=device), ones,
+                 torch.full((rows,), 0.3, device=device), seed=int(torch.randint(0, 2**30, ())))
+    p = (probs[:4] / probs[:4].sum()).cpu().double()
+    freq = torch.bincount(got.cpu(), minlength=vocab).double() / rows
+    z = float(((freq[:4] - p) / (p * (1 - p) / rows).sqrt()).abs().max())
+    return [(f"sampling distribution min-p ({rows} draws) max z", z + (math.inf if freq[4:].sum() > 0 else 0.0), 5.0)]
+
+
+def run(checks: list[Callable[[], list[Record]]]) -> list[Record]:
+    out: list[Record] = []
+    for c in checks:
+        out += c()
+    return out

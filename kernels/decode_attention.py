@@ -1,0 +1,214 @@
+"""Paged decode attention (one new token per request) over the KV pool, split-K flash-decoding
+with GQA grouping: one program serves all query heads of a KV head, so each K/V row is read once
+and QK^T / PV run on tensor cores; partial (out, lse) per KV split, then a merge kernel.
+Promises: `decode_attention` equals `decode_attention_ref` (softmax over each request's slots
+kv_start..seq_len-1 read through req_to_token, page size 1) and never syncs with the host."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from radixlm.kernels._attn_common import finish_state, online_update
+from radixlm.kernels._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
+
+
+@triton.jit
+def _decode_partial_kernel(
+    Q, K, V, ReqToToken, ReqIdx, SeqLens, KvStart, MidO, MidLse,
+    sm_scale, num_splits, num_q_heads, split_stride, split_offset,
+    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_START: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hb = tl.program_id(1)
+    split = tl.program_id(2)
+    hb_per_kv = (GROUP + BLOCK_H - 1) // BLOCK_H
+    kvh = hb // hb_per_kv
+    local_h = (hb % hb_per_kv) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = local_h < GROUP
+    heads = kvh * GROUP + local_h
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    start = 0
+    if HAS_START:
+        start = tl.load(KvStart + b).to(tl.int32)
+    per_split = tl.cdiv(tl.cdiv(seq_len - start, num_splits), BLOCK_N) * BLOCK_N
+    lo = start + split * per_split
+    hi = tl.minimum(lo + per_split, seq_len)
+
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    row_ptr = ReqToToken + tl.load(ReqIdx + b) * stride_rr
+    qk_scale = sm_scale * 1.4426950408889634
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < hi
+        slots = tl.load(row_ptr + offs_n, mask=mask_n, other=0)
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(K + slots[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        v = tl.load(V + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
+
+    out, lse = finish_state(m_i, l_i, acc)
+    base = (b * num_q_heads + heads) * split_stride + split_offset + split
+    tl.store(MidO + base[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask_h[:, None] & mask_d[None, :])
+    tl.store(MidLse + base, lse, mask=mask_h)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    MidO, MidLse, Out, OutLse, num_splits, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, WRITE_LSE: tl.constexpr,
+):
+    """One program per (row, head): softmax-weighted sum of the per-split partial outputs."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < num_splits
+    mask_d = offs_d < HEAD_DIM
+    base = (n * tl.num_programs(1) + h) * num_splits
+    lse = tl.load(MidLse + base + offs_s, mask=mask_s, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse - m_safe)
+    total = tl.sum(w, 0)
+    o = tl.load(MidO + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    out = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(Out + n * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
+    if WRITE_LSE:
+        tl.store(OutLse + n * tl.num_programs(1) + h, tl.where(total > 0, m_safe + tl.log(total), m))
+
+
+def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
+                 out_lse: torch.Tensor | None = None) -> None:
+    """Merge partial states mid_o [N, H, S, D] (fp32), mid_lse [N, H, S] into out [N, H, D]
+    (any float dtype, last dim contiguous) and, if given, out_lse [N, H] fp32."""
+    n, h, s, d = mid_o.shape
+    if n == 0:
+        return
+    _merge_splits_kernel[(n, h)](
+        mid_o, mid_lse, out, out_lse if out_lse is not None else mid_lse, s, out.stride(0), out.stride(1),
+        HEAD_DIM=d, BLOCK_D=next_pow2(d), BLOCK_S=max(2, next_pow2(s)), WRITE_LSE=out_lse is not None,
+        num_warps=4 if d >= 128 else 2,
+    )
+
+
+def merge_splits_ref(mid_o: torch.Tensor, mid_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    lse = torch.logsumexp(mid_lse, dim=-1)
+    w = torch.exp(mid_lse - torch.where(torch.isinf(lse), 0.0, lse).unsqueeze(-1))
+    return (mid_o * w.unsqueeze(-1)).sum(-2), lse
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int = 132,
+                      block_n: int = 64, min_per_split: int = 256, max_splits: int = 64) -> int:
+    """Enough programs to fill the GPU about twice over, no split shorter than min_per_split."""
+    if batch <= 0 or max_len <= 0:
+        return 1
+    want = math.ceil(2 * num_sms / (batch * num_kv_heads))
+    cap = max(1, max_len // max(min_per_split, block_n))
+    return int(max(1, min(want, cap, max_splits)))
+
+
+def decode_attention(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float | None = None,
+    num_splits: int | None = None, max_len: int | None = None, kv_start: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, return_lse: bool = False, block_n: int = 64,
+    num_warps: int = 4, num_stages: int = 2,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """q [B, Hq, D] → out [B, Hq, D] (q's dtype); attends to positions kv_start[b]..seq_lens[b]-1.
+    num_splits (or max_len, host-side, to pick it) fixes the grid: no device→host sync."""
+    if not use_triton(q):
+        o, lse = decode_attention_ref(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
+                                      sm_scale, kv_start)
+        if out is not None:
+            out.copy_(o)
+            o = out
+        return (o, lse) if return_lse else o
+    bsz, hq, d = q.shape
+    hkv = k_buffer.shape[1]
+    _check_heads(hq, hkv, d, k_buffer)
+    sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
+    if num_splits is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        num_splits = choose_num_splits(bsz, hkv, max_len if max_len is not None else 4096, sms, block_n)
+    mid_o = torch.empty((bsz, hq, num_splits, d), dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty((bsz, hq, num_splits), dtype=torch.float32, device=q.device)
+    out = out if out is not None else torch.empty_like(q)
+    lse = torch.empty((bsz, hq), dtype=torch.float32, device=q.device) if return_lse else None
+    if bsz == 0:
+        return (out, lse) if return_lse else out
+    decode_partial(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, kv_start, mid_o, mid_lse,
+                   0, num_splits, sm_scale, block_n, num_warps, num_stages)
+    merge_splits(mid_o, mid_lse, out, lse)
+    return (out, lse) if return_lse else out
+
+
+def decode_partial(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, kv_start: torch.Tensor | None,
+    mid_o: torch.Tensor, mid_lse: torch.Tensor, split_offset: int, num_splits: int, sm_scale: float,
+    block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
+) -> None:
+    """Stage 1 only: write num_splits partial states per (request, head) into mid_o [B, Hq, S, D]
+    / mid_lse [B, Hq, S] at split indices split_offset.. (S may hold other partial states)."""
+    bsz, hq, d = q.shape
+    hkv = k_buffer.shape[1]
+    group = hq // hkv
+    block_h = max(16, min(64, next_pow2(group)))
+    hb_per_kv = triton.cdiv(group, block_h)
+    _decode_partial_kernel[(bsz, hkv * hb_per_kv, num_splits)](
+        q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
+        kv_start if kv_start is not None else seq_lens, mid_o, mid_lse, sm_scale, num_splits, hq,
+        mid_o.shape[2], split_offset,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0),
+        v_buffer.stride(1), req_to_token.stride(0),
+        GROUP=group, HEAD_DIM=d, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=next_pow2(d),
+        HAS_START=kv_start is not None, DOT_PREC=dot_precision(q.dtype),
+        num_warps=num_warps, num_stages=num_stages,
+    )
+
+
+def _check_heads(hq: int, hkv: int, d: int, k_buffer: torch.Tensor) -> None:
+    if hq % hkv != 0:
+        raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
+    if k_buffer.shape[2] != d:
+        raise ValueError(f"head dim mismatch: q has {d}, KV buffer has {k_buffer.shape[2]}")
+    if k_buffer.stride(2) != 1:
+        raise ValueError("KV buffer's last dimension must be contiguous")
+
+
+def decode_attention_ref(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float | None = None,
+    kv_start: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain torch, one request at a time, fp32 math → (out [B, Hq, D] in q's dtype, lse [B, Hq])."""
+    bsz, hq, d = q.shape
+    group = hq // k_buffer.shape[1]
+    sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
+    out = torch.zeros_like(q)
+    lse = torch.full((bsz, hq), float("-inf"), dtype=torch.float32, device=q.device)
+    for b in range(bsz):
+        lo = int(kv_start[b]) if kv_start is not None else 0
+        hi = int(seq_lens[b])
+        if hi <= lo:
+            continue
+        slots = req_to_token[int(req_pool_indices[b]), lo:hi]
+        k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [L, Hq, D]
+        v = v_buffer[slots].float().repeat_interleave(group, dim=1)
+        s = torch.einsum("hd,lhd->hl", q[b].float(), k) * sm_scale
+        lse[b] = torch.logsumexp(s, dim=-1)
+        out[b] = torch.einsum("hl,lhd->hd", torch.softmax(s, dim=-1), v).to(q.dtype)
+    return out, lse

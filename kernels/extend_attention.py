@@ -1,0 +1,144 @@
+"""Paged extend (prefill) attention over a ragged batch: each request's new tokens attend to
+its cached prefix (read through req_to_token, page size 1) and causally to themselves (read
+from the new K/V, contiguous). Promises: `extend_attention` equals `extend_attention_ref` for
+any mix of prefix and extend lengths (zeros included), GQA included, with no padding."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from radixlm.kernels._attn_common import finish_state, online_update
+from radixlm.kernels._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
+
+
+@triton.jit
+def _extend_kernel(
+    Q, Knew, Vnew, Out, Kbuf, Vbuf, ReqToToken, ReqIdx, PrefixLens, ExtendLens, ExtendStart, sm_scale,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_bt, stride_bh, stride_ct, stride_ch, stride_rr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    mb = tl.num_programs(0) - 1 - tl.program_id(0)  # longest causal rows first
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    ext_len = tl.load(ExtendLens + b).to(tl.int32)
+    m_start = mb * BLOCK_M
+    if m_start >= ext_len:
+        return
+    kvh = h // GROUP
+    prefix_len = tl.load(PrefixLens + b).to(tl.int32)
+    tok0 = tl.load(ExtendStart + b)
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_m = offs_m < ext_len
+    mask_d = offs_d < HEAD_DIM
+    q = tl.load(Q + (tok0 + offs_m[:, None]) * stride_qt + h * stride_qh + offs_d[None, :],
+                mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    qk_scale = sm_scale * 1.4426950408889634
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    # 1) the cached prefix, gathered slot by slot through the request's row of req_to_token
+    row_ptr = ReqToToken + tl.load(ReqIdx + b) * stride_rr
+    for n0 in range(0, prefix_len, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < prefix_len
+        slots = tl.load(row_ptr + offs_n, mask=mask_n, other=0)
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(Kbuf + slots[:, None] * stride_bt + kvh * stride_bh + offs_d[None, :], mask=kv_mask, other=0.0)
+        qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        v = tl.load(Vbuf + slots[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :], mask=kv_mask, other=0.0)
+        m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
+
+    # 2) the new tokens, causally: blocks wholly below the diagonal skip the mask
+    full_end = m_start // BLOCK_N * BLOCK_N
+    for n0 in range(0, full_end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        k = tl.load(Knew + (tok0 + offs_n[:, None]) * stride_kt + kvh * stride_kh + offs_d[None, :],
+                    mask=mask_d[None, :], other=0.0)
+        qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
+        v = tl.load(Vnew + (tok0 + offs_n[:, None]) * stride_vt + kvh * stride_vh + offs_d[None, :],
+                    mask=mask_d[None, :], other=0.0)
+        m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
+    diag_end = tl.minimum(m_start + BLOCK_M, ext_len)
+    for n0 in range(full_end, diag_end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < ext_len
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        k = tl.load(Knew + (tok0 + offs_n[:, None]) * stride_kt + kvh * stride_kh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
+        qk = tl.where(mask_n[None, :] & (offs_n[None, :] <= offs_m[:, None]), qk, float("-inf"))
+        v = tl.load(Vnew + (tok0 + offs_n[:, None]) * stride_vt + kvh * stride_vh + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
+
+    out, _ = finish_state(m_i, l_i, acc)
+    tl.store(Out + (tok0 + offs_m[:, None]) * stride_ot + h * stride_oh + offs_d[None, :],
+             out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+
+
+def extend_attention(
+    q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor, extend_lens: torch.Tensor, extend_start_loc: torch.Tensor,
+    max_extend_len: int, sm_scale: float | None = None, out: torch.Tensor | None = None,
+    block_m: int = 128, block_n: int = 64, num_warps: int = 8, num_stages: int = 2,
+) -> torch.Tensor:
+    """q [T, Hq, D], k_new/v_new [T, Hkv, D] → out [T, Hq, D]. max_extend_len is a host int
+    (>= every extend length) that sizes the grid."""
+    if not use_triton(q):
+        o = extend_attention_ref(q, k_new, v_new, k_buffer, v_buffer, req_to_token, req_pool_indices,
+                                 prefix_lens, extend_lens, extend_start_loc, sm_scale)
+        return out.copy_(o) if out is not None else o
+    t, hq, d = q.shape
+    hkv = k_new.shape[1]
+    if hq % hkv != 0 or k_buffer.shape[1] != hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv}) in new and cached K/V")
+    if k_new.shape[0] != t or k_buffer.shape[2] != d:
+        raise ValueError("q, k_new and the KV buffer disagree on token count or head dim")
+    sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
+    out = out if out is not None else torch.empty_like(q)
+    bsz = int(extend_lens.shape[0])
+    if bsz == 0 or max_extend_len <= 0:
+        return out
+    grid = (triton.cdiv(max_extend_len, block_m), hq, bsz)
+    _extend_kernel[grid](
+        q, k_new, v_new, out, k_buffer, v_buffer, req_to_token, req_pool_indices, prefix_lens,
+        extend_lens, extend_start_loc, sm_scale,
+        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+        out.stride(0), out.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0),
+        v_buffer.stride(1), req_to_token.stride(0),
+        GROUP=hq // hkv, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_pow2(d),
+        DOT_PREC=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
+
+
+def extend_attention_ref(
+    q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor, extend_lens: torch.Tensor, extend_start_loc: torch.Tensor,
+    sm_scale: float | None = None,
+) -> torch.Tensor:
+    """Plain torch, one request at a time: keys = prefix slots then the new tokens, causal mask."""
+    t, hq, d = q.shape
+    group = hq // k_new.shape[1]
+    sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
+    out = torch.zeros_like(q)
+    for b in range(int(extend_lens.shape[0])):
+        p, e, s0 = int(prefix_lens[b]), int(extend_lens[b]), int(extend_start_loc[b])
+        if e == 0:
+            continue
+        slots = req_to_token[int(req_pool_indices[b]), :p]
+        k = torch.cat([k_buffer[slots], k_new[s0 : s0 + e]]).float().repeat_interleave(group, dim=1)
+        v = torch.cat([v_buffer[slots], v_new[s0 : s0 + e]]).float().repeat_interleave(group, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q[s0 : s0 + e].float(), k) * sm_scale
+        causal = torch.arange(p + e, device=q.device)[None, :] <= (p + torch.arange(e, device=q.device))[:, None]
+        s = s.masked_fill(~causal, float("-inf"))
+        out[s0 : s0 + e] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v).to(q.dtype)
+    return out

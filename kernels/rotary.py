@@ -1,0 +1,87 @@
+"""Rotary position embedding, HF rotate-half (neox) style, from a cos/sin cache indexed by
+position: x' = x * cos + rotate_half(x) * sin, for q and k in one launch. Promises: equals
+`rotary_ref` (fp32 math, one rounding) and HF's apply_rotary_pos_emb to rounding."""
+
+from __future__ import annotations
+
+import torch
+from radixlm.kernels._triton import next_pow2, tl, triton, use_triton
+
+
+def build_cos_sin_cache(inv_freq: torch.Tensor, max_position: int) -> torch.Tensor:
+    """[max_position, D] fp32: cos(pos * inv_freq) in the first half, sin in the second
+    (inv_freq [D/2] already carries any rope scaling, e.g. Llama 3's)."""
+    freqs = torch.outer(torch.arange(max_position, dtype=torch.float32, device=inv_freq.device),
+                        inv_freq.float())
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+@triton.jit
+def _rotate_heads(X, Y, tok, stride_xt, stride_xh, stride_yt, stride_yh, n_heads, cos, sin,
+                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    for h0 in range(0, n_heads, BLOCK_H):
+        hh = h0 + offs_h
+        mask = (hh[:, None] < n_heads) & (offs_d[None, :] < HALF)
+        src = X + tok * stride_xt + hh[:, None] * stride_xh + offs_d[None, :]
+        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+        dst = Y + tok * stride_yt + hh[:, None] * stride_yh + offs_d[None, :]
+        tl.store(dst, (x1 * cos - x2 * sin).to(Y.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF, (x2 * cos + x1 * sin).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(Q, K, Qo, Ko, Pos, Cache, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
+                   stride_pt, stride_ph, stride_c, n_q_heads, n_k_heads,
+                   HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    pos = tl.load(Pos + tok)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    cmask = offs_d < HALF
+    cos = tl.load(Cache + pos * stride_c + offs_d, mask=cmask, other=0.0)[None, :]
+    sin = tl.load(Cache + pos * stride_c + HALF + offs_d, mask=cmask, other=0.0)[None, :]
+    _rotate_heads(Q, Qo, tok, stride_qt, stride_qh, stride_ot, stride_oh, n_q_heads, cos, sin,
+                  HALF, BLOCK_H, BLOCK_HALF)
+    _rotate_heads(K, Ko, tok, stride_kt, stride_kh, stride_pt, stride_ph, n_k_heads, cos, sin,
+                  HALF, BLOCK_H, BLOCK_HALF)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D], k [T, Hkv, D] (last dim contiguous), positions [T] → rotated (q, k), new tensors."""
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"rotary wants q [T, Hq, D], k [T, Hkv, D]; got {tuple(q.shape)}, {tuple(k.shape)}")
+    d = q.shape[2]
+    if d % 2 or cos_sin_cache.shape[-1] != d:
+        raise ValueError(f"cos/sin cache width {cos_sin_cache.shape[-1]} must equal the even head dim {d}")
+    if not use_triton(q):
+        return rotary_ref(q, k, positions, cos_sin_cache)
+    if q.stride(2) != 1 or k.stride(2) != 1:
+        q, k = q.contiguous(), k.contiguous()
+    qo, ko = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    cache = cos_sin_cache if cos_sin_cache.dtype == torch.float32 else cos_sin_cache.float()
+    if q.shape[0]:
+        half = d // 2
+        _rotary_kernel[(q.shape[0],)](
+            q, k, qo, ko, positions, cache, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1), cache.stride(0), q.shape[1], k.shape[1],
+            HALF=half, BLOCK_H=min(16, next_pow2(max(q.shape[1], k.shape[1]))), BLOCK_HALF=next_pow2(half),
+            num_warps=4,
+        )
+    return qo, ko
+
+
+def rotary_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    half = q.shape[-1] // 2
+    cs = cos_sin_cache[positions].float()
+    cos = torch.cat([cs[:, :half], cs[:, :half]], -1)[:, None, :]
+    sin = torch.cat([cs[:, half:], cs[:, half:]], -1)[:, None, :]
+
+    def rot(x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * cos + torch.cat([-xf[..., half:], xf[..., :half]], -1) * sin).to(x.dtype)
+
+    return rot(q), rot(k)

@@ -1,0 +1,147 @@
+"""CPU tests of every Triton kernel against its torch reference, under TRITON_INTERPRET=1 on small
+shapes. The interpreter must be switched on before the kernels are defined, so the checks run in
+one subprocess (this file run as a script) and each pytest case asserts on its share of records."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+
+GROUPS = ["decode", "extend", "cascade", "pointwise", "rotary", "sampling", "backend"]
+
+
+def _checks(group: str) -> list:
+    import torch
+    from radixlm.kernels import checks as c
+
+    f32, b16 = torch.float32, torch.bfloat16
+    if group == "decode":
+        return c.run([
+            lambda: c.check_decode("cpu", f32, [1, 37, 90, 130], 8, 2, 32, [1, 3, None], block_n=32),
+            lambda: c.check_decode("cpu", b16, [1, 37, 90, 130], 8, 2, 32, [1, 4], block_n=32),
+            lambda: c.check_decode("cpu", b16, [64, 5], 2, 2, 48, [2], block_n=16),  # MHA, head dim 48
+            lambda: c.check_decode("cpu", f32, [40, 77], 32, 4, 16, [1, 2], block_n=16),  # group 8
+        ])
+    if group == "extend":
+        return c.run([
+            lambda: c.check_extend("cpu", f32, [0, 17, 40, 5, 0], [20, 1, 0, 37, 70], 8, 2, 32, 32, 16, 4),
+            lambda: c.check_extend("cpu", b16, [0, 17, 40, 5, 0], [20, 1, 0, 37, 70], 8, 2, 32, 32, 16, 4),
+            lambda: c.check_extend("cpu", b16, [33], [45], 4, 4, 48, 16, 32, 4),
+        ])
+    if group == "cascade":
+        return c.run([
+            lambda: c.check_cascade("cpu", f32, [3, 1, 2], [50, 0, 20], [5, 1, 12, 30, 3, 17], 8, 2, 32, 16, 16),
+            lambda: c.check_cascade("cpu", b16, [3, 1, 2], [50, 0, 20], [5, 1, 12, 30, 3, 17], 8, 2, 32, 16, 16),
+        ])
+    if group == "pointwise":
+        return c.check_pointwise("cpu", f32) + c.check_pointwise("cpu", b16, 5, 130)
+    if group == "rotary":
+        return c.check_rotary("cpu", f32) + c.check_rotary("cpu", b16, 5, 3, 1, 64)
+    if group == "sampling":
+        return c.check_sampling("cpu") + c.check_sampling_distribution("cpu")
+    if group == "backend":
+        return _backend_records(f32) + _backend_records(b16)
+    raise KeyError(group)
+
+
+def _backend_records(dtype) -> list:
+    """TritonAttentionBackend over a forked workload (request 0's first 6 tokens shared by 1 and 2):
+    extend, mixed extend, then decode steps plain and through a cascade plan. Reference: attention
+    over each request's own K/V history kept outside the pool."""
+    import torch
+    from radixlm.backend.attention_triton import TritonAttentionBackend
+    from radixlm.backend.forward_batch import ForwardBatch
+    from radixlm.backend.kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
+    from radixlm.kernels.cascade_attention import make_cascade_plan
+    from radixlm.kernels.checks import BOUND, DTYPE_NAME, rel_err
+
+    hq, hkv, d = 8, 2, 32
+    pool, alloc, table = KVPool(1, 100, hkv, d, dtype, "cpu"), TokenSlotAllocator(100), ReqToTokenTable(4, 32, "cpu")
+    backend = TritonAttentionBackend()
+    rows = [table.alloc() for _ in range(3)]
+    hist: list[list] = [[], [], []]  # per request: (k, v) rows so far
+    recs = []
+    steps = [([0], [6], None), ([0, 1, 2], [1, 3, 2], None), ([0, 1, 2], [1, 1, 1], None),
+             ([0, 1, 2], [1, 1, 1], "cascade")]
+    for i, (reqs, ext, mode) in enumerate(steps):
+        if i == 1:  # fork: requests 1 and 2 start from request 0's first 6 slots
+            for r in (1, 2):
+                table.table[rows[r], :6] = table.table[rows[0], :6]
+                hist[r] = list(hist[0][:6])
+        prefix = [len(hist[r]) for r in reqs]
+        t = sum(ext)
+        slots = alloc.alloc(t)
+        starts = [sum(ext[:j]) for j in range(len(ext))]
+        for r, p, e, s0 in zip(reqs, prefix, ext, starts):
+            table.write(rows[r], p, slots[s0 : s0 + e])
+        q, k, v = (torch.randn(t, h, d, dtype=dtype) for h in (hq, hkv, hkv))
+        seq = [p + e for p, e in zip(prefix, ext)]
+        as_t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+        fb = ForwardBatch(
+            input_ids=torch.zeros(t, dtype=torch.int64), positions=torch.cat([torch.arange(p, p + e) for p, e in zip(prefix, ext)]),
+            out_cache_loc=slots, req_pool_indices=as_t([rows[r] for r in reqs]), seq_lens=as_t(seq),
+            prefix_lens=as_t(prefix), extend_lens=as_t(ext), extend_start_loc=as_t(starts), seq_lens_cpu=seq,
+            prefix_lens_cpu=prefix, extend_lens_cpu=ext,
+            req_pool_indices_cpu=[rows[r] for r in reqs], extend_start_loc_cpu=starts, logits_indices=as_t(starts), req_to_token=table.table,
+            kv_pool=pool, attn_backend=backend, is_decode=all(e == 1 for e in ext))
+        if mode == "cascade":
+            fb.extras["cascade_plan"] = make_cascade_plan([3], [6], seq, "cpu")
+        out = backend.forward(q, k, v, 0, fb)
+        ref = torch.empty(t, hq, d, dtype=torch.float64)
+        for r, p, e, s0 in zip(reqs, prefix, ext, starts):
+            hist[r] += [(k[s0 + j], v[s0 + j]) for j in range(e)]
+            kk = torch.stack([x for x, _ in hist[r]]).double().repeat_interleave(hq // hkv, 1)
+            vv = torch.stack([y for _, y in hist[r]]).double().repeat_interleave(hq // hkv, 1)
+            s = torch.einsum("qhd,khd->hqk", q[s0 : s0 + e].double(), kk) / d**0.5
+            s = s.masked_fill(torch.arange(p + e)[None, :] > (p + torch.arange(e))[:, None], float("-inf"))
+            ref[s0 : s0 + e] = torch.einsum("hqk,khd->qhd", s.softmax(-1), vv)
+        tag = f"backend {DTYPE_NAME[dtype]} step {i} ({mode or ('decode' if fb.is_decode else 'extend')})"
+        recs.append((tag, rel_err(out.view(t, hq, d), ref), BOUND[dtype]))
+        stored = (pool.k_buffers[0][slots] - k).abs().max() + (pool.v_buffers[0][slots] - v).abs().max()
+        recs.append((tag + " KV stored", float(stored), 0.0))
+    return recs
+
+
+def _main() -> None:
+    import torch
+
+    torch.manual_seed(int(os.environ.get("KERNEL_TEST_SEED", "0")))
+    results = {}
+    for group in sys.argv[1:] or GROUPS:
+        t0 = time.perf_counter()
+        try:
+            results[group] = [list(r) for r in _checks(group)]
+        except Exception as exc:  # reported per group, so one broken kernel does not hide the rest
+            results[group] = f"{type(exc).__name__}: {exc}"
+        print(f"{group}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    print("RESULTS " + json.dumps(results))
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", KERNEL_TEST_SEED=str(int.from_bytes(os.urandom(2), "little")))
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")]
+    assert lines, f"checker crashed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
+    return json.loads(lines[-1][len("RESULTS "):]) | {"_seed": env["KERNEL_TEST_SEED"]}
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_kernel_matches_reference(results: dict, group: str) -> None:
+    recs = results[group]
+    assert not isinstance(recs, str), f"{group} raised: {recs}"
+    assert recs, f"{group} produced no checks"
+    bad = [(label, err, bound) for label, err, bound in recs if not err <= bound]
+    assert not bad, f"seed {results['_seed']}: failed {bad}"
+
+
+if __name__ == "__main__":
+    _main()
