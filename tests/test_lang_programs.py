@@ -1,6 +1,6 @@
 """The issue-5 program suite on the default model (CPU, in-process Runtime): structural
 assertions, checked against independent references (raw engine calls on the same tokens,
-`apply_chat_template`, jsonschema, re.fullmatch). One engine for the whole module."""
+`apply_chat_template`, jsonschema, re.fullmatch). Runs on the session's shared engine."""
 
 from __future__ import annotations
 
@@ -24,10 +24,9 @@ FEW_SHOT = (
 
 
 @pytest.fixture(scope="module")
-def rt():
-    runtime = sgl.Runtime()
-    yield runtime
-    runtime.shutdown()
+def rt(engine):
+    """The in-process backend over the session's shared engine (tests/conftest.py)."""
+    return sgl.Runtime(engine=engine)
 
 
 @pytest.fixture(scope="module")
