@@ -1,0 +1,102 @@
+"""Bitmask application: the torch path against a per-element loop, the Triton kernel against the
+torch path under TRITON_INTERPRET=1 (in a subprocess so the env var is set before triton loads),
+and our FSM's bitmask rows against xgrammar's own apply function."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from radixlm.grammars import allocate_token_bitmask, apply_token_bitmask_
+from radixlm.kernels.bitmask import apply_token_bitmask_torch_
+
+
+def _random_case(batch: int, vocab: int, words: int | None = None, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, vocab, generator=g)
+    words = words if words is not None else (vocab + 31) // 32
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (batch, words), dtype=torch.int32, generator=g)
+    return logits, bitmask
+
+
+def _naive(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    out = logits.clone()
+    for b in range(logits.shape[0]):
+        for t in range(logits.shape[1]):
+            w = t // 32
+            allowed = w < bitmask.shape[1] and (int(bitmask[b, w]) >> (t % 32)) & 1
+            if not allowed:
+                out[b, t] = float("-inf")
+    return out
+
+
+@pytest.mark.parametrize("batch,vocab,words", [(1, 31, None), (3, 100, None), (2, 64, None), (2, 70, 2), (2, 40, 4)])
+def test_torch_path_matches_naive(batch: int, vocab: int, words: int | None) -> None:
+    logits, bitmask = _random_case(batch, vocab, words)
+    expected = _naive(logits, bitmask)
+    apply_token_bitmask_(logits, bitmask)
+    assert torch.equal(logits, expected)
+
+
+def test_indices_apply_rows_subset() -> None:
+    logits, bitmask = _random_case(2, 96)
+    full = torch.randn(5, 96)
+    ref = full.clone()
+    idx = torch.tensor([3, 1])
+    apply_token_bitmask_torch_(full, bitmask, idx)
+    ref[idx] = _naive(ref[idx], bitmask)
+    assert torch.equal(full, ref)
+
+
+def test_allocate_is_all_allowed() -> None:
+    bm = allocate_token_bitmask(2, 33)
+    assert bm.shape == (2, 2) and bm.dtype == torch.int32
+    logits = torch.randn(2, 33)
+    ref = logits.clone()
+    apply_token_bitmask_(logits, bm)
+    assert torch.equal(logits, ref)
+
+
+def test_matches_xgrammar_apply() -> None:
+    xgr = pytest.importorskip("xgrammar")
+    logits, bitmask = _random_case(3, 1000, seed=3)
+    ours = logits.clone()
+    apply_token_bitmask_(ours, bitmask)
+    xgr.apply_token_bitmask_inplace(logits, bitmask)
+    assert torch.equal(ours, logits)
+
+
+TRITON_SCRIPT = textwrap.dedent("""
+    import os
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    import torch
+    from radixlm.kernels.bitmask import apply_token_bitmask_torch_, apply_token_bitmask_triton_
+    g = torch.Generator().manual_seed(0)
+    for batch, vocab, words, dtype, block in [(2, 100, 4, torch.float32, 32), (3, 257, 9, torch.float16, 64),
+                                             (1, 70, 2, torch.float32, 32), (2, 64, 3, torch.bfloat16, 128)]:
+        logits = torch.randn(batch, vocab, generator=g).to(dtype)
+        bitmask = torch.randint(-(2**31), 2**31 - 1, (batch, words), dtype=torch.int32, generator=g)
+        a, b = logits.clone(), logits.clone()
+        apply_token_bitmask_torch_(a, bitmask)
+        apply_token_bitmask_triton_(b, bitmask, block=block)
+        assert torch.equal(a, b), (batch, vocab, dtype)
+        big = torch.randn(4, vocab, generator=g).to(dtype)
+        c, d = big.clone(), big.clone()
+        idx = torch.tensor([2, 0][:batch] if batch <= 2 else [3, 0, 1])
+        apply_token_bitmask_torch_(c, bitmask[: len(idx)], idx)
+        apply_token_bitmask_triton_(d, bitmask[: len(idx)].contiguous(), idx, block=block)
+        assert torch.equal(c, d), ("indices", batch, vocab, dtype)
+    print("OK")
+""")
+
+
+def test_triton_kernel_matches_torch_interpreted() -> None:
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", TRITON_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
