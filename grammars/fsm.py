@@ -8,12 +8,13 @@ import hashlib
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 from radixlm.grammars.byte_dfa import ByteDFA, regex_to_byte_dfa
-from radixlm.grammars.token_index import TokenVocab, build_token_masks
+from radixlm.grammars.token_index import CHUNK_STATES, TokenVocab, extend_trans, mask_rows
 
 
 def _source_digest() -> str:
@@ -39,22 +40,51 @@ def _cache_path(regex: str, vocab: TokenVocab) -> Path:
 
 
 class FSMGrammar:
-    """A compiled regex for one vocabulary; immutable and shared by all its matchers."""
+    """A compiled regex for one vocabulary, shared by all its matchers. Mask rows are computed
+    eagerly, or lazily (a state's row on first use, the rest by complete() in the background);
+    either way a row, once marked ready, never changes."""
 
     engine = "fsm"
 
-    def __init__(self, regex: str, dfa: ByteDFA, masks: np.ndarray, vocab: TokenVocab):
+    def __init__(self, regex: str, dfa: ByteDFA, vocab: TokenVocab, masks: np.ndarray | None = None):
         self.regex = regex
         self.dfa = dfa
-        self.masks_np = masks
-        self.masks = torch.from_numpy(masks)
         self.vocab = vocab
         self.eos_ids = frozenset(vocab.eos_ids)
+        words = (vocab.vocab_size + 31) // 32
+        self.masks_np = masks if masks is not None else np.zeros((dfa.num_states, words), dtype=np.int32)
+        self._ready = np.full(dfa.num_states, masks is not None, dtype=bool)
+        self._trans_ext = extend_trans(dfa.trans)
         self._out_degree = (dfa.trans >= 0).sum(axis=1)
         self._jump: dict[int, tuple[bytes, int]] = {}
-        eos_words = np.zeros(masks.shape[1] * 32, dtype=bool)
+        eos_words = np.zeros(words * 32, dtype=bool)
         eos_words[list(vocab.eos_ids)] = True
-        self.eos_mask = torch.from_numpy(np.packbits(eos_words, bitorder="little").view(np.int32).copy())
+        self.eos_mask_np = np.packbits(eos_words, bitorder="little").view(np.int32).copy()
+
+    @property
+    def is_complete(self) -> bool:
+        return bool(self._ready.all())
+
+    def mask_row(self, state: int) -> np.ndarray:
+        if not self._ready[state]:
+            self._compute(np.array([state]))
+        return self.masks_np[state]
+
+    def _compute(self, states: np.ndarray) -> None:
+        self.masks_np[states] = mask_rows(self._trans_ext, self.dfa.accepting, states, self.vocab)
+        self._ready[states] = True
+
+    def complete(self, deadline_check: Callable[[], None] | None = None) -> FSMGrammar:
+        """Compute every missing row, CHUNK_STATES at a time."""
+        todo = np.nonzero(~self._ready)[0]
+        for i in range(0, len(todo), CHUNK_STATES):
+            chunk = todo[i : i + CHUNK_STATES]
+            chunk = chunk[~self._ready[chunk]]  # rows filled on demand meanwhile
+            if len(chunk):
+                self._compute(chunk)
+            if deadline_check is not None:
+                deadline_check()
+        return self
 
     @property
     def num_states(self) -> int:
@@ -82,7 +112,7 @@ class FSMGrammar:
         return self._jump[state]
 
     def allows(self, state: int, token: int) -> bool:
-        return 0 <= token < self.vocab.vocab_size and bool((self.masks_np[state, token >> 5] >> (token & 31)) & 1)
+        return 0 <= token < self.vocab.vocab_size and bool((self.mask_row(state)[token >> 5] >> (token & 31)) & 1)
 
     def next_state(self, state: int, token: int) -> int:
         """State after an allowed non-stop token (-1 if the token is not allowed)."""
@@ -98,38 +128,43 @@ class FSMGrammar:
         return state
 
 
-def _save(path: Path, dfa: ByteDFA, masks: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
-    os.close(fd)
-    np.savez(tmp, trans=dfa.trans, accepting=dfa.accepting, masks=masks)
-    os.replace(tmp, path)  # atomic: concurrent writers leave one complete file
-
-
 def compile_regex(regex: str, vocab: TokenVocab, *, timeout_s: float = 30.0, max_states: int = 100_000,
-                  use_disk_cache: bool = True) -> FSMGrammar:
-    """regex → FSMGrammar; ValueError for invalid/unsupported regex, too many states or timeout."""
+                  use_disk_cache: bool = True, lazy: bool = False) -> FSMGrammar:
+    """regex → FSMGrammar; ValueError for invalid/unsupported regex, too many states or timeout.
+    lazy=True returns once the DFA is built (rows fill on demand); complete() + save_to_disk_cache() later."""
     path = _cache_path(regex, vocab)
     if use_disk_cache and path.exists():
         try:
             with np.load(path) as z:
-                return FSMGrammar(regex, ByteDFA(z["trans"], z["accepting"]), z["masks"], vocab)
+                return FSMGrammar(regex, ByteDFA(z["trans"], z["accepting"]), vocab, z["masks"])
         except Exception:
             path.unlink(missing_ok=True)  # corrupt entry: rebuild
     start = time.monotonic()
-    dfa = regex_to_byte_dfa(regex, timeout_s=timeout_s, max_states=max_states)
+    grammar = FSMGrammar(regex, regex_to_byte_dfa(regex, timeout_s=timeout_s, max_states=max_states), vocab)
+    if lazy:
+        return grammar
 
     def check() -> None:
         if time.monotonic() - start > timeout_s:
             raise ValueError(f"grammar compile timeout after {timeout_s:.0f} s")
 
-    masks = build_token_masks(dfa.trans, dfa.accepting, vocab, check)
+    grammar.complete(check)
     if use_disk_cache:
-        try:
-            _save(path, dfa, masks)
-        except OSError:
-            pass  # read-only cache dir: work without it
-    return FSMGrammar(regex, dfa, masks, vocab)
+        save_to_disk_cache(grammar)
+    return grammar
+
+
+def save_to_disk_cache(grammar: FSMGrammar) -> None:
+    """Store a complete grammar under the cache dir (atomic rename; read-only dirs are skipped)."""
+    path = _cache_path(grammar.regex, grammar.vocab)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
+        os.close(fd)
+        np.savez(tmp, trans=grammar.dfa.trans, accepting=grammar.dfa.accepting, masks=grammar.masks_np)
+        os.replace(tmp, path)  # concurrent writers leave one complete file
+    except OSError:
+        pass
 
 
 class FSMMatcher:
@@ -145,7 +180,11 @@ class FSMMatcher:
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         s = self._stack[-1]
-        bitmask[row].copy_(self._g.eos_mask if s == TERMINATED else self._g.masks[s])
+        src = self._g.eos_mask_np if s == TERMINATED else self._g.mask_row(s)
+        if bitmask.device.type == "cpu":
+            bitmask.numpy()[row] = src  # a numpy row copy costs ~1/2 of torch's dispatch
+        else:
+            bitmask[row].copy_(torch.from_numpy(src))
 
     def accept_token(self, token_id: int) -> bool:
         s = self._stack[-1]

@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from radixlm.grammars.base import CompiledGrammar, EngineName, GrammarKind
-from radixlm.grammars.fsm import compile_regex
+from radixlm.grammars.fsm import FSMGrammar, compile_regex, save_to_disk_cache
 from radixlm.grammars.json_schema import (
     NotRegularError,
     check_schema,
@@ -107,5 +107,18 @@ class GrammarBackend:
         return self._fsm(regex)
 
     def _fsm(self, regex: str) -> CompiledGrammar:
-        return compile_regex(regex, self.vocab, timeout_s=self.compile_timeout_s,
-                             max_states=self.max_states, use_disk_cache=self.use_disk_cache)
+        """Ready once the DFA is built; the mask rows are filled on demand and by a background task."""
+        grammar = compile_regex(regex, self.vocab, timeout_s=self.compile_timeout_s, max_states=self.max_states,
+                                use_disk_cache=self.use_disk_cache, lazy=True)
+        if not grammar.is_complete:
+            grammar.mask_row(0)
+            try:
+                self._pool.submit(self._finish, grammar)
+            except RuntimeError:  # pool shut down: rows keep filling on demand
+                pass
+        return grammar
+
+    def _finish(self, grammar: FSMGrammar) -> None:
+        grammar.complete()
+        if self.use_disk_cache:
+            save_to_disk_cache(grammar)

@@ -28,14 +28,8 @@ def default_gguf() -> tuple[str, str]:
 
 
 def load_default_tokenizer() -> Any:
-    """The default model's HF tokenizer: the backend's loader if present, else from the GGUF once
-    and then from a save_pretrained copy under the radixlm cache."""
-    try:
-        from radixlm.backend.tokenizer import load_tokenizer  # type: ignore[import-not-found]
-
-        return load_tokenizer(None)
-    except (ImportError, AttributeError):
-        pass
+    """The default model's HF tokenizer, read from its GGUF once and then from a save_pretrained
+    copy under the radixlm cache (grammars must not import the backend layer)."""
     from transformers import AutoTokenizer
 
     saved = cache_dir().parent / "tokenizers" / "smollm2-135m-instruct"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -177,21 +176,16 @@ def _chunk_allowed(trans_ext: np.ndarray, states: np.ndarray, trie: TokenTrie, d
         cur, prev_col = nxt, col
 
 
-def build_token_masks(trans: np.ndarray, accepting: np.ndarray, vocab: TokenVocab,
-                      deadline_check: Callable[[], None] | None = None) -> np.ndarray:
-    """Per-state bitmask rows [S, ceil(V/32)] int32 of the DFA `trans` [S, 256] (-1 = dead): bit t
-    is set iff token t's bytes stay alive from the state, or t is a stop token and the state accepts."""
-    n_states = trans.shape[0]
+def mask_rows(trans_ext: np.ndarray, accepting: np.ndarray, states: np.ndarray, vocab: TokenVocab) -> np.ndarray:
+    """Bitmask rows [len(states), ceil(V/32)] int32 for some states of the DFA (trans_ext = trans plus
+    a last all -1 row): bit t is set iff token t's bytes stay alive from the state, or t is a stop
+    token and the state accepts."""
     words = (vocab.vocab_size + 31) // 32
-    trans_ext = np.vstack([trans, np.full((1, 256), -1, dtype=trans.dtype)])
-    eos = np.array(vocab.eos_ids, dtype=np.int64)
-    out = np.zeros((n_states, words), dtype=np.int32)
-    for s in range(0, n_states, CHUNK_STATES):
-        e = min(n_states, s + CHUNK_STATES)
-        dense = np.zeros((e - s, words * 32), dtype=bool)
-        _chunk_allowed(trans_ext, np.arange(s, e), vocab.trie, dense)
-        dense[np.ix_(np.nonzero(accepting[s:e])[0], eos)] = True
-        out[s:e] = np.packbits(dense, axis=1, bitorder="little").view(np.int32)
-        if deadline_check is not None:
-            deadline_check()
-    return out
+    dense = np.zeros((len(states), words * 32), dtype=bool)
+    _chunk_allowed(trans_ext, states, vocab.trie, dense)
+    dense[np.ix_(np.nonzero(accepting[states])[0], np.array(vocab.eos_ids, dtype=np.int64))] = True
+    return np.packbits(dense, axis=1, bitorder="little").view(np.int32)
+
+
+def extend_trans(trans: np.ndarray) -> np.ndarray:
+    return np.vstack([trans, np.full((1, 256), -1, dtype=trans.dtype)])
