@@ -1,0 +1,55 @@
+"""TorchAttentionBackend: the reference attention through the page table, in plain torch ops.
+It is the CPU path and the yardstick the Triton kernels are tested against; it runs correctly
+(if not fast) on any device."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from radixlm.backend.forward_batch import ForwardBatch
+
+
+class TorchAttentionBackend:
+    """Stores the new K/V into the pool, then attends: new tokens see their request's cached
+    prefix and, causally, each other."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch
+    ) -> torch.Tensor:
+        fb.kv_pool.store(layer, fb.out_cache_loc, k, v)
+        k_buf, v_buf = fb.kv_pool.k_buffers[layer], fb.kv_pool.v_buffers[layer]
+        if fb.is_decode:
+            out = self._decode(q, k_buf, v_buf, fb)
+        else:
+            out = self._extend(q, k_buf, v_buf, fb)
+        return out.reshape(q.shape[0], -1)
+
+    @staticmethod
+    def _extend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        out = torch.empty_like(q)
+        for i, row in enumerate(fb.req_pool_indices_cpu):
+            start, n = fb.extend_start_loc_cpu[i], fb.extend_lens_cpu[i]
+            seq, prefix = fb.seq_lens_cpu[i], fb.prefix_lens_cpu[i]
+            slots = fb.req_to_token[row, :seq]
+            qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+            ki = k_buf[slots].to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, seq, D]
+            vi = v_buf[slots].to(q.dtype).transpose(0, 1).unsqueeze(0)
+            key_pos = torch.arange(seq, device=q.device)
+            query_pos = torch.arange(prefix, seq, device=q.device)
+            mask = key_pos.unsqueeze(0) <= query_pos.unsqueeze(1)  # [n, seq]
+            o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=True)
+            out[start : start + n] = o[0].transpose(0, 1)
+        return out
+
+    @staticmethod
+    def _decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        max_len = max(fb.seq_lens_cpu)
+        slots = fb.req_to_token[fb.req_pool_indices, :max_len]  # [B, L]
+        valid = torch.arange(max_len, device=q.device).unsqueeze(0) < fb.seq_lens.unsqueeze(1)
+        slots = torch.where(valid, slots, torch.zeros_like(slots))
+        kb = k_buf[slots].to(q.dtype).permute(0, 2, 1, 3)  # [B, Hkv, L, D]
+        vb = v_buf[slots].to(q.dtype).permute(0, 2, 1, 3)
+        qb = q.unsqueeze(2)  # [B, Hq, 1, D]
+        o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=valid[:, None, None, :], enable_gqa=True)
+        return o.squeeze(2)

@@ -1,0 +1,324 @@
+"""Engine: SGLang's offline Engine shape. Validates and tokenizes requests on the caller's
+thread, hands them to the scheduler loop running on its own thread, and delivers results
+blocking, streamed, or to asyncio. Bad input raises ValueError before any model work."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from radixlm.backend.engine_inputs import RequestSpec, normalize_requests
+from radixlm.backend.loader import default_model_path, load_config, resolve_model_dir
+from radixlm.backend.model_config import ModelConfig, named_shape_config
+from radixlm.backend.model_runner import ModelRunner, resolve_dtype
+from radixlm.backend.radix_cache import NoPrefixCache, RadixCache
+from radixlm.backend.request import Req
+from radixlm.backend.sampler import Sampler
+from radixlm.backend.scheduler import Scheduler, SchedulerConfig
+from radixlm.backend.tokenizer import IncrementalDetokenizer, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(
+        self,
+        model_path: str | None = None,
+        tokenizer_path: str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        max_total_tokens: int | None = None,
+        mem_fraction_static: float = 0.85,
+        chunked_prefill_size: int = 2048,
+        max_running_requests: int = 256,
+        disable_radix_cache: bool = False,
+        random_weights: bool = False,
+        model_shape: str | None = None,
+        context_length: int | None = None,
+        seed: int = 0,
+        log_level: str = "warning",
+    ) -> None:
+        logging.getLogger("radixlm").setLevel(log_level.upper())
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        config, model_dir = self._resolve_model(model_path, model_shape)
+        if context_length is not None:
+            if context_length <= 0:
+                raise ValueError(f"context_length must be positive, got {context_length}")
+            config.max_position_embeddings = context_length
+        self.model_config: ModelConfig = config
+        self.model_path = str(model_path or (model_shape and f"random:{model_shape}") or default_model_path())
+        self.tokenizer = load_tokenizer(tokenizer_path or model_dir)
+        eos = set(config.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None and model_shape is None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = frozenset(eos)
+        self.runner = ModelRunner(
+            config, None if model_shape else model_dir, self.device, resolve_dtype(dtype, self.device),
+            max_total_tokens, mem_fraction_static, max_running_requests, random_weights or bool(model_shape), seed,
+        )
+        alloc = self.runner.allocator
+        self.cache = NoPrefixCache(alloc) if disable_radix_cache else RadixCache(alloc)
+        chunk = chunked_prefill_size if chunked_prefill_size > 0 else config.context_len
+        self.scheduler = Scheduler(
+            self.runner, self.cache, Sampler(config.vocab_size, self.device, seed),
+            SchedulerConfig(config.context_len, chunk, max_running_requests),
+        )
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._pin_ids = itertools.count(1)
+        self._tok_lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="radixlm-scheduler", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _resolve_model(model_path: str | None, model_shape: str | None) -> tuple[ModelConfig, Any]:
+        if model_shape:
+            return named_shape_config(model_shape), None
+        model_dir = resolve_model_dir(model_path)
+        return load_config(model_dir), model_dir
+
+    # ---- the scheduler thread -----------------------------------------------------------
+    def _loop(self) -> None:
+        sched = self.scheduler
+        while True:
+            if not self._drain_inbox(block=not sched.has_work()):
+                break
+            if not sched.has_work():
+                continue
+            try:
+                sched.step()
+            except Exception as e:  # a failed step must not strand anyone: abort what ran
+                logger.exception("scheduler step failed")
+                self._abort_all(f"internal error: {type(e).__name__}: {e}")
+        self._abort_all("engine shut down")
+
+    def _drain_inbox(self, block: bool) -> bool:
+        try:
+            msg = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            kind, payload = msg
+            if kind == "stop":
+                return False
+            if kind == "add":
+                self.scheduler.add_request(payload)
+            elif kind == "abort":
+                self.scheduler.abort(payload)
+            elif kind == "call":
+                fn, fut = payload
+                try:
+                    fut.set_result(fn())
+                except Exception as e:
+                    fut.set_exception(e)
+            try:
+                msg = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _abort_all(self, message: str) -> None:
+        s = self.scheduler
+        for req in [*s.waiting, *s.running, *([s.chunked] if s.chunked else [])]:
+            if not req.finished:
+                req.finished_reason = {"type": "abort", "message": message}
+                try:
+                    s._finish(req)
+                except Exception:  # the sink must still hear about it
+                    logger.exception("cleanup of %s failed", req.rid)
+                    req.sink({"text": "", "output_ids": [], "meta_info": req.meta_info()})
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the scheduler thread (between steps) and wait for its result."""
+        if self._closed:
+            raise RuntimeError("engine is shut down")
+        fut: Future = Future()
+        self._inbox.put(("call", (fn, fut)))
+        return fut.result()
+
+    # ---- request construction ---------------------------------------------------------
+    def _make_reqs(self, specs: list[RequestSpec], sink_for: Callable[[int], Callable]) -> list[Req]:
+        reqs = []
+        for k, spec in enumerate(specs):
+            reqs.append(Req(
+                rid=spec.rid, input_ids=spec.input_ids, params=spec.params, sink=sink_for(k),
+                detok=IncrementalDetokenizer(
+                    self.tokenizer, spec.params.skip_special_tokens, spec.params.spaces_between_special_tokens
+                ),
+                eos_token_ids=self.eos_token_ids, return_logprob=spec.return_logprob,
+                logprob_start_len=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num,
+                stream=spec.stream, pin_handle=spec.pin_handle,
+            ))
+        self._attach_grammars(reqs)
+        return reqs
+
+    def _attach_grammars(self, reqs: list[Req]) -> None:
+        if any(r.params.grammar for r in reqs):
+            raise ValueError("constrained decoding (regex / json_schema / ebnf) is not available yet")
+
+    def _specs(self, prompt: Any, sampling_params: Any, input_ids: Any, rid: Any, **kw: Any) -> tuple[list[RequestSpec], bool]:
+        if self._closed:
+            raise RuntimeError("engine is shut down")
+        with self._tok_lock:
+            return normalize_requests(
+                self.tokenizer, self.model_config, self.runner.allocator.size,
+                prompt, sampling_params, input_ids, rid, **kw,
+            )
+
+    def _submit(self, reqs: list[Req]) -> None:
+        for r in reqs:
+            self._inbox.put(("add", r))
+
+    # ---- public API -------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+    ) -> dict | list[dict] | Iterator[dict]:
+        specs, single = self._specs(
+            prompt, sampling_params, input_ids, rid, return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, stream=stream,
+        )
+        if stream:
+            return self._stream_sync(specs)
+        queues: list[queue.Queue] = [queue.Queue() for _ in specs]
+        reqs = self._make_reqs(specs, lambda k: queues[k].put)
+        self._submit(reqs)
+        outs = [q.get() for q in queues]
+        return outs[0] if single else outs
+
+    def _stream_sync(self, specs: list[RequestSpec]) -> Iterator[dict]:
+        q: queue.Queue = queue.Queue()
+        reqs = self._make_reqs(specs, lambda k: q.put)
+        self._submit(reqs)
+
+        def chunks() -> Iterator[dict]:
+            done = False
+            try:
+                while not done:
+                    chunk = q.get()
+                    done = chunk["meta_info"]["finish_reason"] is not None
+                    yield chunk
+            finally:
+                if not done:
+                    self.abort_request(reqs[0].rid)
+
+        return chunks()
+
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+    ) -> dict | list[dict] | AsyncIterator[dict]:
+        specs, single = self._specs(
+            prompt, sampling_params, input_ids, rid, return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, stream=stream,
+        )
+        loop = asyncio.get_running_loop()
+        queues: list[asyncio.Queue] = [asyncio.Queue() for _ in specs]
+        reqs = self._make_reqs(specs, lambda k: lambda item: loop.call_soon_threadsafe(queues[k].put_nowait, item))
+        self._submit(reqs)
+        if stream:
+            return self._stream_async(queues[0], reqs[0].rid)
+        try:
+            outs = [await q.get() for q in queues]
+        except asyncio.CancelledError:
+            for r in reqs:
+                self.abort_request(r.rid)
+            raise
+        return outs[0] if single else outs
+
+    async def _stream_async(self, q: asyncio.Queue, rid: str) -> AsyncIterator[dict]:
+        done = False
+        try:
+            while not done:
+                chunk = await q.get()
+                done = chunk["meta_info"]["finish_reason"] is not None
+                yield chunk
+        finally:
+            if not done:
+                self.abort_request(rid)
+
+    def abort_request(self, rid: str) -> None:
+        if not self._closed:
+            self._inbox.put(("abort", rid))
+
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache. Refused (False) while requests run or prefixes are pinned."""
+
+        def flush() -> bool:
+            s = self.scheduler
+            if s.has_work() or s.pinned:
+                return False
+            self.cache.reset()
+            return True
+
+        return self._call(flush)
+
+    def pin_prefix(self, input_ids: list[int]) -> int:
+        """Prefill input_ids into the cache and keep them locked until unpin_prefix(handle)."""
+        handle = next(self._pin_ids)
+        specs, _ = self._specs(None, {"max_new_tokens": 0}, input_ids, f"pin-{uuid.uuid4().hex}")
+        specs[0].pin_handle = handle
+        q: queue.Queue = queue.Queue()
+        self._submit(self._make_reqs(specs, lambda k: q.put))
+        out = q.get()
+        if out["meta_info"]["finish_reason"]["type"] == "abort":
+            raise RuntimeError(f"pin_prefix failed: {out['meta_info']['finish_reason'].get('message')}")
+        return handle
+
+    def unpin_prefix(self, handle: int) -> None:
+        self._call(lambda: self.scheduler.unpin(handle))
+
+    def get_stats(self) -> dict[str, int]:
+        s = self.scheduler
+        st = s.stats
+        alloc = self.runner.allocator
+        return {
+            "num_running": len(s.running) + (1 if s.chunked else 0),
+            "num_waiting": len(s.waiting),
+            "kv_total_slots": alloc.size,
+            "kv_free_slots": alloc.available_size(),
+            "kv_cached_slots": self.cache.total_size(),
+            "cached_prompt_tokens": st.cached_prompt_tokens,
+            "computed_prompt_tokens": st.computed_prompt_tokens,
+            "generated_tokens": st.generated_tokens,
+            "num_retractions": st.num_retractions,
+            "forward_passes": st.forward_passes,
+            "num_finished": st.num_finished,
+            "num_aborted": st.num_aborted,
+            **st.extra,
+        }
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(("stop", None))
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

@@ -1,0 +1,113 @@
+"""Request normalisation for the Engine API: prompts or token ids, one or many, with one or
+many sampling dicts and n samples each → validated RequestSpecs. Every rejection is a
+ValueError that says what is wrong."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any
+
+from radixlm.backend.model_config import ModelConfig
+from radixlm.backend.sampling_params import SamplingParams
+
+
+@dataclass
+class RequestSpec:
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    stream: bool = False
+    pin_handle: int | None = None
+
+
+def normalize_requests(
+    tokenizer: Any,
+    config: ModelConfig,
+    kv_capacity: int,
+    prompt: Any,
+    sampling_params: Any,
+    input_ids: Any,
+    rid: Any,
+    return_logprob: bool = False,
+    logprob_start_len: int = -1,
+    top_logprobs_num: int = 0,
+    stream: bool = False,
+) -> tuple[list[RequestSpec], bool]:
+    """→ (one spec per sample, whether the caller passed a single prompt)."""
+    id_lists, single = _token_lists(tokenizer, prompt, input_ids)
+    params_list = _params_list(sampling_params, len(id_lists))
+    rids = _rids(rid, len(id_lists))
+    if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
+        raise ValueError(f"top_logprobs_num must be an integer ≥ 0, got {top_logprobs_num!r}")
+    specs: list[RequestSpec] = []
+    for ids, params, r in zip(id_lists, params_list, rids):
+        _check_lengths(ids, params, config, kv_capacity)
+        if not -1 <= logprob_start_len < max(len(ids), 1):
+            raise ValueError(f"logprob_start_len must be in [-1, {len(ids) - 1}], got {logprob_start_len}")
+        for i in range(params.n):
+            p = params if params.n == 1 else replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+            specs.append(RequestSpec(
+                rid=r if params.n == 1 else f"{r}-{i}", input_ids=list(ids), params=p,
+                return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                top_logprobs_num=top_logprobs_num, stream=stream,
+            ))
+    if stream and len(specs) != 1:
+        raise ValueError("stream=True takes exactly one prompt with n=1")
+    return specs, single and params_list[0].n == 1
+
+
+def _token_lists(tokenizer: Any, prompt: Any, input_ids: Any) -> tuple[list[list[int]], bool]:
+    if (prompt is None) == (input_ids is None):
+        raise ValueError("pass exactly one of prompt (text) or input_ids (token ids)")
+    if prompt is not None:
+        single = isinstance(prompt, str)
+        texts = [prompt] if single else prompt
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise ValueError("prompt must be a string or a non-empty list of strings")
+        lists = [tokenizer.encode(t) if t else [] for t in texts]
+    else:
+        single = bool(input_ids) and all(isinstance(t, int) for t in input_ids)
+        lists = [input_ids] if single else input_ids
+        if not isinstance(lists, list) or not lists or not all(isinstance(x, list) for x in lists):
+            raise ValueError("input_ids must be a list of ints or a non-empty list of lists of ints")
+    for ids in lists:
+        if not ids:
+            raise ValueError("empty prompt: at least one input token is needed")
+    return lists, single
+
+
+def _params_list(sampling_params: Any, n: int) -> list[SamplingParams]:
+    if isinstance(sampling_params, list):
+        if len(sampling_params) != n:
+            raise ValueError(f"got {len(sampling_params)} sampling_params for {n} prompts")
+        return [SamplingParams.from_dict(p) for p in sampling_params]
+    p = SamplingParams.from_dict(sampling_params)
+    return [p] * n
+
+
+def _rids(rid: Any, n: int) -> list[str]:
+    if rid is None:
+        return [uuid.uuid4().hex for _ in range(n)]
+    rids = [rid] if isinstance(rid, str) else list(rid)
+    if len(rids) != n or not all(isinstance(r, str) and r for r in rids):
+        raise ValueError(f"rid must be one non-empty string per prompt ({n})")
+    return rids
+
+
+def _check_lengths(ids: list[int], params: SamplingParams, config: ModelConfig, kv_capacity: int) -> None:
+    vocab = config.vocab_size
+    bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+    total = len(ids) + params.max_new_tokens
+    if total > config.context_len:
+        raise ValueError(
+            f"prompt ({len(ids)} tokens) + max_new_tokens ({params.max_new_tokens}) = {total} "
+            f"exceeds the context length {config.context_len}"
+        )
+    if total > kv_capacity:
+        raise ValueError(f"request needs {total} KV slots but the KV pool holds only {kv_capacity}")

@@ -1,0 +1,54 @@
+"""ForwardBatch: everything one model forward needs, as device tensors plus host copies of the
+lengths. One shape serves every step: each request contributes extend_len new tokens that
+attend to its prefix_len cached tokens and causally to themselves (decode = extend_len 1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from radixlm.backend.kv_pool import KVPool
+
+
+class AttentionBackend(Protocol):
+    """Stores the step's new K/V into the pool and attends through the request→token table."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch
+    ) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] for the T new tokens → output [T, Hq * D]."""
+        ...
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64, device
+    positions: torch.Tensor  # [T] int64, device
+    out_cache_loc: torch.Tensor  # [T] int64 KV slots the new tokens write, device
+    req_pool_indices: torch.Tensor  # [B] int64 rows of req_to_token, device
+    seq_lens: torch.Tensor  # [B] int64 total tokens after this step (prefix + extend), device
+    prefix_lens: torch.Tensor  # [B] int64 tokens already in the KV pool, device
+    extend_lens: torch.Tensor  # [B] int64 new tokens per request, device
+    extend_start_loc: torch.Tensor  # [B] int64 offset of each request's first new token in T
+    seq_lens_cpu: list[int]
+    prefix_lens_cpu: list[int]
+    extend_lens_cpu: list[int]
+    req_pool_indices_cpu: list[int]
+    extend_start_loc_cpu: list[int]
+    logits_indices: torch.Tensor  # [N] positions in T whose logits the sampler needs
+    req_to_token: torch.Tensor  # [max_requests, max_context] int64 slot table, device
+    kv_pool: KVPool
+    attn_backend: AttentionBackend
+    is_decode: bool = False  # every extend_len == 1
+    extras: dict = field(default_factory=dict)  # backend-specific plans (split counts, cascade groups)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())

@@ -1,0 +1,116 @@
+"""KV memory: the slot allocator, the per-layer K/V buffers indexed by slot, and the
+request→token table. The allocator owns which slots are free; it never frees a slot twice
+and never hands out slot 0, which is the padding slot that dummy tokens write into."""
+
+from __future__ import annotations
+
+import torch
+
+
+class TokenSlotAllocator:
+    """Free list of KV slots 1..size (slot 0 is reserved for padding).
+
+    Indices are int64 CPU tensors: bookkeeping stays on the host, the model runner moves
+    the batch's indices to the device once per step."""
+
+    def __init__(self, size: int, debug_checks: bool = True) -> None:
+        if size <= 0:
+            raise ValueError(f"KV pool size must be positive, got {size}")
+        self.size = size
+        self.debug_checks = debug_checks
+        self._free = torch.arange(1, size + 1, dtype=torch.int64)
+        self._num_free = size
+        # is_free[i] mirrors the free list so double frees and leaks are caught at once.
+        self._is_free = torch.ones(size + 1, dtype=torch.bool)
+        self._is_free[0] = False
+
+    def available_size(self) -> int:
+        return self._num_free
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        """Take n free slots, or return None (and take nothing) if fewer are free."""
+        if n < 0:
+            raise ValueError(f"cannot allocate {n} slots")
+        if n > self._num_free:
+            return None
+        out = self._free[self._num_free - n : self._num_free].clone()
+        self._num_free -= n
+        if self.debug_checks:
+            self._is_free[out] = False
+        return out
+
+    def free(self, indices: torch.Tensor) -> None:
+        """Return slots to the free list. Freeing a free slot or slot 0 raises."""
+        n = int(indices.numel())
+        if n == 0:
+            return
+        indices = indices.to(device="cpu", dtype=torch.int64).flatten()
+        if self.debug_checks:
+            if bool((indices <= 0).any()) or bool((indices > self.size).any()):
+                raise RuntimeError(f"freeing out-of-range KV slots: {indices.tolist()[:8]}")
+            if bool(self._is_free[indices].any()) or indices.unique().numel() != n:
+                raise RuntimeError("double free of KV slots")
+            self._is_free[indices] = True
+        self._free[self._num_free : self._num_free + n] = indices
+        self._num_free += n
+
+    def is_free_mask(self) -> torch.Tensor:
+        """Bool mask over slots 0..size (slot 0 is never free). For invariant checks."""
+        return self._is_free.clone()
+
+
+class KVPool:
+    """Per-layer K and V buffers of shape [size + 1, num_kv_heads, head_dim]; row = slot."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.num_layers = num_layers
+        self.size = size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        shape = (size + 1, num_kv_heads, head_dim)
+        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+    def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write new tokens' K/V ([T, Hkv, D]) into slots loc ([T])."""
+        self.k_buffers[layer][loc] = k.to(self.dtype)
+        self.v_buffers[layer][loc] = v.to(self.dtype)
+
+
+class ReqToTokenTable:
+    """[max_requests, max_context_len] int64 map: row r, column i → KV slot of token i of the
+    request holding row r. Rows are handed out and returned like slots."""
+
+    def __init__(self, max_requests: int, max_context_len: int, device: torch.device | str) -> None:
+        self.max_requests = max_requests
+        self.max_context_len = max_context_len
+        self.table = torch.zeros((max_requests, max_context_len), dtype=torch.int64, device=device)
+        self._free_rows = list(range(max_requests - 1, -1, -1))
+
+    def available_size(self) -> int:
+        return len(self._free_rows)
+
+    def alloc(self) -> int | None:
+        return self._free_rows.pop() if self._free_rows else None
+
+    def free(self, row: int) -> None:
+        if row in self._free_rows:
+            raise RuntimeError(f"request row {row} freed twice")
+        self._free_rows.append(row)
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        self.table[row, start : start + slots.numel()] = slots.to(self.table.device, non_blocking=True)

@@ -1,0 +1,142 @@
+"""ModelRunner: owns the device — the model weights, the KV pool and the request→token table —
+and turns a scheduled list of (request, new-token range) into one ForwardBatch and logits."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from radixlm.backend.attention import TorchAttentionBackend
+from radixlm.backend.forward_batch import AttentionBackend, ForwardBatch
+from radixlm.backend.kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
+from radixlm.backend.loader import iter_safetensors
+from radixlm.backend.model_config import ModelConfig
+from radixlm.backend.models.llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+CPU_DEFAULT_KV_TOKENS = 32768
+
+
+@dataclass
+class ScheduledItem:
+    """One request's share of a step: tokens [start, start + length) of its sequence are new;
+    logit_offsets are the positions (relative to start) whose logits the step must return."""
+
+    req_pool_idx: int
+    token_ids: list[int]
+    start: int
+    logit_offsets: list[int]
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        config: ModelConfig,
+        model_dir: Path | None,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_total_tokens: int | None,
+        mem_fraction_static: float,
+        max_running_requests: int,
+        random_weights: bool = False,
+        seed: int = 0,
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.model = self._load_model(model_dir, random_weights, seed)
+        kv_tokens = self._kv_budget(max_total_tokens, mem_fraction_static)
+        self.kv_pool = KVPool(config.num_layers, kv_tokens, config.num_kv_heads, config.head_dim, dtype, device)
+        self.allocator = TokenSlotAllocator(kv_tokens)
+        self.req_table = ReqToTokenTable(max_running_requests + 8, config.context_len + 8, device)
+        self.attn_backend: AttentionBackend = self._attention_backend()
+        logger.info("KV pool: %d token slots (%s, %s)", kv_tokens, dtype, device)
+
+    def _load_model(self, model_dir: Path | None, random_weights: bool, seed: int) -> LlamaForCausalLM:
+        with torch.device("meta"):
+            model = LlamaForCausalLM(self.config)
+        model = model.to(self.dtype).to_empty(device=self.device)
+        model.tie_weights()
+        model.model.rotary.build(self.device)
+        if random_weights or model_dir is None:
+            gen = torch.Generator(device=self.device).manual_seed(seed)
+            for name, p in model.named_parameters():
+                with torch.no_grad():
+                    if name.endswith("norm.weight"):
+                        p.fill_(1.0)
+                    elif p.dim() == 1:
+                        p.zero_()
+                    else:
+                        p.normal_(0.0, 0.02, generator=gen)
+        else:
+            model.load_weights(iter_safetensors(model_dir))
+        return model.eval()
+
+    def _kv_budget(self, max_total_tokens: int | None, mem_fraction: float) -> int:
+        c = self.config
+        per_token = KVPool.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, self.dtype)
+        if self.device.type != "cuda":
+            return max_total_tokens or CPU_DEFAULT_KV_TOKENS
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = int(total * mem_fraction) - (total - free)
+        fit = budget // per_token
+        if fit <= 0:
+            raise ValueError(f"no GPU memory left for the KV pool (mem_fraction_static={mem_fraction})")
+        return min(fit, max_total_tokens) if max_total_tokens else fit
+
+    def _attention_backend(self) -> AttentionBackend:
+        if self.device.type == "cuda":
+            try:
+                from radixlm.backend.attention_triton import TritonAttentionBackend
+
+                return TritonAttentionBackend(self)
+            except ImportError:
+                logger.warning("Triton attention unavailable; using the torch reference path")
+        return TorchAttentionBackend()
+
+    def build_batch(self, items: list[ScheduledItem], out_cache_loc: torch.Tensor) -> ForwardBatch:
+        ids: list[int] = []
+        positions: list[int] = []
+        logit_rows: list[int] = []
+        starts, prefix, extend, seq = [], [], [], []
+        for it in items:
+            n = len(it.token_ids)
+            starts.append(len(ids))
+            logit_rows.extend(len(ids) + o for o in it.logit_offsets)
+            ids.extend(it.token_ids)
+            positions.extend(range(it.start, it.start + n))
+            prefix.append(it.start)
+            extend.append(n)
+            seq.append(it.start + n)
+        dev = self.device
+
+        def t(x: list[int]) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.int64).to(dev, non_blocking=True)
+
+        rows = [it.req_pool_idx for it in items]
+        return ForwardBatch(
+            input_ids=t(ids), positions=t(positions), out_cache_loc=out_cache_loc.to(dev, non_blocking=True),
+            req_pool_indices=t(rows), seq_lens=t(seq), prefix_lens=t(prefix), extend_lens=t(extend),
+            extend_start_loc=t(starts), seq_lens_cpu=seq, prefix_lens_cpu=prefix, extend_lens_cpu=extend,
+            req_pool_indices_cpu=rows, extend_start_loc_cpu=starts, logits_indices=t(logit_rows),
+            req_to_token=self.req_table.table, kv_pool=self.kv_pool, attn_backend=self.attn_backend,
+            is_decode=all(n == 1 for n in extend),
+        )
+
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        return self.model(fb)

@@ -1,0 +1,1 @@
+"""Model implementations: one Llama-family decoder with config switches."""

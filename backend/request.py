@@ -1,0 +1,146 @@
+"""Req: one generation request's whole state as the scheduler sees it — its tokens, where its
+KV lives, its sampling state (penalty counts, RNG, grammar), stop checks and the sink its
+outputs stream to. The scheduler owns Req objects; nothing else mutates them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixlm.backend.sampling_params import SamplingParams
+from radixlm.backend.tokenizer import IncrementalDetokenizer
+
+OutputSink = Callable[[dict[str, Any]], None]
+
+
+@dataclass(eq=False)
+class Req:
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    sink: OutputSink
+    detok: IncrementalDetokenizer
+    eos_token_ids: frozenset[int] = frozenset()
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    stream: bool = False
+    pin_handle: int | None = None  # prefill-only request whose cached prefix stays locked (pin_prefix)
+
+    output_ids: list[int] = field(default_factory=list)
+    # KV placement: row in req_to_token; the first prefix_len tokens' slots belong to the radix
+    # tree (locked through last_node), the rest up to kv_len are the request's own.
+    req_pool_idx: int | None = None
+    prefix_len: int = 0
+    kv_len: int = 0
+    last_node: Any = None
+    cached_tokens: int = 0
+    admitted_once: bool = False
+    num_retractions: int = 0
+
+    finished_reason: dict[str, Any] | None = None
+    generator: torch.Generator | None = None
+    penalty_counts: torch.Tensor | None = None  # [V] float: output-token counts
+    penalty_seen: torch.Tensor | None = None  # [V] bool: tokens in prompt or output
+    grammar: Any = None  # a radixlm.grammars matcher, when constrained
+    stream_sent: int = 0  # chars of text already streamed
+    ids_sent: int = 0  # output ids already streamed
+    stop_cut: int = -1  # where a matched stop string starts in detok.text
+    stop_checked: int = 0  # chars of detok.text already searched for stop strings
+
+    input_token_logprobs: list[Any] = field(default_factory=list)
+    input_top_logprobs: list[Any] = field(default_factory=list)
+    output_token_logprobs: list[Any] = field(default_factory=list)
+    output_top_logprobs: list[Any] = field(default_factory=list)
+    input_logprobs_done: bool = False
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.return_logprob and not self.input_logprobs_done and self.logprob_start_len >= 0
+
+    def max_prefix_len(self) -> int:
+        """How much of the prompt may come from the cache: prompt logprobs need logits from
+        logprob_start_len - 1 on, and the last token must always be computed."""
+        limit = self.seq_len - 1
+        if self.wants_input_logprobs:
+            limit = min(limit, max(self.logprob_start_len - 1, 0))
+        return max(limit, 0)
+
+    def stop_tokens(self) -> set[int]:
+        ids = set(self.params.stop_token_ids)
+        if not self.params.ignore_eos:
+            ids |= self.eos_token_ids
+        return ids
+
+    def check_finished(self, token: int, context_len: int) -> None:
+        """After appending one output token: stop token, length, stop string, context end."""
+        p = self.params
+        n_out = len(self.output_ids)
+        if n_out >= p.min_new_tokens and token in self.stop_tokens():
+            self.finished_reason = {"type": "stop", "matched": token}
+        elif n_out >= p.max_new_tokens:
+            self.finished_reason = {"type": "length", "length": p.max_new_tokens}
+        elif self.seq_len >= context_len:
+            self.finished_reason = {"type": "length", "length": n_out}
+        elif self.grammar is not None and self.grammar.is_terminated():
+            self.finished_reason = {"type": "stop", "matched": token}
+        if p.stop and n_out >= p.min_new_tokens and not self.finished:
+            self._check_stop_strings()
+
+    def _check_stop_strings(self) -> None:
+        # Only text added since the last check (plus a stop string's length) can hold a new match.
+        text = self.detok.text
+        start = max(0, self.stop_checked - max(len(s) for s in self.params.stop) + 1)
+        self.stop_checked = len(text)
+        hits = [(text.find(s, start), s) for s in self.params.stop]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if hits:
+            self.stop_cut, matched = min(hits)
+            self.finished_reason = {"type": "stop", "matched": matched}
+
+    def final_text(self) -> str:
+        text = self.detok.text
+        if self.stop_cut >= 0 and not self.params.no_stop_trim:
+            return text[: self.stop_cut]
+        return text
+
+    def streamable_text(self) -> str:
+        """Text that may be streamed now: hold back a tail that could still start a stop string."""
+        text = self.detok.text
+        if self.finished:
+            return self.final_text()
+        if self.params.stop and not self.params.no_stop_trim:
+            hold = max(len(s) for s in self.params.stop) - 1
+            return text[: max(len(text) - hold, self.stream_sent)]
+        return text
+
+    def meta_info(self) -> dict[str, Any]:
+        m: dict[str, Any] = {
+            "id": self.rid,
+            "prompt_tokens": len(self.input_ids),
+            "completion_tokens": len(self.output_ids),
+            "cached_tokens": self.cached_tokens,
+            "finish_reason": self.finished_reason,
+        }
+        if self.return_logprob:
+            m["input_token_logprobs"] = self.input_token_logprobs
+            m["output_token_logprobs"] = self.output_token_logprobs
+            if self.top_logprobs_num > 0:
+                m["input_top_logprobs"] = self.input_top_logprobs
+                m["output_top_logprobs"] = self.output_top_logprobs
+        return m

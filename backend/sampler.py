@@ -1,0 +1,138 @@
+"""Sampler: turns one step's logits into next tokens — penalties (kept incrementally per
+request), min-token EOS masking, grammar masks, then greedy or temperature / top-k / top-p /
+min-p sampling with per-request seeds. One host sync per step: the final token list."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from radixlm.backend.request import Req
+
+
+def apply_penalties_(
+    logits: torch.Tensor,
+    counts: torch.Tensor,
+    seen: torch.Tensor,
+    frequency: torch.Tensor,
+    presence: torch.Tensor,
+    repetition: torch.Tensor,
+) -> None:
+    """In place on [N, V] logits. counts: output-token counts; seen: tokens in prompt or output;
+    frequency/presence/repetition: [N] per-row penalties (0, 0, 1 = off)."""
+    rep = repetition.unsqueeze(1)
+    penalized = torch.where(logits > 0, logits / rep, logits * rep)
+    logits.copy_(torch.where(seen, penalized, logits))
+    logits -= frequency.unsqueeze(1) * counts
+    logits -= presence.unsqueeze(1) * (counts > 0).to(logits.dtype)
+
+
+def init_penalty_state(req: Req, vocab_size: int, device: torch.device) -> None:
+    """Build the request's counts/seen rows once, from its prompt and outputs so far."""
+    req.penalty_counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+    req.penalty_seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+    ids = [i for i in req.all_ids if 0 <= i < vocab_size]
+    if ids:
+        req.penalty_seen[torch.tensor(ids, device=device)] = True
+    outs = [i for i in req.output_ids if 0 <= i < vocab_size]
+    if outs:
+        req.penalty_counts.index_add_(
+            0, torch.tensor(outs, device=device), torch.ones(len(outs), device=device)
+        )
+
+
+def record_token(req: Req, token: int) -> None:
+    """Incremental penalty update after one sampled token (never rebuilt from history)."""
+    if req.penalty_counts is not None and req.penalty_seen is not None and 0 <= token < req.penalty_counts.numel():
+        req.penalty_counts[token] += 1
+        req.penalty_seen[token] = True
+
+
+def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sort [N, V] probs descending and zero what top-k / top-p / min-p exclude.
+    Returns (filtered sorted probs, their token ids)."""
+    sorted_p, sorted_ids = probs.sort(dim=-1, descending=True)
+    ranks = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)
+    cum = sorted_p.cumsum(dim=-1)
+    drop = (ranks >= top_k.unsqueeze(1)) | ((cum - sorted_p) > top_p.unsqueeze(1))
+    drop |= sorted_p < (min_p.unsqueeze(1) * sorted_p[:, :1])
+    drop[:, 0] = False  # the most likely token always survives
+    return sorted_p.masked_fill(drop, 0.0), sorted_ids
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, device: torch.device, seed: int = 0) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def prepare(self, req: Req) -> None:
+        """Per-request state, once at first admission."""
+        if req.params.has_penalties and req.penalty_counts is None:
+            init_penalty_state(req, self.vocab_size, self.device)
+        if req.params.seed is not None and req.generator is None:
+            req.generator = torch.Generator(device=self.device)
+            req.generator.manual_seed(req.params.seed)
+
+    def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
+        """[N, V] float32 logits (one row per request, in order) → [N] int64 tokens (device).
+        Modifies logits in place."""
+        self._apply_penalties(logits, reqs)
+        self._mask_early_stop(logits, reqs)
+        if any(r.grammar is not None for r in reqs):
+            from radixlm.grammars.masking import apply_grammar_masks
+
+            apply_grammar_masks(logits, reqs)
+        greedy = [r.params.is_greedy for r in reqs]
+        if all(greedy):
+            return logits.argmax(dim=-1)
+        return self._sample_random(logits, reqs, greedy)
+
+    def _apply_penalties(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+        rows = [i for i, r in enumerate(reqs) if r.penalty_counts is not None]
+        if not rows:
+            return
+        sub = [reqs[i] for i in rows]
+        idx = torch.tensor(rows, device=logits.device)
+        block = logits[idx]
+        f32 = dict(dtype=torch.float32, device=logits.device)
+        apply_penalties_(
+            block,
+            torch.stack([r.penalty_counts for r in sub]),  # type: ignore[misc]
+            torch.stack([r.penalty_seen for r in sub]),  # type: ignore[misc]
+            torch.tensor([r.params.frequency_penalty for r in sub], **f32),
+            torch.tensor([r.params.presence_penalty for r in sub], **f32),
+            torch.tensor([r.params.repetition_penalty for r in sub], **f32),
+        )
+        logits[idx] = block
+
+    def _mask_early_stop(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+        for i, r in enumerate(reqs):
+            if len(r.output_ids) < r.params.min_new_tokens:
+                ids = [t for t in r.stop_tokens() if 0 <= t < logits.shape[1]]
+                if ids:
+                    logits[i, ids] = float("-inf")
+
+    def _sample_random(self, logits: torch.Tensor, reqs: Sequence[Req], greedy: list[bool]) -> torch.Tensor:
+        f32 = dict(dtype=torch.float32, device=logits.device)
+        temps = torch.tensor([1.0 if g else r.params.temperature for r, g in zip(reqs, greedy)], **f32)
+        top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else self.vocab_size for r in reqs], device=logits.device)
+        top_p = torch.tensor([r.params.top_p for r in reqs], **f32)
+        min_p = torch.tensor([r.params.min_p for r in reqs], **f32)
+        probs = torch.softmax(logits / temps.unsqueeze(1), dim=-1)
+        kept, ids = filter_probs(probs, top_k, top_p, min_p)
+        choice = torch.empty(len(reqs), dtype=torch.int64, device=logits.device)
+        shared = [i for i, r in enumerate(reqs) if r.generator is None]
+        if shared:
+            idx = torch.tensor(shared, device=logits.device)
+            choice[idx] = torch.multinomial(kept[idx], 1, generator=self.generator).squeeze(1)
+        for i, r in enumerate(reqs):
+            if r.generator is not None:
+                choice[i] = torch.multinomial(kept[i], 1, generator=r.generator).squeeze(0)
+        tokens = ids.gather(1, choice.unsqueeze(1)).squeeze(1)
+        if any(greedy):
+            g = torch.tensor(greedy, device=logits.device)
+            tokens = torch.where(g, logits.argmax(dim=-1), tokens)
+        return tokens

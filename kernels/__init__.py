@@ -1,0 +1,2 @@
+"""radixlm.kernels: Triton kernels, one op per file, each with a plain-torch reference that is
+also the CPU path."""

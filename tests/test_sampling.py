@@ -1,0 +1,104 @@
+"""Sampling semantics: fixed seed → reproducible; top_k=1 = greedy; penalties equal a plain
+per-element reference; top-k/top-p/min-p filtering; stop strings trimmed; EOS masked until
+min_new_tokens; incremental detokenization never splits a UTF-8 character."""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.backend.sampler import apply_penalties_, filter_probs
+from radixlm.backend.tokenizer import IncrementalDetokenizer
+
+
+def naive_penalties(logits, counts, seen, freq, pres, rep):
+    out = logits.clone()
+    for i in range(out.shape[0]):
+        for v in range(out.shape[1]):
+            x = out[i, v].item()
+            if seen[i, v]:
+                x = x / rep[i].item() if x > 0 else x * rep[i].item()
+            x -= freq[i].item() * counts[i, v].item()
+            x -= pres[i].item() * (1.0 if counts[i, v] > 0 else 0.0)
+            out[i, v] = x
+    return out
+
+
+def test_penalties_match_plain_reference():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 40, generator=g)
+    counts = torch.randint(0, 3, (3, 40), generator=g).float()
+    seen = (counts > 0) | (torch.rand(3, 40, generator=g) > 0.7)
+    freq, pres, rep = torch.tensor([0.0, 0.5, -0.3]), torch.tensor([0.2, 0.0, 1.0]), torch.tensor([1.0, 1.3, 0.8])
+    expected = naive_penalties(logits, counts, seen, freq, pres, rep)
+    apply_penalties_(logits, counts, seen, freq, pres, rep)
+    torch.testing.assert_close(logits, expected)
+
+
+def test_filter_probs_top_k_top_p_min_p():
+    probs = torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]] * 3)
+    kept, ids = filter_probs(
+        probs, top_k=torch.tensor([2, 5, 5]), top_p=torch.tensor([1.0, 0.8, 1.0]), min_p=torch.tensor([0.0, 0.0, 0.25])
+    )
+    nz = [(ids[i][kept[i] > 0]).tolist() for i in range(3)]
+    assert nz[0] == [0, 1]  # top-k 2
+    assert nz[1] == [0, 1, 2]  # 0.5 + 0.2 < 0.8, so the third is still needed
+    assert nz[2] == [0, 1, 2]  # min_p: ≥ 0.25 × 0.5
+
+
+def test_seed_reproducible_and_top_k_one_is_greedy(engine):
+    p = "Write a short poem about the sea:"
+    a = engine.generate(p, {"max_new_tokens": 12, "temperature": 1.0, "seed": 7})
+    b = engine.generate(p, {"max_new_tokens": 12, "temperature": 1.0, "seed": 7})
+    c = engine.generate(p, {"max_new_tokens": 12, "temperature": 1.0, "seed": 8})
+    assert a["output_ids"] == b["output_ids"]
+    assert a["output_ids"] != c["output_ids"]
+    greedy = engine.generate(p, {"max_new_tokens": 12, "temperature": 0})
+    top1 = engine.generate(p, {"max_new_tokens": 12, "temperature": 1.5, "top_k": 1})
+    assert top1["output_ids"] == greedy["output_ids"]
+
+
+def test_seeded_sample_does_not_depend_on_batch(engine):
+    p = {"max_new_tokens": 10, "temperature": 0.9, "seed": 11}
+    alone = engine.generate("Tell me about cats.", p)["output_ids"]
+    mixed = engine.generate(["Tell me about cats.", "Numbers: 1 2 3"], [p, {"max_new_tokens": 10, "temperature": 0.8}])
+    assert mixed[0]["output_ids"] == alone
+
+
+def test_stop_string_trimmed_and_kept_with_no_stop_trim(engine):
+    prompt = "Count: 1, 2, 3, 4, 5, 6, 7,"
+    free = engine.generate(prompt, {"max_new_tokens": 16, "temperature": 0})["text"]
+    stop = free.strip()[:2].strip() or ","
+    out = engine.generate(prompt, {"max_new_tokens": 16, "temperature": 0, "stop": stop})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert stop not in out["text"] and free.startswith(out["text"])
+    kept = engine.generate(prompt, {"max_new_tokens": 16, "temperature": 0, "stop": stop, "no_stop_trim": True})
+    assert kept["text"].endswith(stop)
+
+
+def test_eos_masked_until_min_new_tokens(engine, tokenizer):
+    msgs = [{"role": "user", "content": "Say just: OK"}]
+    prompt = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    short = engine.generate(prompt, {"max_new_tokens": 40, "temperature": 0})
+    assert short["meta_info"]["finish_reason"]["type"] == "stop"
+    n = short["meta_info"]["completion_tokens"]
+    longer = engine.generate(prompt, {"max_new_tokens": 40, "temperature": 0, "min_new_tokens": n + 5})
+    assert longer["meta_info"]["completion_tokens"] >= n + 5
+    assert tokenizer.eos_token_id not in longer["output_ids"][: n + 4]
+
+
+def test_stop_token_ids_and_ignore_eos(engine):
+    out = engine.generate("a b c d e f g", {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+    first = out["output_ids"][2]
+    cut = engine.generate("a b c d e f g", {"max_new_tokens": 8, "temperature": 0, "stop_token_ids": [first]})
+    assert cut["output_ids"] == out["output_ids"][: out["output_ids"].index(first) + 1]
+    assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": first}
+
+
+def test_incremental_detokenizer_never_splits_utf8(tokenizer):
+    text = "naïve café — 東京 🎉 ok"
+    ids = tokenizer.encode(text)
+    d = IncrementalDetokenizer(tokenizer)
+    pieces = [d.add([i]) for i in ids]
+    pieces.append(d.flush())
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
