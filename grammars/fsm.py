@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from radixlm.grammars.byte_dfa import ByteDFA, regex_to_byte_dfa
 from radixlm.grammars.token_index import CHUNK_STATES, TokenVocab, extend_trans, mask_rows
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from radixlm.grammars.base import GrammarMatcher, allocate_token_bitmask
 from radixlm.grammars.fsm import cache_dir
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 import xgrammar as xgr
+
 from radixlm.grammars.token_index import detect_vocab_type, special_token_ids
 
 _VOCAB_TYPES = {"byte_level": xgr.VocabType.BYTE_LEVEL, "byte_fallback": xgr.VocabType.BYTE_FALLBACK,
