@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from radixlm.backend.constrained import attach_grammars, wait_grammars, wait_grammars_async
 from radixlm.backend.engine_inputs import RequestSpec, normalize_requests
 from radixlm.backend.loader import default_model_path, load_config, resolve_model_dir
 from radixlm.backend.model_config import ModelConfig, named_shape_config
@@ -46,6 +47,7 @@ class Engine:
         context_length: int | None = None,
         seed: int = 0,
         log_level: str = "warning",
+        disable_jump_forward: bool = False,
     ) -> None:
         logging.getLogger("radixlm").setLevel(log_level.upper())
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -76,6 +78,8 @@ class Engine:
         self._pin_ids = itertools.count(1)
         self._tok_lock = threading.Lock()
         self._closed = False
+        self.disable_jump_forward = disable_jump_forward  # grammar jump-forward (backend/constrained.py)
+        self._grammar_backend = None  # created on the first constrained request
         self._thread = threading.Thread(target=self._loop, name="radixlm-scheduler", daemon=True)
         self._thread.start()
 
@@ -161,8 +165,7 @@ class Engine:
         return reqs
 
     def _attach_grammars(self, reqs: list[Req]) -> None:
-        if any(r.params.grammar for r in reqs):
-            raise ValueError("constrained decoding (regex / json_schema / ebnf) is not available yet")
+        attach_grammars(self, reqs)  # compiles start off the scheduler thread
 
     def _specs(self, prompt: Any, sampling_params: Any, input_ids: Any, rid: Any, **kw: Any) -> tuple[list[RequestSpec], bool]:
         if self._closed:
@@ -174,6 +177,7 @@ class Engine:
             )
 
     def _submit(self, reqs: list[Req]) -> None:
+        wait_grammars(reqs)  # the caller waits for its grammars; a bad one raises ValueError here
         for r in reqs:
             self._inbox.put(("add", r))
 
@@ -237,6 +241,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         queues: list[asyncio.Queue] = [asyncio.Queue() for _ in specs]
         reqs = self._make_reqs(specs, lambda k: lambda item: loop.call_soon_threadsafe(queues[k].put_nowait, item))
+        await wait_grammars_async(reqs)
         self._submit(reqs)
         if stream:
             return self._stream_async(queues[0], reqs[0].rid)

@@ -246,14 +246,19 @@ class Scheduler:
         req.output_ids.append(tok)
         record_token(req, tok)
         self.stats.generated_tokens += 1
-        if req.grammar is not None:
-            req.grammar.accept_token(tok)
-        req.detok.add([tok])
-        req.check_finished(tok, self.cfg.context_len)
+        step_ids = [tok]
+        if req.grammar is not None:  # accept; jump-forward may append forced tokens (backend/constrained.py)
+            step_ids = req.grammar.accept_and_jump(req, tok, self.stats)
+        req.detok.add(step_ids)
+        req.check_finished(step_ids[-1], self.cfg.context_len)
         if req.finished:
             self._finish(req)
             return
-        if req not in self.running:
+        if req.seq_len - req.kv_len > 1:  # forced tokens: one extend step through the prefill path
+            if req in self.running:
+                self.running.remove(req)
+            self.waiting.appendleft(req)
+        elif req not in self.running:
             self.running.append(req)
         if req.stream:
             self._emit_chunk(req)

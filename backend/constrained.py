@@ -1,0 +1,143 @@
+"""Constrained decoding inside the engine: compiles a request's regex / json_schema / ebnf off the
+scheduler thread (the caller waits, the scheduler keeps serving), then per step: accept the sampled
+token and, when the grammar forces a string, jump forward (canonical retokenization at the boundary,
+forced tokens queued for one extend step). Promises: a bad grammar raises ValueError before the
+request reaches the scheduler; jump-forward only appends tokens whose bytes equal the forced text."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import Future
+from typing import Any
+
+from radixlm.backend.sampler import record_token
+from radixlm.grammars import GrammarBackend
+from radixlm.grammars.base import GrammarMatcher
+
+logger = logging.getLogger(__name__)
+
+COMPILE_WAIT_S = 120.0
+
+
+def grammar_backend(engine: Any) -> GrammarBackend:
+    """The engine's GrammarBackend, created on first use (the tokenizer's vocabulary is indexed once)."""
+    backend = getattr(engine, "_grammar_backend", None)
+    if backend is None:
+        backend = GrammarBackend(engine.tokenizer, engine.model_config.vocab_size,
+                                 stop_token_ids=sorted(engine.eos_token_ids))
+        engine._grammar_backend = backend
+    return backend
+
+
+class RequestGrammar:
+    """A request's grammar state: the compile future, then its matcher (set on the caller's thread
+    before the request is submitted; after that only the scheduler thread touches it)."""
+
+    def __init__(self, future: Future, backend: GrammarBackend, jump_forward: bool) -> None:
+        self.future = future
+        self.backend = backend
+        self.jump_forward = jump_forward
+        self.matcher: GrammarMatcher | None = None
+
+    def resolve(self, timeout: float | None = COMPILE_WAIT_S) -> None:
+        if self.matcher is None:
+            self.matcher = self.future.result(timeout=timeout).new_matcher()
+
+    def fill_next_token_bitmask(self, bitmask: Any, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)  # type: ignore[union-attr]
+
+    def is_terminated(self) -> bool:
+        return self.matcher is not None and self.matcher.is_terminated()
+
+    def accept_and_jump(self, req: Any, tok: int, stats: Any) -> list[int]:
+        """Accept the sampled token (already appended to req.output_ids); then maybe jump forward.
+        Returns the ids this step added to the output (tok, or a retokenized tail replacing it)."""
+        m = self.matcher
+        assert m is not None, "grammar not resolved before scheduling"
+        if not m.accept_token(tok):
+            logger.warning("request %s: sampled token %d rejected by its grammar", req.rid, tok)
+            return [tok]
+        if not self.jump_forward or m.is_terminated():
+            return [tok]
+        jump = m.find_jump_forward_string()
+        if not jump:
+            return [tok]
+        step = self._retokenize(req, tok, jump)
+        if step is None:
+            return [tok]
+        replaced, new_ids = step
+        room = req.params.max_new_tokens - (len(req.output_ids) - replaced)
+        if len(new_ids) > room:  # would overshoot max_new_tokens: undo, decode normally
+            m.rollback(len(new_ids))
+            if replaced:
+                m.accept_token(tok)
+            return [tok]
+        del req.output_ids[len(req.output_ids) - replaced :]
+        req.output_ids.extend(new_ids)
+        for t in new_ids:
+            record_token(req, t)
+        added = new_ids if replaced else [tok, *new_ids]
+        stats.extra["jump_forward_steps"] = stats.extra.get("jump_forward_steps", 0) + 1
+        stats.extra["jump_forward_passes_saved"] = stats.extra.get("jump_forward_passes_saved", 0) + len(added) - 1
+        return added
+
+    def _retokenize(self, req: Any, tok: int, jump: str) -> tuple[int, list[int]] | None:
+        """Canonical tokens for (tok's text + jump), else for jump alone; the matcher is moved onto
+        them (rollback + accept). Returns (how many output ids they replace, the ids) or None."""
+        vocab = self.backend.vocab
+        tokenizer = req.detok.tokenizer
+        m = self.matcher
+        tok_bytes = vocab.token_bytes[tok] if 0 <= tok < vocab.vocab_size else b""
+        try:
+            whole_chars = bool(tok_bytes.decode("utf-8"))
+        except UnicodeDecodeError:
+            whole_chars = False  # tok ends mid-character: keep it, tokenize the jump alone
+        attempts = [(tok_bytes + jump.encode(), 1)] if whole_chars else []
+        attempts.append((jump.encode(), 0))
+        for data, replace in attempts:
+            ids = tokenizer.encode(data.decode("utf-8"), add_special_tokens=False)
+            if b"".join(vocab.token_bytes[i] if i < vocab.vocab_size else b"\0" for i in ids) != data:
+                continue
+            keep = 1 if replace and ids[:1] == [tok] else 0
+            fresh = ids[keep:]
+            if replace and not keep:
+                m.rollback(1)  # type: ignore[union-attr]
+            n_ok = 0
+            for t in fresh:
+                if not m.accept_token(t):  # type: ignore[union-attr]
+                    break
+                n_ok += 1
+            if n_ok == len(fresh) and fresh:
+                return replace - keep, fresh
+            if n_ok:
+                m.rollback(n_ok)  # type: ignore[union-attr]
+            if replace and not keep:
+                m.accept_token(tok)  # type: ignore[union-attr]
+        return None
+
+
+def attach_grammars(engine: Any, reqs: list[Any]) -> None:
+    """Start compiling each constrained request's grammar (argument errors raise here)."""
+    jump = not getattr(engine, "disable_jump_forward", False)
+    for req in reqs:
+        spec = req.params.grammar
+        if spec:
+            kind, text = spec
+            backend = grammar_backend(engine)
+            req.grammar = RequestGrammar(backend.compile_async(kind, text), backend, jump)
+
+
+def wait_grammars(reqs: list[Any]) -> None:
+    """Block the calling thread (never the scheduler's) until its requests' grammars are compiled."""
+    for req in reqs:
+        if isinstance(req.grammar, RequestGrammar):
+            req.grammar.resolve()
+
+
+async def wait_grammars_async(reqs: list[Any]) -> None:
+    """Same, without blocking the event loop."""
+    for req in reqs:
+        if isinstance(req.grammar, RequestGrammar) and req.grammar.matcher is None:
+            await asyncio.wrap_future(req.grammar.future)
+            req.grammar.resolve()

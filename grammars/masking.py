@@ -1,0 +1,36 @@
+"""Grammar masks for one sampling step: fill the bitmask rows of the constrained requests and apply
+them to their logits rows. Promises: unconstrained rows are untouched; a row never ends up all -inf
+(if other masks, e.g. min_new_tokens, removed every grammar-allowed token, the grammar wins)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from radixlm.grammars.base import allocate_token_bitmask, apply_token_bitmask_
+
+
+def fill_bitmask(reqs: Sequence[Any], vocab_size: int) -> tuple[torch.Tensor, list[int]]:
+    """Bitmask rows for the requests whose .grammar is set (duck-typed matcher), and their indices."""
+    rows = [i for i, r in enumerate(reqs) if getattr(r, "grammar", None) is not None]
+    bitmask = allocate_token_bitmask(len(rows), vocab_size)
+    for k, i in enumerate(rows):
+        reqs[i].grammar.fill_next_token_bitmask(bitmask, k)
+    return bitmask, rows
+
+
+def apply_grammar_masks(logits: torch.Tensor, reqs: Sequence[Any]) -> None:
+    """In place on [N, V] logits, one row per request in order; no host sync."""
+    bitmask, rows = fill_bitmask(reqs, logits.shape[-1])
+    if not rows:
+        return
+    idx = torch.tensor(rows, device=logits.device)
+    bitmask = bitmask.to(logits.device)
+    sub = logits[idx]
+    apply_token_bitmask_(sub, bitmask)
+    grammar_only = torch.zeros_like(sub)  # used where other masks left nothing the grammar allows
+    apply_token_bitmask_(grammar_only, bitmask)
+    dead = torch.isneginf(sub).all(dim=-1, keepdim=True)
+    logits[idx] = torch.where(dead, grammar_only, sub)
