@@ -23,7 +23,7 @@ PRECACHE_MIN_TOKENS = 32
 
 _RUN_SAMPLING_KEYS = (
     "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k",
-    "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos",
+    "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "seed",
 )
 _RUN_LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
 

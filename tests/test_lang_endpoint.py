@@ -12,8 +12,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-import radixlm as sgl
 import test_lang_programs as suite  # the programs, shared with the in-process suite
+
+import radixlm as sgl
 
 KEY = "lang-test-key"
 GREEDY = {"temperature": 0}
@@ -169,3 +170,15 @@ def test_openai_backend_refuses_what_it_cannot_do(oai_chat, oai_text):
         regex_prog.run(backend=oai_chat)
     with pytest.raises(ValueError, match="assistant role"):
         suite.qa.run("Why?", backend=oai_chat)
+
+
+def test_endpoint_constrained_int_and_typed_json(ep):
+    @sgl.function
+    def typed(s):
+        s += "Legs of a dog: " + sgl.gen_int("n", max_tokens=4) + "\nBob is 41. As JSON: "
+        s += sgl.gen("person", json_schema=suite.Person, max_tokens=40)
+
+    st = typed.run(backend=ep, **GREEDY)
+    assert isinstance(st["n"], int)
+    assert isinstance(st["person"], suite.Person)
+    assert st["person"] == suite.Person.model_validate_json(st.text().split("As JSON: ", 1)[1])

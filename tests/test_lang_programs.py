@@ -10,8 +10,9 @@ import re
 import statistics
 
 import pytest
+from pydantic import BaseModel, Field
+
 import radixlm as sgl
-from pydantic import BaseModel
 from radixlm.ir import REGEX_INT
 
 GREEDY = {"temperature": 0}
@@ -322,8 +323,8 @@ def test_arun_and_arun_batch_match_run(rt):
 
 
 class Person(BaseModel):
-    name: str
-    age: int
+    name: str = Field(max_length=10)  # bounded, so the JSON always closes within max_tokens
+    age: int = Field(ge=0, le=150)
 
 
 PERSON_REGEX = r'\{"name": "[A-Z][a-z]{1,8}", "age": [1-9][0-9]?\}'
@@ -348,7 +349,7 @@ def test_json_from_regex_and_schema_validates(rt, grammar):
         s += "Alice is 30 years old. As JSON: "
         s += sgl.gen("by_regex", regex=PERSON_REGEX, max_tokens=24)
         s += "\nAgain: "
-        s += sgl.gen("by_schema", json_schema=Person.model_json_schema(), max_tokens=32)
+        s += sgl.gen("by_schema", json_schema=Person.model_json_schema(), max_tokens=40)
 
     st = extract.run(backend=rt, **GREEDY)
     assert re.fullmatch(PERSON_REGEX, st["by_regex"])
@@ -360,7 +361,7 @@ def test_typed_gen_returns_pydantic_object(rt, grammar):
     @sgl.function
     def typed(s):
         s += "Bob is 41 years old. As JSON: "
-        s += sgl.gen("person", json_schema=Person, max_tokens=32)
+        s += sgl.gen("person", json_schema=Person, max_tokens=40)
 
     st = typed.run(backend=rt, **GREEDY)
     assert isinstance(st["person"], Person)

@@ -8,8 +8,9 @@ import json
 import statistics
 
 import pytest
-import radixlm as sgl
 from pydantic import BaseModel
+
+import radixlm as sgl
 from radixlm.backend_base import GenOutput, ProgramBackend
 from radixlm.chat_template import ChatTemplate, PlainChatTemplate
 from radixlm.ir import REGEX_INT, convert_value, make_gen
