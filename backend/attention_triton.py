@@ -6,8 +6,10 @@ Promises: the same outputs as the torch reference backend up to rounding, no hos
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
+
 from radixlm.backend.forward_batch import ForwardBatch
 from radixlm.kernels.cascade_attention import CascadePlan, cascade_decode_attention
 from radixlm.kernels.decode_attention import choose_num_splits, decode_attention
@@ -18,7 +20,9 @@ from radixlm.kernels.kv_store import kv_store
 class TritonAttentionBackend:
     """Implements the AttentionBackend protocol with radixlm.kernels."""
 
-    def __init__(self, sm_scale: float | None = None, num_sms: int | None = None) -> None:
+    def __init__(self, runner: Any = None, *, sm_scale: float | None = None, num_sms: int | None = None) -> None:
+        """runner: the ModelRunner that owns the device (unused today; kept for plans that need it)."""
+        self.runner = runner
         self.sm_scale = sm_scale
         self._num_sms = num_sms
 

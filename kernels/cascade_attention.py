@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+
 from radixlm.kernels._attn_common import finish_state, online_update
 from radixlm.kernels._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
 from radixlm.kernels.decode_attention import (
@@ -123,7 +124,7 @@ def cascade_decode_attention(
     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, plan: CascadePlan,
     sm_scale: float | None = None, fused_merge: bool = True, shared_splits: int | None = None,
     own_splits: int | None = None, block_m: int = 64, block_n: int = 64, num_warps: int = 4,
-    num_stages: int = 2,
+    num_stages: int = 3,
 ) -> torch.Tensor:
     """q [B, Hq, D] → out [B, Hq, D]. fused_merge: both parts write one split buffer merged by a
     single kernel; otherwise each part is finished separately and joined by `merge_state`."""

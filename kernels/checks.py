@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 
 import torch
+
 from radixlm.kernels.cascade_attention import cascade_decode_attention, make_cascade_plan
 from radixlm.kernels.decode_attention import decode_attention, decode_attention_ref
 from radixlm.kernels.extend_attention import extend_attention, extend_attention_ref
@@ -77,7 +78,8 @@ def check_decode(device: str, dtype: torch.dtype, seq_lens: list[int], hq: int, 
 
 
 def check_extend(device: str, dtype: torch.dtype, prefix_lens: list[int], extend_lens: list[int], hq: int,
-                 hkv: int, d: int, block_m: int = 128, block_n: int = 64, num_warps: int = 8) -> list[Record]:
+                 hkv: int, d: int, block_m: int = 128, block_n: int = 64, num_warps: int = 8,
+                 pack_gqa: bool = True) -> list[Record]:
     seq = [p + e for p, e in zip(prefix_lens, extend_lens)]
     kb, vb, table, rows = paged_kv(seq, hkv, d, dtype, device)
     t = sum(extend_lens)
@@ -91,8 +93,9 @@ def check_extend(device: str, dtype: torch.dtype, prefix_lens: list[int], extend
     ref = extend_attention_ref(q.to(rd), kn.to(rd), vn.to(rd), kb.to(rd), vb.to(rd), table, rows, pl, el, starts)
     out = torch.full_like(q, float("nan"))
     o = extend_attention(q, kn, vn, kb, vb, table, rows, pl, el, starts, max(extend_lens), out=out,
-                         block_m=block_m, block_n=block_n, num_warps=num_warps)
-    tag = f"extend {DTYPE_NAME[dtype]} prefix={prefix_lens[:4]} extend={extend_lens[:4]} Hq{hq}/Hkv{hkv} D{d}"
+                         block_m=block_m, block_n=block_n, num_warps=num_warps, pack_gqa=pack_gqa)
+    tag = (f"extend {DTYPE_NAME[dtype]} prefix={prefix_lens[:4]} extend={extend_lens[:4]} Hq{hq}/Hkv{hkv} D{d} "
+           f"pack_gqa={pack_gqa}")
     return [(tag, rel_err(o, ref), BOUND[dtype])]
 
 

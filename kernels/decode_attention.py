@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from radixlm.kernels._attn_common import finish_state, online_update
 from radixlm.kernels._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
 
@@ -111,8 +112,10 @@ def merge_splits_ref(mid_o: torch.Tensor, mid_lse: torch.Tensor) -> tuple[torch.
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int = 132,
-                      block_n: int = 64, min_per_split: int = 256, max_splits: int = 64) -> int:
-    """Enough programs to fill the GPU about twice over, no split shorter than min_per_split."""
+                      block_n: int = 64, min_per_split: int = 128, max_splits: int = 64) -> int:
+    """Enough programs to fill the GPU about twice over, no split shorter than min_per_split
+    (H200 sweep, Hq 32 / Hkv 8 / D 128: B=1 L=4096 ran 11% faster with 32 splits than with 16;
+    batches >= 64 want 1 split, B=32 L=16384 wants 2)."""
     if batch <= 0 or max_len <= 0:
         return 1
     want = math.ceil(2 * num_sms / (batch * num_kv_heads))
@@ -125,7 +128,7 @@ def decode_attention(
     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float | None = None,
     num_splits: int | None = None, max_len: int | None = None, kv_start: torch.Tensor | None = None,
     out: torch.Tensor | None = None, return_lse: bool = False, block_n: int = 64,
-    num_warps: int = 4, num_stages: int = 2,
+    num_warps: int = 4, num_stages: int = 3,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """q [B, Hq, D] → out [B, Hq, D] (q's dtype); attends to positions kv_start[b]..seq_lens[b]-1.
     num_splits (or max_len, host-side, to pick it) fixes the grid: no device→host sync."""
@@ -159,7 +162,7 @@ def decode_partial(
     q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, kv_start: torch.Tensor | None,
     mid_o: torch.Tensor, mid_lse: torch.Tensor, split_offset: int, num_splits: int, sm_scale: float,
-    block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
+    block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
 ) -> None:
     """Stage 1 only: write num_splits partial states per (request, head) into mid_o [B, Hq, S, D]
     / mid_lse [B, Hq, S] at split indices split_offset.. (S may hold other partial states)."""

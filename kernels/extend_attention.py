@@ -8,8 +8,38 @@ from __future__ import annotations
 import math
 
 import torch
+
 from radixlm.kernels._attn_common import finish_state, online_update
 from radixlm.kernels._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
+
+
+@triton.jit
+def _load_rows(ptrs, mask_n, mask_d, MASK_N: tl.constexpr, EVEN_D: tl.constexpr):
+    if MASK_N:
+        return tl.load(ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    elif EVEN_D:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=mask_d[None, :], other=0.0)
+
+
+@triton.jit
+def _prefix_step(q, m_i, l_i, acc, row_ptr, Kbuf, Vbuf, kvh, stride_bt, stride_bh, stride_ct, stride_ch, n0, hi,
+                 offs_d, mask_d, qk_scale, BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, EVEN_D: tl.constexpr,
+                 DOT_PREC: tl.constexpr):
+    """One BLOCK_N block of cached keys gathered through req_to_token (masked only at the tail)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < hi
+    if MASK_N:
+        slots = tl.load(row_ptr + offs_n, mask=mask_n, other=0)
+    else:
+        slots = tl.load(row_ptr + offs_n)
+    k = _load_rows(Kbuf + slots[:, None] * stride_bt + kvh * stride_bh + offs_d[None, :], mask_n, mask_d, MASK_N, EVEN_D)
+    qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
+    if MASK_N:
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+    v = _load_rows(Vbuf + slots[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :], mask_n, mask_d, MASK_N, EVEN_D)
+    return online_update(qk, m_i, l_i, acc, v, DOT_PREC)
 
 
 @triton.jit
@@ -17,24 +47,29 @@ def _extend_kernel(
     Q, Knew, Vnew, Out, Kbuf, Vbuf, ReqToToken, ReqIdx, PrefixLens, ExtendLens, ExtendStart, sm_scale,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_bt, stride_bh, stride_ct, stride_ch, stride_rr,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
+    GROUP: tl.constexpr, HPP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
+    """Rows of a program are (token, head) pairs: HPP query heads of one KV head per token
+    (HPP = GROUP packs the whole GQA group, so each K/V tile feeds GROUP heads)."""
     mb = tl.num_programs(0) - 1 - tl.program_id(0)  # longest causal rows first
-    h = tl.program_id(1)
+    hp = tl.program_id(1)
     b = tl.program_id(2)
     ext_len = tl.load(ExtendLens + b).to(tl.int32)
-    m_start = mb * BLOCK_M
-    if m_start >= ext_len:
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    first_tok = (mb * BLOCK_M) // HPP
+    if first_tok >= ext_len:
         return
-    kvh = h // GROUP
+    last_tok = (mb * BLOCK_M + BLOCK_M - 1) // HPP
+    toks = rows // HPP
+    heads = hp * HPP + rows % HPP
+    kvh = (hp * HPP) // GROUP
     prefix_len = tl.load(PrefixLens + b).to(tl.int32)
     tok0 = tl.load(ExtendStart + b)
-    offs_m = m_start + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_m = offs_m < ext_len
+    mask_m = toks < ext_len
     mask_d = offs_d < HEAD_DIM
-    q = tl.load(Q + (tok0 + offs_m[:, None]) * stride_qt + h * stride_qh + offs_d[None, :],
+    q = tl.load(Q + (tok0 + toks[:, None]) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=mask_m[:, None] & mask_d[None, :], other=0.0)
     qk_scale = sm_scale * 1.4426950408889634
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -43,43 +78,49 @@ def _extend_kernel(
 
     # 1) the cached prefix, gathered slot by slot through the request's row of req_to_token
     row_ptr = ReqToToken + tl.load(ReqIdx + b) * stride_rr
-    for n0 in range(0, prefix_len, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < prefix_len
-        slots = tl.load(row_ptr + offs_n, mask=mask_n, other=0)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(Kbuf + slots[:, None] * stride_bt + kvh * stride_bh + offs_d[None, :], mask=kv_mask, other=0.0)
-        qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        v = tl.load(Vbuf + slots[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :], mask=kv_mask, other=0.0)
-        m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
+    prefix_full = prefix_len // BLOCK_N * BLOCK_N
+    for n0 in range(0, prefix_full, BLOCK_N):
+        m_i, l_i, acc = _prefix_step(q, m_i, l_i, acc, row_ptr, Kbuf, Vbuf, kvh, stride_bt, stride_bh, stride_ct,
+                                     stride_ch, n0, prefix_len, offs_d, mask_d, qk_scale, BLOCK_N, False, EVEN_D,
+                                     DOT_PREC)
+    if prefix_full < prefix_len:
+        m_i, l_i, acc = _prefix_step(q, m_i, l_i, acc, row_ptr, Kbuf, Vbuf, kvh, stride_bt, stride_bh, stride_ct,
+                                     stride_ch, prefix_full, prefix_len, offs_d, mask_d, qk_scale, BLOCK_N, True,
+                                     EVEN_D, DOT_PREC)
 
     # 2) the new tokens, causally: blocks wholly below the diagonal skip the mask
-    full_end = m_start // BLOCK_N * BLOCK_N
+    full_end = first_tok // BLOCK_N * BLOCK_N
     for n0 in range(0, full_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        k = tl.load(Knew + (tok0 + offs_n[:, None]) * stride_kt + kvh * stride_kh + offs_d[None, :],
-                    mask=mask_d[None, :], other=0.0)
+        k = _load_rows(Knew + (tok0 + offs_n[:, None]) * stride_kt + kvh * stride_kh + offs_d[None, :],
+                       offs_n < ext_len, mask_d, False, EVEN_D)
         qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
-        v = tl.load(Vnew + (tok0 + offs_n[:, None]) * stride_vt + kvh * stride_vh + offs_d[None, :],
-                    mask=mask_d[None, :], other=0.0)
+        v = _load_rows(Vnew + (tok0 + offs_n[:, None]) * stride_vt + kvh * stride_vh + offs_d[None, :],
+                       offs_n < ext_len, mask_d, False, EVEN_D)
         m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
-    diag_end = tl.minimum(m_start + BLOCK_M, ext_len)
+    diag_end = tl.minimum(last_tok + 1, ext_len)
     for n0 in range(full_end, diag_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < ext_len
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(Knew + (tok0 + offs_n[:, None]) * stride_kt + kvh * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
+        k = _load_rows(Knew + (tok0 + offs_n[:, None]) * stride_kt + kvh * stride_kh + offs_d[None, :],
+                       mask_n, mask_d, True, EVEN_D)
         qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
-        qk = tl.where(mask_n[None, :] & (offs_n[None, :] <= offs_m[:, None]), qk, float("-inf"))
-        v = tl.load(Vnew + (tok0 + offs_n[:, None]) * stride_vt + kvh * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
+        qk = tl.where(mask_n[None, :] & (offs_n[None, :] <= toks[:, None]), qk, float("-inf"))
+        v = _load_rows(Vnew + (tok0 + offs_n[:, None]) * stride_vt + kvh * stride_vh + offs_d[None, :],
+                       mask_n, mask_d, True, EVEN_D)
         m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
 
     out, _ = finish_state(m_i, l_i, acc)
-    tl.store(Out + (tok0 + offs_m[:, None]) * stride_ot + h * stride_oh + offs_d[None, :],
+    tl.store(Out + (tok0 + toks[:, None]) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+
+
+def extend_config(max_extend_len: int) -> dict[str, int]:
+    """Default tiles (H200 sweep, Hq 32 / Hkv 8 / D 128 bf16, GQA packed): long causal extends
+    run best on 128x64 tiles with 8 warps; prefix-heavy batches of short extends on 128x32, 4 warps."""
+    if max_extend_len >= 2048:
+        return {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
+    return {"block_m": 128, "block_n": 32, "num_warps": 4, "num_stages": 3}
 
 
 def extend_attention(
@@ -87,10 +128,12 @@ def extend_attention(
     v_buffer: torch.Tensor, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     prefix_lens: torch.Tensor, extend_lens: torch.Tensor, extend_start_loc: torch.Tensor,
     max_extend_len: int, sm_scale: float | None = None, out: torch.Tensor | None = None,
-    block_m: int = 128, block_n: int = 64, num_warps: int = 8, num_stages: int = 2,
+    block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
+    num_stages: int | None = None, pack_gqa: bool = True,
 ) -> torch.Tensor:
     """q [T, Hq, D], k_new/v_new [T, Hkv, D] → out [T, Hq, D]. max_extend_len is a host int
-    (>= every extend length) that sizes the grid."""
+    (>= every extend length) that sizes the grid. pack_gqa: a program's rows are the GQA group's
+    query heads of block_m / group tokens (K/V read once per group), else one head's tokens."""
     if not use_triton(q):
         o = extend_attention_ref(q, k_new, v_new, k_buffer, v_buffer, req_to_token, req_pool_indices,
                                  prefix_lens, extend_lens, extend_start_loc, sm_scale)
@@ -106,15 +149,19 @@ def extend_attention(
     bsz = int(extend_lens.shape[0])
     if bsz == 0 or max_extend_len <= 0:
         return out
-    grid = (triton.cdiv(max_extend_len, block_m), hq, bsz)
+    cfg = extend_config(max_extend_len)
+    block_m, block_n = block_m or cfg["block_m"], block_n or cfg["block_n"]
+    num_warps, num_stages = num_warps or cfg["num_warps"], num_stages or cfg["num_stages"]
+    hpp = hq // hkv if pack_gqa else 1
+    grid = (triton.cdiv(max_extend_len * hpp, block_m), hq // hpp, bsz)
     _extend_kernel[grid](
         q, k_new, v_new, out, k_buffer, v_buffer, req_to_token, req_pool_indices, prefix_lens,
         extend_lens, extend_start_loc, sm_scale,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         out.stride(0), out.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0),
         v_buffer.stride(1), req_to_token.stride(0),
-        GROUP=hq // hkv, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_pow2(d),
-        DOT_PREC=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
+        GROUP=hq // hkv, HPP=hpp, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_pow2(d),
+        EVEN_D=next_pow2(d) == d, DOT_PREC=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
     )
     return out
 

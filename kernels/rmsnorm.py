@@ -5,6 +5,7 @@ fp32, rounded, then scaled by the weight — i.e. `rmsnorm_ref` / `fused_add_rms
 from __future__ import annotations
 
 import torch
+
 from radixlm.kernels._triton import next_pow2, tl, triton, use_triton
 
 

@@ -5,6 +5,7 @@ position: x' = x * cos + rotate_half(x) * sin, for q and k in one launch. Promis
 from __future__ import annotations
 
 import torch
+
 from radixlm.kernels._triton import next_pow2, tl, triton, use_triton
 
 

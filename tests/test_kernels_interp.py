@@ -20,6 +20,7 @@ GROUPS = ["decode", "extend", "cascade", "pointwise", "rotary", "sampling", "bac
 
 def _checks(group: str) -> list:
     import torch
+
     from radixlm.kernels import checks as c
 
     f32, b16 = torch.float32, torch.bfloat16
@@ -34,7 +35,8 @@ def _checks(group: str) -> list:
         return c.run([
             lambda: c.check_extend("cpu", f32, [0, 17, 40, 5, 0], [20, 1, 0, 37, 70], 8, 2, 32, 32, 16, 4),
             lambda: c.check_extend("cpu", b16, [0, 17, 40, 5, 0], [20, 1, 0, 37, 70], 8, 2, 32, 32, 16, 4),
-            lambda: c.check_extend("cpu", b16, [33], [45], 4, 4, 48, 16, 32, 4),
+            lambda: c.check_extend("cpu", b16, [33, 0], [45, 10], 9, 3, 48, 16, 32, 4),  # group 3 straddles blocks
+            lambda: c.check_extend("cpu", b16, [33, 0], [45, 10], 8, 2, 32, 32, 16, 4, pack_gqa=False),
         ])
     if group == "cascade":
         return c.run([
@@ -57,6 +59,7 @@ def _backend_records(dtype) -> list:
     extend, mixed extend, then decode steps plain and through a cascade plan. Reference: attention
     over each request's own K/V history kept outside the pool."""
     import torch
+
     from radixlm.backend.attention_triton import TritonAttentionBackend
     from radixlm.backend.forward_batch import ForwardBatch
     from radixlm.backend.kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
@@ -64,7 +67,8 @@ def _backend_records(dtype) -> list:
     from radixlm.kernels.checks import BOUND, DTYPE_NAME, rel_err
 
     hq, hkv, d = 8, 2, 32
-    pool, alloc, table = KVPool(1, 100, hkv, d, dtype, "cpu"), TokenSlotAllocator(100), ReqToTokenTable(4, 32, "cpu")
+    dev = os.environ.get("KERNEL_TEST_DEVICE", "cpu")  # the GPU run sets cuda
+    pool, alloc, table = KVPool(1, 100, hkv, d, dtype, dev), TokenSlotAllocator(100), ReqToTokenTable(4, 32, dev)
     backend = TritonAttentionBackend()
     rows = [table.alloc() for _ in range(3)]
     hist: list[list] = [[], [], []]  # per request: (k, v) rows so far
@@ -78,29 +82,29 @@ def _backend_records(dtype) -> list:
                 hist[r] = list(hist[0][:6])
         prefix = [len(hist[r]) for r in reqs]
         t = sum(ext)
-        slots = alloc.alloc(t)
+        slots = alloc.alloc(t).to(dev)
         starts = [sum(ext[:j]) for j in range(len(ext))]
         for r, p, e, s0 in zip(reqs, prefix, ext, starts):
             table.write(rows[r], p, slots[s0 : s0 + e])
-        q, k, v = (torch.randn(t, h, d, dtype=dtype) for h in (hq, hkv, hkv))
+        q, k, v = (torch.randn(t, h, d, dtype=dtype, device=dev) for h in (hq, hkv, hkv))
         seq = [p + e for p, e in zip(prefix, ext)]
-        as_t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+        as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
         fb = ForwardBatch(
-            input_ids=torch.zeros(t, dtype=torch.int64), positions=torch.cat([torch.arange(p, p + e) for p, e in zip(prefix, ext)]),
+            input_ids=as_t([0] * t), positions=as_t([i for p, e in zip(prefix, ext) for i in range(p, p + e)]),
             out_cache_loc=slots, req_pool_indices=as_t([rows[r] for r in reqs]), seq_lens=as_t(seq),
             prefix_lens=as_t(prefix), extend_lens=as_t(ext), extend_start_loc=as_t(starts), seq_lens_cpu=seq,
             prefix_lens_cpu=prefix, extend_lens_cpu=ext,
             req_pool_indices_cpu=[rows[r] for r in reqs], extend_start_loc_cpu=starts, logits_indices=as_t(starts), req_to_token=table.table,
             kv_pool=pool, attn_backend=backend, is_decode=all(e == 1 for e in ext))
         if mode == "cascade":
-            fb.extras["cascade_plan"] = make_cascade_plan([3], [6], seq, "cpu")
+            fb.extras["cascade_plan"] = make_cascade_plan([3], [6], seq, dev)
         out = backend.forward(q, k, v, 0, fb)
         ref = torch.empty(t, hq, d, dtype=torch.float64)
         for r, p, e, s0 in zip(reqs, prefix, ext, starts):
-            hist[r] += [(k[s0 + j], v[s0 + j]) for j in range(e)]
+            hist[r] += [(k[s0 + j].cpu(), v[s0 + j].cpu()) for j in range(e)]
             kk = torch.stack([x for x, _ in hist[r]]).double().repeat_interleave(hq // hkv, 1)
             vv = torch.stack([y for _, y in hist[r]]).double().repeat_interleave(hq // hkv, 1)
-            s = torch.einsum("qhd,khd->hqk", q[s0 : s0 + e].double(), kk) / d**0.5
+            s = torch.einsum("qhd,khd->hqk", q[s0 : s0 + e].double().cpu(), kk) / d**0.5
             s = s.masked_fill(torch.arange(p + e)[None, :] > (p + torch.arange(e))[:, None], float("-inf"))
             ref[s0 : s0 + e] = torch.einsum("hqk,khd->qhd", s.softmax(-1), vv)
         tag = f"backend {DTYPE_NAME[dtype]} step {i} ({mode or ('decode' if fb.is_decode else 'extend')})"
