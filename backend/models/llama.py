@@ -12,6 +12,8 @@ from torch import nn
 from radixlm.backend.forward_batch import ForwardBatch
 from radixlm.backend.model_config import ModelConfig
 from radixlm.backend.models.rotary import RotaryEmbedding
+from radixlm.kernels.rmsnorm import rmsnorm as fused_rmsnorm
+from radixlm.kernels.silu_and_mul import silu_mul
 
 
 class RMSNorm(nn.Module):
@@ -21,6 +23,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:  # one Triton pass (radixlm.kernels.rmsnorm); CPU keeps the torch ops below
+            return fused_rmsnorm(x, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight.float() * xf).to(x.dtype)
@@ -59,6 +63,8 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:  # fused SiLU-and-mul kernel on the GPU
+            return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from radixlm.kernels.rotary import apply_rotary
+
 
 def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
@@ -43,6 +45,7 @@ class RotaryEmbedding(torch.nn.Module):
         self.head_dim, self.max_positions, self.theta, self.scaling = head_dim, max_positions, theta, scaling
         self.cos = torch.empty(0)
         self.sin = torch.empty(0)
+        self.cos_sin = torch.empty(0)
 
     def build(self, device: torch.device | str) -> None:
         """Compute the tables (after the module is materialised on its device)."""
@@ -51,9 +54,13 @@ class RotaryEmbedding(torch.nn.Module):
         emb = torch.cat([torch.outer(t, inv)] * 2, dim=-1)
         self.cos = emb.cos().float().to(device)
         self.sin = emb.sin().float().to(device)
+        half = self.head_dim // 2  # radixlm.kernels.rotary's cache: cos half | sin half
+        self.cos_sin = torch.cat([self.cos[:, :half], self.sin[:, :half]], dim=-1).contiguous()
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, Hq, D], k [T, Hkv, D] → rotated (same dtype)."""
+        if q.is_cuda:  # one Triton launch for q and k (same fp32 math, one rounding)
+            return apply_rotary(q, k, positions, self.cos_sin)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
