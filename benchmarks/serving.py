@@ -245,7 +245,7 @@ def environment() -> dict[str, Any]:
     import importlib.metadata as md
 
     env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
-                           "cpu_count": os.cpu_count(), "gpu": "none"}
+                           "cpu_count": os.cpu_count(), "load_average_1_5_15": os.getloadavg(), "gpu": "none"}
     for pkg in ("radixlm", "torch", "transformers", "fastapi", "uvicorn", "httpx"):
         try:
             env[pkg] = md.version(pkg)
@@ -292,6 +292,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    env = environment()
     proc, url = launch_server(args) if args.launch else (None, args.base_url.rstrip("/"))
     try:
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             anchor["server_over_offline_throughput"] = burst["output_throughput"] / anchor["output_throughput"]
         print(json.dumps({"offline_anchor": anchor}), flush=True)
     result = {"benchmark": "serving", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "environment": environment(), "model": info,
+              "environment": {**env, "load_average_end": os.getloadavg()}, "model": info,
               "config": {k: v for k, v in vars(args).items() if k not in ("api_key",)}, "runs": runs,
               "offline_anchor": anchor}
     if args.out:

@@ -28,7 +28,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 KEY = "test-key-123"
-MAX_PROMPT_TOKENS = 256
+MAX_PROMPT_TOKENS = 512
 MAX_PENDING = 24
 PROGRAMS = textwrap.dedent('''
     import radixlm as sgl
@@ -91,12 +91,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
            "--api-key", KEY, "--programs", str(progs), "--max-prompt-tokens", str(MAX_PROMPT_TOKENS),
            "--max-body-bytes", "65536", "--max-pending-requests", str(MAX_PENDING), "--drain-timeout", "3",
            "--log-level", "warning", "--device", "cpu"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = progs.parent / "server.log"
+    with open(log, "w") as log_file:  # a file, not a pipe: a full pipe would stall the server
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stdout.read() if proc.stdout else ''}")
+            raise RuntimeError(f"server exited: {log.read_text()[-4000:]}")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
                 break

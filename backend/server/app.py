@@ -15,12 +15,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
 from radixlm.backend.server import native
 from radixlm.backend.server.metrics import ServerMetrics
 from radixlm.backend.server.protocol import error_body
 from radixlm.backend.server.runner import Overloaded, Runner, ServerLimits
 from radixlm.backend.server.streams import ClientGone
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 PUBLIC_PATHS = frozenset({"/health"})
 

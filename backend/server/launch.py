@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import uvicorn
+
 from radixlm.backend.server.app import create_app, drain
 from radixlm.backend.server.runner import ServerLimits
 

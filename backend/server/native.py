@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+
 from radixlm.backend.server.protocol import AbortRequest, GenerateRequest, SamplingParams, error_body
 from radixlm.backend.server.runner import Runner, Seq, run_to_end
 from radixlm.backend.server.streams import (

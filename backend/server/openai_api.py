@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
+
 from radixlm.backend.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -203,7 +204,7 @@ def _chat_seqs(ctx: _ChatCtx) -> list[Seq]:
 
 async def _choice_events(runner: Runner, ctx: _ChatCtx, seq: Seq, stream: bool) -> AsyncIterator[tuple]:
     """Events of one chat choice: ("delta", text, logprob entries | None), ("tool_calls", calls),
-    then ("finish", reason, completion_tokens)."""
+    then ("finish", reason, completion_tokens, cached_prompt_tokens)."""
     plan = ctx.plan
     constrained = plan.mode in ("named", "required")
     text, meta = "", {}
@@ -227,7 +228,7 @@ async def _choice_events(runner: Runner, ctx: _ChatCtx, seq: Seq, stream: bool) 
             yield ("tool_calls", calls)
         else:  # cut off (length/abort): show what was generated, as text
             yield ("delta", text if constrained else TOOL_CALL_TAG + text, None)
-    yield ("finish", reason, tokens)
+    yield ("finish", reason, tokens, int(meta.get("cached_tokens", 0)))
 
 
 async def _run_call(runner: Runner, ctx: _ChatCtx, seq: Seq, before: str) -> tuple[str, str, int]:
@@ -266,6 +267,7 @@ class _ChatChoice:
     logprobs: list[dict[str, Any]] | None = None
     finish: str | None = None
     tokens: int = 0
+    cached: int = 0
 
     def add(self, event: tuple) -> dict[str, Any]:
         """Fold an event in; return the streaming delta fragment for it."""
@@ -280,7 +282,7 @@ class _ChatChoice:
             self.tool_calls = event[1]
             calls = [{"index": k, **c} for k, c in enumerate(event[1])]
             return {"index": self.index, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None}
-        self.finish, self.tokens = event[1], event[2]
+        self.finish, self.tokens, self.cached = event[1], event[2], event[3]
         return {"index": self.index, "delta": {}, "logprobs": None, "finish_reason": event[1]}
 
     def message(self) -> dict[str, Any]:
@@ -293,7 +295,7 @@ class _ChatChoice:
 
 
 def _chat_usage(ctx: _ChatCtx, choices: list[_ChatChoice]) -> dict[str, Any]:
-    return _usage(len(ctx.prompt_ids), sum(c.tokens for c in choices), 0)
+    return _usage(len(ctx.prompt_ids), sum(c.tokens for c in choices), max((c.cached for c in choices), default=0))
 
 
 async def _collect_choice(runner: Runner, ctx: _ChatCtx, seq: Seq) -> _ChatChoice:

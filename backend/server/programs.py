@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
 from radixlm.backend.server.protocol import ProgramRunRequest, error_body
 from radixlm.backend.server.streams import SSE_DONE, sse, sse_response
 
