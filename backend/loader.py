@@ -55,7 +55,7 @@ def resolve_model_dir(model_path: str | None) -> Path:
 
 def _gguf_cache_dir(path: Path) -> Path:
     st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}:v1".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}:v2".encode()).hexdigest()[:16]
     return cache_root() / f"{path.stem}-{key}"
 
 
@@ -146,7 +146,7 @@ def _hf_name(name: str) -> str:
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     # llama.cpp interleaves the rotary halves of q/k rows for llama-arch models; undo it.
     shape = w.shape
-    return w.reshape(n_head, 2, shape[0] // n_head // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+    return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
 def _gguf_state_dict(reader: object, config: ModelConfig) -> dict[str, torch.Tensor]:

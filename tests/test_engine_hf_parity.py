@@ -127,3 +127,22 @@ def test_tiny_random_configs_match_hf(kind, tmp_path, default_model_dir):
         assert ((ours - ref).norm() / ref.norm()) <= 1e-4
     finally:
         eng.shutdown()
+
+
+@pytest.mark.slow
+def test_gguf_conversion_matches_hf_gguf_loader(engine, tokenizer):
+    """Independent check of our GGUF conversion (dequantize + q/k un-permute): HF's own GGUF
+    loader must give the same logits as our engine."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from radixlm.backend.loader import default_model_path
+
+    path = Path(default_model_path())
+    ref_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    ids = tokenizer.encode("The capital of France is")
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0, -1]
+    ours = last_logits(engine, ids)
+    assert ((ours - ref).norm() / ref.norm()) <= 1e-4

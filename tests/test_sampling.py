@@ -76,7 +76,7 @@ def test_stop_string_trimmed_and_kept_with_no_stop_trim(engine):
 
 
 def test_eos_masked_until_min_new_tokens(engine, tokenizer):
-    msgs = [{"role": "user", "content": "Say just: OK"}]
+    msgs = [{"role": "user", "content": "What is 2+2? Answer with one number."}]
     prompt = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     short = engine.generate(prompt, {"max_new_tokens": 40, "temperature": 0})
     assert short["meta_info"]["finish_reason"]["type"] == "stop"
