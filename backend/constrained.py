@@ -120,12 +120,13 @@ class RequestGrammar:
 def attach_grammars(engine: Any, reqs: list[Any]) -> None:
     """Start compiling each constrained request's grammar (argument errors raise here)."""
     jump = not getattr(engine, "disable_jump_forward", False)
+    which = getattr(engine, "grammar_engine", "auto")  # "auto" | "xgrammar" | "fsm" (tests, benchmarks)
     for req in reqs:
         spec = req.params.grammar
         if spec:
             kind, text = spec
             backend = grammar_backend(engine)
-            req.grammar = RequestGrammar(backend.compile_async(kind, text), backend, jump)
+            req.grammar = RequestGrammar(backend.compile_async(kind, text, which), backend, jump)
 
 
 def wait_grammars(reqs: list[Any]) -> None:

@@ -219,13 +219,41 @@ def parse_regex(regex: str) -> interegular.FSM:
         raise ValueError(f"invalid or unsupported regex {regex!r}: {type(e).__name__}: {e}") from e
 
 
-def regex_to_byte_dfa(regex: str, timeout_s: float = 30.0, max_states: int = 100_000) -> ByteDFA:
+def estimate_states(regex: str) -> int:
+    """A lower bound on the DFA's states from Python's own parse (counted repetitions multiply);
+    0 when Python cannot parse the regex (interegular then decides)."""
+    import re._constants as C
+    import re._parser as P
+
+    def size(items: list) -> int:
+        total = 0
+        for op, av in items:
+            if op in (C.MAX_REPEAT, C.MIN_REPEAT, C.POSSESSIVE_REPEAT):
+                lo, hi, sub = av
+                total += (max(lo, 1) + 1 if hi == C.MAXREPEAT else hi) * size(list(sub))
+            elif op is C.SUBPATTERN:
+                total += size(list(av[-1]))
+            elif op is C.BRANCH:
+                total += sum(size(list(b)) for b in av[1])
+            else:
+                total += 1
+        return total
+
+    try:
+        return size(list(P.parse(regex)))
+    except Exception:
+        return 0
+
+
+def regex_to_byte_dfa(regex: str, timeout_s: float = 30.0, max_states: int = 10_000) -> ByteDFA:
     deadline = time.monotonic() + timeout_s
 
     def check() -> None:
         if time.monotonic() > deadline:
             raise ValueError(f"grammar compile timeout after {timeout_s:.0f} s")
 
+    if (estimate := estimate_states(regex)) > max_states:
+        raise ValueError(f"grammar too large: about {estimate} states > {max_states}")
     fsm = parse_regex(regex)
     states, key_ranges = _char_transitions(fsm)
     if len(states) > max_states:

@@ -129,7 +129,7 @@ class FSMGrammar:
         return state
 
 
-def compile_regex(regex: str, vocab: TokenVocab, *, timeout_s: float = 30.0, max_states: int = 100_000,
+def compile_regex(regex: str, vocab: TokenVocab, *, timeout_s: float = 30.0, max_states: int = 10_000,
                   use_disk_cache: bool = True, lazy: bool = False) -> FSMGrammar:
     """regex → FSMGrammar; ValueError for invalid/unsupported regex, too many states or timeout.
     lazy=True returns once the DFA is built (rows fill on demand); complete() + save_to_disk_cache() later."""

@@ -25,7 +25,7 @@ ENGINES = ("fsm", "xgrammar", "auto")
 
 class GrammarBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, *, stop_token_ids: list[int] | None = None,
-                 max_threads: int = 2, compile_timeout_s: float = 30.0, max_states: int = 100_000,
+                 max_threads: int = 2, compile_timeout_s: float = 30.0, max_states: int = 10_000,
                  use_disk_cache: bool = True) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = int(vocab_size)

@@ -76,16 +76,25 @@ class XGrammarMatcher:
         self._m.reset()
 
 
-# xgrammar 0.2.9 writes length-bounded strings as [^"\\\r\n]{m,n}, which lets raw control characters
-# (invalid in JSON) through; we tighten that class to the one its unbounded strings use.
-_LOOSE_STRING_CHAR = r'[^\"\\\r\n]'
-_JSON_STRING_CHAR = r'[^\"\\\0-\x1f]'
+# Textual fixes to xgrammar's (0.2.9) JSON-schema EBNF, each making its language a subset:
+# - length-bounded strings use [^"\\\r\n]{m,n}, which lets raw control characters (invalid JSON)
+#   through: use the class its unbounded strings use;
+# - integers, fractions and exponents have unbounded digit runs, which a small model at temperature
+#   1.0 can loop on until max_new_tokens: bound them like our regexes (16 / 16 / 3 digits).
+_EBNF_FIXES = (
+    (r'[^\"\\\r\n]', r'[^\"\\\0-\x1f]'),
+    ("[1-9] [0-9]*", "[1-9] [0-9]{0, 15}"),
+    ('("." basic_number_digits{1, -1})', '("." basic_number_digits{1, 16})'),
+    ("basic_number_4 basic_number_digits{1, -1}", "basic_number_4 basic_number_digits{1, 3}"),
+)
 
 
 def json_schema_ebnf(schema: str) -> str:
-    """xgrammar's EBNF for a JSON schema in compact form (separators ", " and ": "), strings fixed."""
-    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False)
-    return str(grammar).replace(_LOOSE_STRING_CHAR, _JSON_STRING_CHAR)
+    """xgrammar's EBNF for a JSON schema in compact form (separators ", " and ": "), with _EBNF_FIXES."""
+    text = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
+    for old, new in _EBNF_FIXES:
+        text = text.replace(old, new)
+    return text
 
 
 class XGrammarCompiler:

@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 import torch
+
 from radixlm.grammars import allocate_token_bitmask, apply_token_bitmask_
 from radixlm.kernels.bitmask import apply_token_bitmask_torch_
 

@@ -10,12 +10,13 @@ import threading
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer, decoders, models
+from transformers import PreTrainedTokenizerFast
+
 from radixlm.grammars import GrammarBackend, allocate_token_bitmask
 from radixlm.grammars.fsm import compile_regex
 from radixlm.grammars.testing import allowed_ids, load_default_tokenizer, random_walk
 from radixlm.grammars.token_index import vocab_from_tokenizer
-from tokenizers import Tokenizer, decoders, models
-from transformers import PreTrainedTokenizerFast
 
 
 @pytest.fixture(scope="module")

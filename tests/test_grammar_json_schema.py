@@ -10,52 +10,11 @@ from typing import Literal
 import jsonschema
 import pytest
 from pydantic import BaseModel, Field
+from test_grammar_cases import INT_SCHEMA as I  # noqa: E741
+from test_grammar_cases import SCHEMAS
+
 from radixlm.grammars import GrammarBackend, json_schema_to_regex, normalize_json_schema
 from radixlm.grammars.testing import load_default_tokenizer, random_walk
-
-S = {"type": "string", "maxLength": 8}
-I = {"type": "integer"}  # noqa: E741
-SCHEMAS: list[dict] = [
-    {"type": "object", "properties": {"name": S, "age": I}, "required": ["name", "age"]},
-    {"type": "object", "properties": {"a": I, "b": S, "c": {"type": "boolean"}}, "required": ["b"]},
-    {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}}},
-    {"type": "object", "properties": {"ok": {"type": "boolean"}, "none": {"type": "null"}}, "required": ["ok", "none"]},
-    {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"]},
-    {"type": "object", "properties": {"v": {"const": "fixed"}, "n": {"const": 3}}, "required": ["v", "n"]},
-    {"type": "array", "items": I, "minItems": 1, "maxItems": 4},
-    {"type": "array", "items": S, "maxItems": 3},
-    {"type": "array", "items": {"type": "boolean"}, "minItems": 2, "maxItems": 2},
-    {"type": "object", "properties": {"tags": {"type": "array", "items": S, "maxItems": 3}}, "required": ["tags"]},
-    {"type": "object", "properties": {"inner": {"type": "object", "properties": {"k": I}, "required": ["k"]}},
-     "required": ["inner"]},
-    {"type": "object", "properties": {"l1": {"type": "object", "properties": {"l2": {"type": "object", "properties": {
-        "l3": S}, "required": ["l3"]}}, "required": ["l2"]}}, "required": ["l1"]},
-    {"anyOf": [I, S]},
-    {"type": "object", "properties": {"v": {"anyOf": [I, {"type": "null"}]}}, "required": ["v"]},
-    {"type": ["string", "null"], "maxLength": 5},
-    {"$defs": {"P": {"type": "object", "properties": {"x": I, "y": I}, "required": ["x", "y"]}},
-     "type": "object", "properties": {"a": {"$ref": "#/$defs/P"}, "b": {"$ref": "#/$defs/P"}}, "required": ["a"]},
-    {"definitions": {"C": {"enum": [1, 2, 3]}}, "type": "array", "items": {"$ref": "#/definitions/C"}, "maxItems": 3},
-    {"type": "string", "format": "date"},
-    {"type": "string", "format": "date-time"},
-    {"type": "string", "format": "uuid"},
-    {"type": "string", "pattern": "^[A-Z]{2}[0-9]{3}$"},
-    {"type": "string", "minLength": 2, "maxLength": 4},
-    {"type": "integer", "minimum": 0},
-    {"type": "object", "properties": {"m": {"type": "object", "additionalProperties": I}}, "required": ["m"]},
-    {"type": "object", "properties": {"ünï": S, "名前": S}, "required": ["名前"]},
-    {"type": "object", "properties": {"q": {"enum": ["say \"hi\"", "back\\slash", "naïve"]}}, "required": ["q"]},
-    {"type": "object", "properties": {"e": {"enum": [None, True, 1.5, "s", [1, 2], {"k": "v"}]}}, "required": ["e"]},
-    {"type": "array", "items": {"type": "object", "properties": {"id": I, "tags": {"type": "array", "items": S,
-                                                                                     "maxItems": 2}},
-                                "required": ["id"]}, "maxItems": 2},
-    {"type": "object", "properties": {"p": {"allOf": [{"type": "integer"}]}, "s": {"type": "string"}},
-     "required": ["p", "s"], "additionalProperties": False},
-    {"type": "object", "title": "T", "description": "d", "properties": {"a": {"type": "integer", "default": 1}},
-     "required": ["a"]},
-    {"type": "object", "properties": {"opt1": I, "opt2": I, "opt3": I}},
-    {"type": "boolean"},
-]
 
 
 class Address(BaseModel):
