@@ -535,19 +535,21 @@ def test_abort_request_by_rid(server: Server) -> None:
 # ---------------------------------------------------------------- CLI and shutdown
 
 
-@pytest.mark.slow
-def test_cli_run_program_file(server: Server, tmp_path: Path) -> None:
+def test_cli_run_program_file(server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`radixlm run FILE --url URL`: the file runs as __main__ with the server as default backend."""
+    from radixlm.backend.cli import main
+
     f = tmp_path / "hello.py"
     f.write_text(RUN_FILE)
-    out = subprocess.run([sys.executable, "-m", "radixlm.backend.cli", "run", str(f), "--url", server.url,
-                          "--api-key", KEY], capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stderr[-2000:]
-    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
+    main(["run", str(f), "--url", server.url, "--api-key", KEY])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("RESULT "))
     value = json.loads(line[len("RESULT "):])
     ref = _gen(server, text="Say hello:", sampling_params={"max_new_tokens": 3, "temperature": 0})
     assert value == ref["text"]  # same greedy tokens through the program backend
-    assert subprocess.run([sys.executable, "-m", "radixlm.backend.cli", "bogus"], capture_output=True,
-                          text=True, timeout=60).returncode != 0
+    with pytest.raises(SystemExit):
+        main(["bogus"])
+    with pytest.raises(SystemExit):
+        main(["run", str(tmp_path / "missing.py")])
 
 
 def test_graceful_shutdown_drains_then_aborts(server: Server) -> None:
