@@ -51,7 +51,8 @@ class ProgramBackend:
     def generate_stream(
         self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]
     ) -> Iterator[GenOutput]:
-        raise NotImplementedError
+        """Default: one chunk holding the whole generation."""
+        yield self.generate(ex, sampling, logprob)
 
     def select(
         self, ex: Executor, choices: list[str], temperature: float, method: ChoicesSamplingMethod

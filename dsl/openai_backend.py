@@ -1,6 +1,6 @@
 """OpenAI: the program backend for any OpenAI-compatible server through the official
 `openai` client. Chat mode sends the state's messages; completion mode sends its text.
-Promise: what such servers cannot do (select, regex, continuing a partial assistant turn
+Promise: what such servers cannot do (regex; select and continuing a partial assistant turn
 in chat mode) fails at once with a ValueError that says so, never silently."""
 
 from __future__ import annotations
@@ -100,5 +100,28 @@ class OpenAI(ProgramBackend):
 
     def select(self, ex: Executor, choices: list[str], temperature: float,
                method: ChoicesSamplingMethod) -> ChoicesDecision:
-        raise ValueError("select / gen(choices=...) is not supported by the OpenAI backend: OpenAI-compatible "
-                         "servers do not score given continuations; use radixlm.Runtime or RuntimeEndpoint")
+        """Completion mode: score `text + choice` with echo=True, max_tokens=0 and keep the
+        logprobs of the tokens that cover the choice. The server tokenizes text, so (as in
+        SGLang) a token may straddle the boundary; the token-keeping backends avoid that."""
+        if self.is_chat_model:
+            raise ValueError("select / gen(choices=...) is not supported by the OpenAI backend in chat mode: "
+                             "chat servers cannot score given continuations; use is_chat_model=False on a "
+                             "completions server, or radixlm.Runtime / RuntimeEndpoint")
+        prefix = ex.text_
+        if not prefix:
+            raise ValueError("select needs some text before it to condition on")
+        cond = self._echo_logprobs([prefix + c for c in choices], len(prefix))
+        uncond = self._echo_logprobs(list(choices), 0) if method.requires_unconditional_logprobs else None
+        return method(choices=choices, input_token_logprobs=cond, unconditional_token_logprobs=uncond)
+
+    def _echo_logprobs(self, prompts: list[str], start: int) -> list[list[tuple[Any, None, str]]]:
+        resp = self.client.completions.create(model=self.model, prompt=prompts, max_tokens=0, echo=True,
+                                              logprobs=0, temperature=0)
+        out = []
+        for choice in sorted(resp.choices, key=lambda c: c.index):
+            lp = choice.logprobs
+            if lp is None or not lp.tokens:
+                raise ValueError("the server returned no prompt logprobs for echo=True; select is not supported")
+            ends = list(lp.text_offset[1:]) + [len(prompts[choice.index])]
+            out.append([(p, None, t) for t, p, end in zip(lp.tokens, lp.token_logprobs, ends) if end > start])
+        return out

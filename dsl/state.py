@@ -10,7 +10,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from radixlm.interpreter import Executor, call_site
-from radixlm.ir import ConcatAndAppend, Expr, ExprList, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd
+from radixlm.ir import (
+    ConcatAndAppend,
+    Expr,
+    ExprList,
+    RoleBegin,
+    RoleEnd,
+    VarScopeBegin,
+    VarScopeEnd,
+    to_expr,
+)
 
 
 class _Submitted:
@@ -51,7 +60,7 @@ class ProgramState:
     def _role(self, role: str, expr: Any) -> Any:
         if expr is None:
             return _RoleScope(self, role)
-        self.stream_executor.submit(ExprList([RoleBegin(role), expr, RoleEnd(role)]), call_site())
+        self.stream_executor.submit(ExprList([RoleBegin(role), to_expr(expr), RoleEnd(role)]), call_site())
         return SUBMITTED
 
     def system(self, expr: Any = None) -> Any:

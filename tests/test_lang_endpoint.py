@@ -157,9 +157,17 @@ def test_openai_completion_mode_and_streaming(oai_text, oai_chat, local):
     assert "".join(st.text_iter("a")) == st["a"]
 
 
-def test_openai_backend_refuses_what_it_cannot_do(oai_chat, oai_text):
-    with pytest.raises(ValueError, match="select"):
-        suite.pick.run(sgl.token_length_normalized, backend=oai_text)
+def test_openai_completion_mode_select_matches_in_process(oai_text, local):
+    remote = suite.pick.run(sgl.token_length_normalized, backend=oai_text)
+    here = suite.pick.run(sgl.token_length_normalized, backend=local)
+    assert remote["city"] == here["city"]
+    got, ref = remote.get_meta_info("city"), here.get_meta_info("city")
+    assert got["normalized_prompt_logprobs"] == pytest.approx(ref["normalized_prompt_logprobs"], abs=1e-3)
+
+
+def test_openai_backend_refuses_what_it_cannot_do(oai_chat):
+    with pytest.raises(ValueError, match="chat mode"):
+        suite.pick.run(sgl.token_length_normalized, backend=oai_chat)
 
     @sgl.function
     def regex_prog(s):

@@ -256,6 +256,17 @@ def test_fork_prefills_shared_prefix_once_and_keeps_it_locked(rt, tok):
     assert tok.decode(st.token_ids(), skip_special_tokens=False) == st.text()
 
 
+def test_unjoined_forks_are_ended_and_unpinned_with_the_program(rt):
+    @sgl.function
+    def leaky(s):
+        s += "Some shared prefix text for the forks. " * 3
+        forks = s.fork(2)
+        forks += sgl.gen("x", max_tokens=1)
+
+    leaky.run(backend=rt, **GREEDY)
+    assert rt.flush_cache()  # refused while a prefix is still pinned
+
+
 @sgl.function
 def story(s):
     s += "Once upon a time"

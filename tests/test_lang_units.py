@@ -227,3 +227,55 @@ def test_state_text_roles_vars_and_forks_on_text_backend():
     assert st["tail"] == "T" and st["a"] == "<1>"
     assert sorted(st["g"]) == ["<2>", "<3>", "<4>"] and len(st.get_meta_info("g")) == 3
     assert sorted(be.prompts[1:]) == [st.text() + f"f{i}" for i in range(3)]
+
+
+def test_stream_mode_error_ends_iteration_with_the_error():
+    @sgl.function
+    def prog(s):
+        s += "x" + sgl.gen("a")
+        s += sgl.gen("b", stop="boom")
+
+    st = prog.run(backend=ScriptedBackend(), stream=True)
+    with pytest.raises(ValueError, match="backend refused"):
+        list(st.text_iter())
+    assert isinstance(st.error(), ValueError)
+
+
+def test_role_method_result_is_not_appended_twice_and_copy_joins():
+    @sgl.function
+    def prog(s):
+        s += s.user("hello")  # s.user(...) already appended; += adds nothing more
+        with s.copy() as c:
+            c += "side" + sgl.gen("side")
+        s += "main"
+
+    st = prog.run(backend=ScriptedBackend())
+    assert st.messages() == [{"role": "user", "content": "hello"}]
+    assert st.text() == "User: hello\nmain" and st["side"] == ["<1>"]
+
+
+def test_nested_program_call_runs_on_the_callers_state():
+    @sgl.function
+    def inner(s, word):
+        s += f"[{word}]"
+
+    @sgl.function
+    def outer(s):
+        s += "a"
+        inner(s, "b")
+        s += "c"
+
+    assert outer.run(backend=ScriptedBackend()).text() == "a[b]c"
+
+
+def test_run_rejects_unknown_options_and_batches_of_non_dicts():
+    @sgl.function
+    def prog(s, x):
+        s += x
+
+    with pytest.raises(ValueError, match="unknown run option"):
+        prog.run("a", backend=ScriptedBackend(), temprature=0)
+    with pytest.raises(ValueError, match="list of dicts"):
+        prog.run_batch(["a"], backend=ScriptedBackend())
+    with pytest.raises(ValueError, match="no backend"):
+        prog.run("a")
