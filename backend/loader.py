@@ -8,6 +8,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -85,7 +86,7 @@ def convert_gguf(path: Path) -> Path:
     try:
         tmp.rename(out)
     except OSError:  # another process converted it first
-        pass
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -12,10 +12,15 @@ from radixlm.backend.loader import resolve_model_dir
 
 def load_tokenizer(model_path: str | Path | None = None) -> Any:
     """The HF tokenizer of a model folder or GGUF file (None = the default model)."""
-    from transformers import AutoTokenizer
-
     model_dir = Path(model_path) if model_path and Path(model_path).is_dir() else None
     model_dir = model_dir or resolve_model_dir(str(model_path) if model_path else None)
+    if (model_dir / "tokenizer.json").exists():
+        # The fast class directly: AutoTokenizer's model registry import costs seconds.
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 

@@ -1,0 +1,108 @@
+"""The Engine API surface: bad input raises ValueError with a reason (and the engine keeps
+serving), list in/list out, n samples, streaming and async, logprobs checked against HF."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+BAD_INPUTS = [
+    (dict(prompt=""), "empty prompt"),
+    (dict(input_ids=[]), "input_ids"),
+    (dict(prompt="hi", sampling_params={"max_new_tokens": 9000}), "context length"),
+    (dict(prompt="hi", sampling_params={"max_tokens": 5}), "unknown sampling parameter"),
+    (dict(prompt="hi", sampling_params={"temperature": -0.5}), "temperature"),
+    (dict(prompt="hi", sampling_params={"top_p": 0.0}), "top_p"),
+    (dict(prompt="hi", sampling_params={"top_p": 1.5}), "top_p"),
+    (dict(prompt="hi", sampling_params={"top_k": 0}), "top_k"),
+    (dict(prompt="hi", sampling_params={"min_new_tokens": 5, "max_new_tokens": 2}), "min_new_tokens"),
+    (dict(prompt="hi", sampling_params={"n": 0}), "n must be"),
+    (dict(input_ids=[1, 2, 10**9]), "outside the vocabulary"),
+    (dict(prompt=["a", "b"], sampling_params=[{}]), "sampling_params"),
+    (dict(prompt="hi", input_ids=[1]), "exactly one"),
+]
+
+
+@pytest.mark.parametrize("kwargs,reason", BAD_INPUTS)
+def test_bad_input_raises_value_error_and_engine_keeps_serving(engine, kwargs, reason):
+    with pytest.raises(ValueError, match=reason):
+        engine.generate(**kwargs)
+    out = engine.generate("Hello", {"max_new_tokens": 2, "temperature": 0})
+    assert out["meta_info"]["completion_tokens"] == 2
+
+
+def test_list_in_list_out_and_n(engine):
+    outs = engine.generate(["One", "Two"], {"max_new_tokens": 3, "temperature": 0})
+    assert isinstance(outs, list) and len(outs) == 2
+    samples = engine.generate("Pick a fruit:", {"max_new_tokens": 6, "temperature": 1.0, "n": 3, "seed": 5})
+    assert isinstance(samples, list) and len(samples) == 3
+    assert len({tuple(s["output_ids"]) for s in samples}) > 1
+    both = engine.generate(["A", "B"], {"max_new_tokens": 2, "n": 2})
+    assert len(both) == 4
+
+
+def test_stream_concatenates_to_full_text(engine):
+    params = {"max_new_tokens": 20, "temperature": 0}
+    full = engine.generate("The history of Rome", params)
+    chunks = list(engine.generate("The history of Rome", params, stream=True))
+    assert "".join(c["text"] for c in chunks) == full["text"]
+    assert sum(len(c["output_ids"]) for c in chunks) == len(full["output_ids"])
+    assert chunks[-1]["meta_info"]["finish_reason"] == full["meta_info"]["finish_reason"]
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_async_generate_and_async_stream(engine):
+    params = {"max_new_tokens": 8, "temperature": 0}
+    ref = engine.generate(["x y z", "1 2 3"], params)
+
+    async def main():
+        many = await asyncio.gather(*(engine.async_generate(p, params) for p in ["x y z", "1 2 3"]))
+        agen = await engine.async_generate("x y z", params, stream=True)
+        text = "".join([c["text"] async for c in agen])
+        return many, text
+
+    many, text = asyncio.run(main())
+    assert [m["output_ids"] for m in many] == [r["output_ids"] for r in ref]
+    assert text == ref[0]["text"]
+
+
+def test_abort_ends_request_with_abort_reason(engine):
+    it = engine.generate("Tell me a long story", {"max_new_tokens": 500, "ignore_eos": True}, stream=True, rid="abort-me")
+    first = next(it)
+    assert first["meta_info"]["finish_reason"] is None
+    engine.abort_request("abort-me")
+    last = list(it)[-1]
+    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+    assert last["meta_info"]["completion_tokens"] < 500
+
+
+def test_logprobs_match_hf(engine, tokenizer, hf_model):
+    engine.flush_cache()
+    prompt = "The quick brown fox jumps over the lazy dog"
+    ids = tokenizer.encode(prompt)
+    out = engine.generate(
+        prompt, {"max_new_tokens": 4, "temperature": 0}, return_logprob=True, logprob_start_len=0, top_logprobs_num=3
+    )
+    m = out["meta_info"]
+    full = ids + out["output_ids"]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(torch.tensor([full])).logits[0].float(), -1)
+    assert m["input_token_logprobs"][0][0] is None and len(m["input_token_logprobs"]) == len(ids)
+    for p in range(1, len(ids)):
+        lp, tok, _ = m["input_token_logprobs"][p]
+        assert tok == ids[p] and abs(lp - ref[p - 1, tok].item()) < 1e-3
+    for k, (lp, tok, _) in enumerate(m["output_token_logprobs"]):
+        assert tok == out["output_ids"][k] and abs(lp - ref[len(ids) - 1 + k, tok].item()) < 1e-3
+        top = m["output_top_logprobs"][k]
+        assert len(top) == 3 and top[0][1] == tok  # greedy picks the top-1
+    # a later start skips the cache only as far as it must
+    part = engine.generate(prompt, {"max_new_tokens": 1, "temperature": 0}, return_logprob=True, logprob_start_len=5)
+    assert len(part["meta_info"]["input_token_logprobs"]) == len(ids) - 5
+
+
+def test_max_new_tokens_zero_scores_prompt(engine):
+    out = engine.generate("Score me please", {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0)
+    assert out["output_ids"] == [] and out["meta_info"]["finish_reason"]["type"] == "length"
+    assert len(out["meta_info"]["input_token_logprobs"]) == out["meta_info"]["prompt_tokens"]
