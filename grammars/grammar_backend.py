@@ -72,8 +72,9 @@ class GrammarBackend:
                 self._cache[key] = fut
         return fut
 
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    def shutdown(self, wait: bool = False) -> None:
+        """Stop the compile threads (wait=True: let queued work, e.g. mask completion, finish first)."""
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)
 
     @staticmethod
     def _key(kind: str, spec: Any, engine: str) -> tuple[str, str, str]:

@@ -50,19 +50,27 @@ def allowed_ids(bitmask_row: torch.Tensor, vocab_size: int) -> np.ndarray:
 
 def pick_token(allowed: np.ndarray, rng: np.random.Generator, eos_ids: Sequence[int],
                preferred: Sequence[int], single_byte: Sequence[int]) -> int:
-    """Random allowed token, biased towards finishing: EOS, then closing punctuation, then short tokens."""
-    allowed_set = set(allowed.tolist())
-    eos = [e for e in eos_ids if e in allowed_set]
-    if eos and rng.random() < 0.5:
+    """Random allowed token, biased towards finishing: EOS, then closing punctuation, then short tokens.
+    allowed: sorted allowed ids (as allowed_ids returns)."""
+
+    def present(ids: Sequence[int]) -> np.ndarray:
+        arr = np.asarray(ids, dtype=np.int64)
+        pos = np.searchsorted(allowed, arr)
+        ok = pos < len(allowed)
+        ok[ok] = allowed[pos[ok]] == arr[ok]
+        return arr[ok]
+
+    eos = present(eos_ids)
+    if len(eos) and rng.random() < 0.5:
         return int(eos[0])
     roll = rng.random()
     if roll < 0.3:
-        pref = [p for p in preferred if p in allowed_set]
-        if pref:
+        pref = present(preferred)
+        if len(pref):
             return int(pref[0])
     if roll < 0.6:
-        short = [t for t in single_byte if t in allowed_set]
-        if short:
+        short = present(single_byte)
+        if len(short):
             return int(rng.choice(short))
     return int(rng.choice(allowed))
 
