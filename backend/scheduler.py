@@ -44,7 +44,7 @@ class SchedulerStats:
 class StepPlan:
     reqs: list[Req]
     items: list[ScheduledItem]
-    slots: list[torch.Tensor]
+    slots: list[torch.Tensor]  # concatenated: one KV slot per new token, in item order
     samples: list[bool]  # does this item end at its sequence's last token?
 
 
@@ -95,14 +95,18 @@ class Scheduler:
 
     def _schedule_decode(self, plan: StepPlan) -> None:
         self._ensure_decode_slots()
-        for req in self.running:
-            slots = self.allocator.alloc(1)
-            assert slots is not None, "decode slots were ensured above"
-            self.req_table.write(req.req_pool_idx, req.kv_len, slots)  # type: ignore[arg-type]
+        if not self.running:
+            return
+        slots = self.allocator.alloc(len(self.running))
+        assert slots is not None, "decode slots were ensured above"
+        rows = [r.req_pool_idx for r in self.running]
+        cols = [r.kv_len for r in self.running]
+        self.req_table.write_many(rows, cols, slots)  # one scatter for the whole decode batch
+        for k, req in enumerate(self.running):
             plan.reqs.append(req)
-            plan.items.append(ScheduledItem(req.req_pool_idx, [req.all_ids[-1]], req.kv_len, [0]))  # type: ignore[arg-type]
-            plan.slots.append(slots)
+            plan.items.append(ScheduledItem(rows[k], [req.output_ids[-1] if req.output_ids else req.input_ids[-1]], cols[k], [0]))  # type: ignore[arg-type]
             plan.samples.append(True)
+        plan.slots.append(slots)  # KV slots of the step's tokens, in item order
 
     def _ensure_decode_slots(self) -> None:
         while self.running:
@@ -128,7 +132,8 @@ class Scheduler:
         logger.info("retracted %s (%d tokens) to free KV", req.rid, req.seq_len)
 
     def _schedule_prefill(self, plan: StepPlan, budget: int) -> None:
-        candidates = ([self.chunked] if self.chunked else []) + self.policy.order(list(self.waiting))
+        inflight = [self.chunked] if self.chunked else []
+        candidates = inflight + self.policy.order(list(self.waiting), inflight, budget)
         reserve = sum(self._decode_reserve(r) for r in self.running)
         active = len(self.running)
         for req in candidates:
@@ -207,6 +212,8 @@ class Scheduler:
     def process(self, plan: StepPlan, logits: torch.Tensor) -> None:
         row = 0
         to_sample: list[tuple[Req, int]] = []
+        decoding = set(self.running)
+        prefilled = [r for r, s in zip(plan.reqs, plan.samples) if s and r not in decoding]
         for req, item, samples in zip(plan.reqs, plan.items, plan.samples):
             n_rows = len(item.logit_offsets)
             req.kv_len = item.start + len(item.token_ids)
@@ -219,6 +226,9 @@ class Scheduler:
             row += n_rows
         if to_sample:
             self._sample_and_advance(to_sample, logits)
+        for req in prefilled:  # share a finished prompt now, not only when its request ends
+            if not req.finished and req.req_pool_idx is not None:
+                self._cache_unfinished(req)
 
     def _sample_and_advance(self, to_sample: list[tuple[Req, int]], logits: torch.Tensor) -> None:
         gen: list[tuple[Req, int]] = []
@@ -249,7 +259,8 @@ class Scheduler:
         step_ids = [tok]
         if req.grammar is not None:  # accept; jump-forward may append forced tokens (backend/constrained.py)
             step_ids = req.grammar.accept_and_jump(req, tok, self.stats)
-        req.detok.add(step_ids)
+        if req.stream or req.params.stop:  # otherwise the text is decoded once, at the end
+            req.detok.add(step_ids)
         req.check_finished(step_ids[-1], self.cfg.context_len)
         if req.finished:
             self._finish(req)
@@ -275,6 +286,7 @@ class Scheduler:
         self.stats.num_finished += 1
         if req.finished_reason and req.finished_reason.get("type") == "abort":
             self.stats.num_aborted += 1
+        req.detok.add(req.output_ids[len(req.detok.ids) :])
         req.detok.flush()
         self._emit_chunk(req) if req.stream else req.sink(self._final_output(req))
 
@@ -300,6 +312,8 @@ class Scheduler:
     def _cache_unfinished(self, req: Req) -> None:
         """After a prompt chunk: put the computed prefix in the cache and lock it there, so
         others can share it while the rest is still being prefilled."""
+        if self.cache.disabled:  # NoPrefixCache.insert would free the request's own slots
+            return
         row = req.req_pool_idx
         assert row is not None
         ids = req.all_ids[: req.kv_len]

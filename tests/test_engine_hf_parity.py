@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from engine_helpers import last_logits
 
 from radixlm.backend.engine import Engine
 
@@ -30,25 +31,6 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
         pad_token_id=0, eos_token_id=None,
     )
     return out[0, len(ids):].tolist()
-
-
-def last_logits(engine: Engine, ids: list[int]) -> torch.Tensor:
-    """Our model's last-position logits for one prompt, through the real KV pool path."""
-    from radixlm.backend.model_runner import ScheduledItem
-
-    runner = engine.runner
-
-    def run() -> torch.Tensor:
-        row = runner.req_table.alloc()
-        slots = runner.allocator.alloc(len(ids))
-        runner.req_table.write(row, 0, slots)
-        fb = runner.build_batch([ScheduledItem(row, ids, 0, [len(ids) - 1])], slots)
-        logits = runner.forward(fb)[0].clone()
-        runner.allocator.free(slots)
-        runner.req_table.free(row)
-        return logits
-
-    return engine._call(run)
 
 
 @pytest.mark.slow

@@ -1,0 +1,41 @@
+"""Environment facts recorded beside every benchmark result: GPU, versions, date, load."""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.metadata as md
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def environment() -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "load_average_1_5_15": os.getloadavg(),
+        "gpu": "none",
+    }
+    for pkg in ("radixlm", "torch", "transformers", "triton", "xgrammar"):
+        try:
+            env[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            env[pkg] = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name()
+    except ImportError:
+        pass
+    return env
+
+
+def write_result(path: str | Path, result: dict[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"wrote {path}")
