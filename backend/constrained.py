@@ -42,7 +42,11 @@ class RequestGrammar:
 
     def resolve(self, timeout: float | None = COMPILE_WAIT_S) -> None:
         if self.matcher is None:
-            self.matcher = self.future.result(timeout=timeout).new_matcher()
+            try:
+                compiled = self.future.result(timeout=timeout)
+            except TimeoutError as e:
+                raise ValueError(f"grammar compile timeout: not ready after {timeout:.0f} s") from e
+            self.matcher = compiled.new_matcher()
 
     def fill_next_token_bitmask(self, bitmask: Any, row: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, row)  # type: ignore[union-attr]
@@ -126,7 +130,9 @@ def attach_grammars(engine: Any, reqs: list[Any]) -> None:
         if spec:
             kind, text = spec
             backend = grammar_backend(engine)
-            req.grammar = RequestGrammar(backend.compile_async(kind, text, which), backend, jump)
+            # forced tokens carry no logprobs: keep one sampled token per output id when they are asked for
+            req.grammar = RequestGrammar(backend.compile_async(kind, text, which), backend,
+                                         jump and not req.return_logprob)
 
 
 def wait_grammars(reqs: list[Any]) -> None:
