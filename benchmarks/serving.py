@@ -84,6 +84,13 @@ def chat_items(n: int, input_len: int, output_len: int, rng: random.Random) -> l
 # ---------------------------------------------------------------- one request
 
 
+def make_items(args: argparse.Namespace, vocab: int, seed: int) -> list[Item]:
+    rng = random.Random(seed)
+    if args.dataset == "random":
+        return random_items(args.num_prompts, args.input_len, args.output_len, args.range_ratio, vocab, rng)
+    return chat_items(args.num_prompts, args.input_len, args.output_len, rng)
+
+
 def _request(item: Item) -> tuple[str, dict[str, Any]]:
     if item.messages is not None:
         return "/v1/chat/completions", {"messages": item.messages, "max_tokens": item.output_len, "stream": True,
@@ -229,7 +236,9 @@ def offline_anchor(args: argparse.Namespace, items: list[Item]) -> dict[str, Any
     kwargs = {k: getattr(args, k) for k in _ENGINE_FLAGS if getattr(args, k) is not None}
     engine = Engine(random_weights=args.random_weights, disable_radix_cache=args.disable_radix_cache, **kwargs)
     try:
-        engine.generate(input_ids=[items[0].input_ids[:8]], sampling_params={"max_new_tokens": 4})
+        # warm up on the same batch shape (other tokens, 2 steps), as the server was by its earlier runs
+        warm = [list(reversed(it.input_ids)) for it in items]
+        engine.generate(input_ids=warm, sampling_params={"max_new_tokens": 2, "ignore_eos": True})
         params = [{"max_new_tokens": it.output_len, "ignore_eos": True, "temperature": 0} for it in items]
         start = time.perf_counter()
         outs = engine.generate(input_ids=[it.input_ids for it in items], sampling_params=params)
@@ -302,14 +311,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         warm = random_items(1, 8, 4, 1.0, int(info.get("vocab_size") or 32000), rng)
         asyncio.run(run_rate(url, args.api_key, warm, math.inf, rng))
         runs = []
-        for rate in rates:
-            rng = random.Random(args.seed)
-            if args.dataset == "random":
-                items = random_items(args.num_prompts, args.input_len, args.output_len, args.range_ratio,
-                                     int(info.get("vocab_size") or 32000), rng)
-            else:
-                items = chat_items(args.num_prompts, args.input_len, args.output_len, rng)
-            run = asyncio.run(run_rate(url, args.api_key, items, rate, rng))
+        for k, rate in enumerate(rates):
+            # fresh prompts per run and an empty cache: no run is sped up by an earlier one's prefixes
+            httpx.post(url + "/flush_cache", headers=headers, timeout=60)
+            items = make_items(args, int(info.get("vocab_size") or 32000), args.seed + 1 + k)
+            run = asyncio.run(run_rate(url, args.api_key, items, rate, random.Random(args.seed + 1 + k)))
+            run["seed"] = args.seed + 1 + k
             runs.append(run)
             print(json.dumps({k: run[k] for k in ("request_rate", "completed", "failed", "output_throughput",
                                                   "ttft", "itl", "e2e")}), flush=True)
@@ -319,12 +326,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             proc.wait(120)
     anchor = None
     if args.offline_anchor and args.dataset == "random":
-        items = random_items(args.num_prompts, args.input_len, args.output_len, args.range_ratio,
-                             int(info.get("vocab_size") or 32000), random.Random(args.seed))
-        anchor = offline_anchor(args, items)
-        burst = next((r for r in runs if r["request_rate"] == "inf"), None)
-        if burst is not None:
-            anchor["server_over_offline_throughput"] = burst["output_throughput"] / anchor["output_throughput"]
+        burst = next((r for r in runs if r["request_rate"] == "inf"), runs[-1])
+        anchor = offline_anchor(args, make_items(args, int(info.get("vocab_size") or 32000), burst["seed"]))
+        anchor["compared_with_request_rate"] = burst["request_rate"]
+        anchor["server_over_offline_throughput"] = burst["output_throughput"] / anchor["output_throughput"]
         print(json.dumps({"offline_anchor": anchor}), flush=True)
     result = {"benchmark": "serving", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "environment": {**env, "load_average_end": os.getloadavg()}, "model": info,
