@@ -62,8 +62,13 @@ def hf_model_for(engine: Engine, args: argparse.Namespace) -> Any:
         from radixlm.backend.model_config import NAMED_SHAPES
 
         cfg = LlamaConfig(**{k: v for k, v in NAMED_SHAPES[args.model_shape].items() if k != "model_type"})
-        with torch.device(engine.device):
-            model = LlamaForCausalLM(cfg).to(dtype)
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)  # build in bf16 directly: no fp32 copy of 8B weights
+        try:
+            with torch.device(engine.device):
+                model = LlamaForCausalLM(cfg)
+        finally:
+            torch.set_default_dtype(prev)
         return model.eval()
     from radixlm.backend.loader import resolve_model_dir
 
@@ -108,13 +113,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    t_load = time.perf_counter()
     engine = Engine(model_path=args.model_path, model_shape=args.model_shape, device=args.device, dtype=args.dtype,
                     max_running_requests=args.max_running_requests, mem_fraction_static=args.mem_fraction_static)
+    load_s = time.perf_counter() - t_load
     try:
         work = make_workload(args.num_prompts, args.input_len, args.output_len, args.range_ratio,
                              engine.model_config.vocab_size, args.seed)
         result: dict[str, Any] = {"benchmark": "offline_throughput", "env": environment(), "args": vars(args),
-                                  "model": engine.model_config.model_name, "radixlm": run_radixlm(engine, work)}
+                                  "model": engine.model_config.model_name, "engine_load_s": load_s,
+                                  "radixlm": run_radixlm(engine, work)}
         print(f"radixlm: {result['radixlm']['output_throughput']:.1f} output tok/s")
         if args.compare_hf:
             model = hf_model_for(engine, args)

@@ -52,7 +52,7 @@ def test_concurrent_equals_one_at_a_time(engine, reference):
 @pytest.mark.parametrize("disable_radix_cache", [False, True])
 def test_tiny_pool_retracts_and_still_matches(reference, disable_radix_cache):
     prompts, ps, alone = reference
-    eng = Engine(max_total_tokens=200, chunked_prefill_size=64, disable_radix_cache=disable_radix_cache)
+    eng = Engine(max_total_tokens=100, chunked_prefill_size=64, disable_radix_cache=disable_radix_cache)
     try:
         outs = eng.generate(prompts, ps)
         assert [o["output_ids"] for o in outs] == alone
