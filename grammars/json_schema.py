@@ -6,6 +6,7 @@ ValueError naming the keyword; what only xgrammar can express raises NotRegularE
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -102,6 +103,46 @@ def literal_regex(value: Any) -> str:
     return re.escape(json.dumps(value, ensure_ascii=False, separators=(ITEM_SEP, KEY_SEP)))
 
 
+MAX_INT = 10**16 - 1  # INTEGER's 16-digit bound
+
+
+def _same_length(lo: str, hi: str) -> list[str]:
+    """Alternatives matching the digit strings of one length from lo to hi (lo <= hi)."""
+    n = len(lo)
+    if lo == hi:
+        return [lo]
+    if lo == "0" * n and hi == "9" * n:
+        return ["[0-9]" * n]
+    if n == 1:
+        return [f"[{lo}-{hi}]"]
+    if lo[0] == hi[0]:
+        return [lo[0] + rest for rest in _same_length(lo[1:], hi[1:])]
+    parts = [lo[0] + rest for rest in _same_length(lo[1:], "9" * (n - 1))]
+    if int(hi[0]) - int(lo[0]) > 1:
+        parts.append(f"[{int(lo[0]) + 1}-{int(hi[0]) - 1}]" + "[0-9]" * (n - 1))
+    parts += [hi[0] + rest for rest in _same_length("0" * (n - 1), hi[1:])]
+    return parts
+
+
+def _non_negative_range(lo: int, hi: int) -> list[str]:
+    parts = []
+    for n in range(len(str(lo)), len(str(hi)) + 1):
+        a, b = max(lo, 10 ** (n - 1) if n > 1 else 0), min(hi, 10**n - 1)
+        if a <= b:
+            parts += _same_length(str(a), str(b))
+    return parts
+
+
+def int_range_regex(lo: int, hi: int) -> str:
+    """Regex for the decimal integers lo..hi (JSON form: no leading zeros, '-' only below 0)."""
+    parts = []
+    if lo < 0:
+        parts += ["-" + p for p in _non_negative_range(max(1, -hi), -lo)]
+    if hi >= 0:
+        parts += _non_negative_range(max(lo, 0), hi)
+    return "(" + "|".join(parts) + ")"
+
+
 def _repeat(unit: str, lo: int, hi: int | None) -> str:
     if hi is not None and hi < lo:
         raise ValueError(f"invalid JSON schema: maximum {hi} < minimum {lo}")
@@ -183,19 +224,22 @@ class _Converter:
         return '"' + _repeat(STRING_CHAR, lo, None if hi is None else int(hi)) + '"'
 
     def integer(self, s: dict) -> str:
-        for key in ("maximum", "exclusiveMaximum", "multipleOf"):
-            if key in s:
-                raise NotRegularError(f"integer {key!r} is not supported by the regex engine")
-        lo = s.get("minimum")
-        if "exclusiveMinimum" in s:
-            lo = s["exclusiveMinimum"] + 1 if lo is None else max(lo, s["exclusiveMinimum"] + 1)
-        if lo is None:
+        if "multipleOf" in s:
+            raise NotRegularError("integer 'multipleOf' is not supported by the regex engine")
+        lo, hi = -MAX_INT, MAX_INT
+        for key, val in (("minimum", s.get("minimum")), ("exclusiveMinimum", s.get("exclusiveMinimum"))):
+            if val is not None:
+                bound = math.ceil(val) if key == "minimum" else math.floor(val) + 1
+                lo = max(lo, bound)
+        for key, val in (("maximum", s.get("maximum")), ("exclusiveMaximum", s.get("exclusiveMaximum"))):
+            if val is not None:
+                bound = math.floor(val) if key == "maximum" else math.ceil(val) - 1
+                hi = min(hi, bound)
+        if (lo, hi) == (-MAX_INT, MAX_INT):
             return INTEGER
-        if lo == 0:
-            return NON_NEGATIVE_INTEGER
-        if lo == 1:
-            return r"[1-9][0-9]{0,15}"
-        raise NotRegularError(f"integer minimum {lo} is not supported by the regex engine")
+        if lo > hi:
+            raise ValueError(f"invalid JSON schema: no integer between {lo} and {hi}")
+        return int_range_regex(lo, hi)
 
     def number(self, s: dict) -> str:
         for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):

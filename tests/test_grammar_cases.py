@@ -83,4 +83,7 @@ SCHEMAS: list[dict] = [
      "required": ["a"]},
     {"type": "object", "properties": {"opt1": I, "opt2": I, "opt3": I}},
     {"type": "boolean"},
+    {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                      "score": {"type": "integer", "minimum": -10, "maximum": 10}},
+     "required": ["age", "score"]},
 ]

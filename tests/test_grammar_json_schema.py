@@ -14,6 +14,7 @@ from test_grammar_cases import INT_SCHEMA as I  # noqa: E741
 from test_grammar_cases import SCHEMAS
 
 from radixlm.grammars import GrammarBackend, json_schema_to_regex, normalize_json_schema
+from radixlm.grammars.json_schema import int_range_regex
 from radixlm.grammars.testing import load_default_tokenizer, random_walk
 
 
@@ -96,8 +97,8 @@ def test_invalid_schema_rejected(backend: GrammarBackend, schema: object, fragme
 
 
 def test_auto_falls_back_to_xgrammar_for_non_regular_schemas(backend: GrammarBackend) -> None:
-    bounded = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3, "maximum": 7}},
-               "required": ["n"]}
+    bounded = {"type": "object", "properties": {"x": {"type": "number", "minimum": 0.5, "maximum": 7}},
+               "required": ["x"]}
     tree = {"$defs": {"T": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/T"},
                                                                         "maxItems": 2}}, "required": ["kids"]}},
             "$ref": "#/$defs/T"}
@@ -107,3 +108,24 @@ def test_auto_falls_back_to_xgrammar_for_non_regular_schemas(backend: GrammarBac
         assert backend.compile("json_schema", schema, engine="auto").engine == "xgrammar"
         _validate_walks(backend, schema, "xgrammar")
     assert backend.compile("json_schema", SCHEMAS[0], engine="auto").engine == "fsm"
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 0), (0, 9), (3, 7), (0, 120), (-5, 5), (-120, -3), (7, 1234), (-1000, 999),
+                                   (10, 99), (-99, -10), (-317, 2048)])
+def test_int_range_regex_exact(lo: int, hi: int) -> None:
+    pattern = re.compile(int_range_regex(lo, hi))
+    for n in range(lo - 300, hi + 300):
+        assert bool(pattern.fullmatch(str(n))) == (lo <= n <= hi), n
+    for bad in ("01", "-0", "00", "+1", "-01", ""):
+        assert not pattern.fullmatch(bad)
+
+
+def test_integer_bounds_through_fsm(backend: GrammarBackend) -> None:
+    schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                               "delta": {"type": "integer", "exclusiveMinimum": -4,
+                                                         "exclusiveMaximum": 4}},
+              "required": ["age", "delta"]}
+    assert backend.compile("json_schema", schema, engine="auto").engine == "fsm"
+    _validate_walks(backend, schema, "fsm")
+    with pytest.raises(ValueError, match="no integer between"):
+        backend.compile("json_schema", {"type": "integer", "minimum": 5, "maximum": 4}, engine="fsm")
