@@ -15,6 +15,7 @@ from typing import Any
 from radixlm.backend.server.metrics import ServerMetrics
 
 _LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs")
+ENGINE_DEFAULT_MAX_NEW_TOKENS = 128
 
 
 @dataclass
@@ -87,6 +88,9 @@ class Runner:
             raise ValueError("input_ids must not be empty")
         if self.max_prompt_tokens is not None and n_tokens > self.max_prompt_tokens:
             raise ValueError(f"prompt has {n_tokens} tokens; the limit is {self.max_prompt_tokens}")
+        if "max_new_tokens" not in seq.sampling_params and self.limits.max_new_tokens is not None:
+            # the engine's default (128) must not slip past a configured limit
+            seq.sampling_params["max_new_tokens"] = min(ENGINE_DEFAULT_MAX_NEW_TOKENS, self.limits.max_new_tokens)
         max_new = seq.sampling_params.get("max_new_tokens")
         if max_new is not None and self.max_new_tokens is not None and max_new > self.max_new_tokens:
             raise ValueError(f"max_new_tokens {max_new} exceeds the limit {self.max_new_tokens}")
