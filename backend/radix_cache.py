@@ -93,6 +93,7 @@ class BasePrefixCache(ABC):
     """
 
     root_node: TreeNode
+    disabled: bool = False  # True only for NoPrefixCache: nothing is ever shared
 
     @abstractmethod
     def match_prefix(self, key: list[int]) -> tuple[torch.Tensor, TreeNode]:
@@ -375,6 +376,8 @@ def _require(cond: bool, msg: str) -> None:
 class NoPrefixCache(BasePrefixCache):
     """The cache when disabled: nothing is ever cached. match → empty; insert frees every
     given slot and returns 0; locks are no-ops; sizes are 0."""
+
+    disabled = True
 
     def __init__(self, allocator: TokenSlotAllocator, page_size: int = 1) -> None:
         self.allocator = allocator
