@@ -48,8 +48,12 @@ class Engine:
         seed: int = 0,
         log_level: str = "warning",
         disable_jump_forward: bool = False,
+        disable_cuda_graph: bool = False,
+        cuda_graph_max_bs: int = 160,
     ) -> None:
         logging.getLogger("radixlm").setLevel(log_level.upper())
+        if cuda_graph_max_bs < 1:
+            raise ValueError(f"cuda_graph_max_bs must be at least 1, got {cuda_graph_max_bs}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         config, model_dir = self._resolve_model(model_path, model_shape)
         if context_length is not None:
@@ -66,6 +70,7 @@ class Engine:
         self.runner = ModelRunner(
             config, None if model_shape else model_dir, self.device, resolve_dtype(dtype, self.device),
             max_total_tokens, mem_fraction_static, max_running_requests, random_weights or bool(model_shape), seed,
+            disable_cuda_graph=disable_cuda_graph, cuda_graph_max_bs=cuda_graph_max_bs,
         )
         alloc = self.runner.allocator
         self.cache = NoPrefixCache(alloc) if disable_radix_cache else RadixCache(alloc)

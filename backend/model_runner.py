@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,6 +16,9 @@ from radixlm.backend.kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
 from radixlm.backend.loader import iter_safetensors
 from radixlm.backend.model_config import ModelConfig
 from radixlm.backend.models.llama import LlamaForCausalLM
+
+if TYPE_CHECKING:
+    from radixlm.backend.cuda_graph_runner import CudaGraphRunner
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +59,8 @@ class ModelRunner:
         max_running_requests: int,
         random_weights: bool = False,
         seed: int = 0,
+        disable_cuda_graph: bool = False,
+        cuda_graph_max_bs: int = 160,
     ) -> None:
         self.config = config
         self.device = device
@@ -66,6 +72,11 @@ class ModelRunner:
         self.req_table = ReqToTokenTable(max_running_requests + 8, config.context_len + 8, device)
         self.attn_backend: AttentionBackend = self._attention_backend()
         logger.info("KV pool: %d token slots (%s, %s)", kv_tokens, dtype, device)
+        self.graph_runner: CudaGraphRunner | None = None  # decode CUDA graphs (CUDA only)
+        if device.type == "cuda" and not disable_cuda_graph:
+            from radixlm.backend.cuda_graph_runner import try_create
+
+            self.graph_runner = try_create(self, min(cuda_graph_max_bs, max_running_requests))
 
     def _load_model(self, model_dir: Path | None, random_weights: bool, seed: int) -> LlamaForCausalLM:
         with torch.device("meta"):
@@ -139,4 +150,6 @@ class ModelRunner:
         )
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        if self.graph_runner is not None and self.graph_runner.can_run(fb):
+            return self.graph_runner.replay(fb)
         return self.model(fb)

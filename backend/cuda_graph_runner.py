@@ -1,0 +1,267 @@
+"""CudaGraphRunner: captures the model's decode forward as CUDA graphs, one per batch size of a
+bucket list (largest first, one shared memory pool), and replays the smallest graph that fits a
+decode batch; rows past the real batch are padding (token 0 at position 0 writing KV slot 0,
+attending to one slot through a reserved req_to_token row). Promises: the eager forward's logits
+up to split-K rounding, no host sync inside a replay, and never a crash: a failed capture logs a
+warning and leaves the engine decoding eagerly."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.backend.forward_batch import ForwardBatch
+from radixlm.kernels.decode_attention import choose_num_splits
+
+if TYPE_CHECKING:
+    from radixlm.backend.model_config import ModelConfig
+    from radixlm.backend.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+CAPTURE_RESERVE_BYTES = 512 << 20  # cuBLAS workspaces, Triton modules, allocator slack
+ROW_SAFETY = 2  # the per-row activation estimate is doubled before it is trusted
+
+Replay = Callable[[], None]
+# capture(fn) runs fn (the forward over the static inputs) and returns (replay, output): after
+# replay() the output tensor holds fn's result for the static inputs' current contents.
+CaptureFn = Callable[[Callable[[], torch.Tensor]], tuple[Replay, torch.Tensor]]
+
+
+def capture_batch_sizes(max_bs: int) -> list[int]:
+    """Ascending bucket sizes: 1, 2, 4, then multiples of 8 below max_bs, then max_bs itself."""
+    if max_bs < 1:
+        raise ValueError(f"cuda_graph_max_bs must be at least 1, got {max_bs}")
+    return [s for s in (1, 2, 4) if s < max_bs] + list(range(8, max_bs, 8)) + [max_bs]
+
+
+def bucket_for(bs: int, sizes: list[int]) -> int | None:
+    """The smallest captured size >= bs, or None when bs exceeds them all (or is not positive)."""
+    if bs < 1:
+        return None
+    i = bisect.bisect_left(sizes, bs)
+    return sizes[i] if i < len(sizes) else None
+
+
+def activation_bytes_per_row(config: ModelConfig, dtype: torch.dtype, num_splits: int) -> int:
+    """Upper estimate of one decode row's live memory in a captured forward: hidden/residual,
+    q/k/v, attention output, MLP gate/up/act, split-K partial states, logits (model dtype and
+    float32) and the float32 copy handed to the sampler."""
+    c, size = config, torch.tensor([], dtype=dtype).element_size()
+    qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+    in_dtype = 3 * c.hidden_size + qkv + c.num_heads * c.head_dim + 3 * c.intermediate_size + c.vocab_size
+    fp32 = c.num_heads * (num_splits * (c.head_dim + 1) + 1) + 2 * c.vocab_size
+    return in_dtype * size + 4 * fp32
+
+
+def fit_max_bs(requested: int, bytes_per_row: int, free_bytes: int,
+               reserve_bytes: int = CAPTURE_RESERVE_BYTES) -> int:
+    """The largest batch size <= requested whose (safety-doubled) activations fit in free memory
+    after the reserve; 0 when not even one row fits."""
+    room = free_bytes - reserve_bytes
+    if room <= 0 or bytes_per_row <= 0:
+        return 0
+    return max(0, min(requested, room // (bytes_per_row * ROW_SAFETY)))
+
+
+class StaticDecodeInputs:
+    """The device buffers every graph reads, max_bs rows each, allocated once and only written in
+    place. Rows >= `live` always hold padding; rows < `live` may hold the last batch."""
+
+    def __init__(self, max_bs: int, pad_row: int, device: torch.device) -> None:
+        def zeros() -> torch.Tensor:
+            return torch.zeros(max_bs, dtype=torch.int64, device=device)
+
+        self.max_bs, self.pad_row = max_bs, pad_row
+        self.input_ids, self.positions, self.out_cache_loc, self.prefix_lens = zeros(), zeros(), zeros(), zeros()
+        self.req_pool_indices = torch.full((max_bs,), pad_row, dtype=torch.int64, device=device)
+        self.seq_lens = torch.ones(max_bs, dtype=torch.int64, device=device)
+        self.extend_lens = torch.ones(max_bs, dtype=torch.int64, device=device)  # decode: never written
+        self.arange = torch.arange(max_bs, dtype=torch.int64, device=device)  # start locs and logit rows
+        self.live = 0
+
+    def _pairs(self, fb: ForwardBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(self.input_ids, fb.input_ids), (self.positions, fb.positions),
+                (self.out_cache_loc, fb.out_cache_loc), (self.req_pool_indices, fb.req_pool_indices),
+                (self.seq_lens, fb.seq_lens), (self.prefix_lens, fb.prefix_lens)]
+
+    def load(self, fb: ForwardBatch) -> None:
+        """Copy a decode batch into rows [0, bs) (device to device, no sync) and reset rows the
+        previous batch left behind, so no padding row writes a live KV slot."""
+        bs = fb.batch_size
+        if bs > self.max_bs:
+            raise ValueError(f"batch of {bs} exceeds the static buffers' {self.max_bs} rows")
+        for dst, src in self._pairs(fb):
+            dst[:bs].copy_(src, non_blocking=True)
+        if self.live > bs:
+            self.pad(bs, self.live)
+        self.live = bs
+
+    def pad(self, lo: int, hi: int) -> None:
+        for t in (self.input_ids, self.positions, self.out_cache_loc, self.prefix_lens):
+            t[lo:hi].zero_()
+        self.req_pool_indices[lo:hi].fill_(self.pad_row)
+        self.seq_lens[lo:hi].fill_(1)
+
+    def forward_batch(self, gbs: int, runner: ModelRunner, num_splits: int) -> ForwardBatch:
+        """A ForwardBatch of gbs padding rows whose tensors are views of these buffers."""
+        return ForwardBatch(
+            input_ids=self.input_ids[:gbs], positions=self.positions[:gbs],
+            out_cache_loc=self.out_cache_loc[:gbs], req_pool_indices=self.req_pool_indices[:gbs],
+            seq_lens=self.seq_lens[:gbs], prefix_lens=self.prefix_lens[:gbs], extend_lens=self.extend_lens[:gbs],
+            extend_start_loc=self.arange[:gbs], seq_lens_cpu=[1] * gbs, prefix_lens_cpu=[0] * gbs,
+            extend_lens_cpu=[1] * gbs, req_pool_indices_cpu=[self.pad_row] * gbs,
+            extend_start_loc_cpu=list(range(gbs)), logits_indices=self.arange[:gbs],
+            req_to_token=runner.req_table.table, kv_pool=runner.kv_pool, attn_backend=runner.attn_backend,
+            is_decode=True, extras={"decode_num_splits": num_splits},
+        )
+
+
+def sync_host_lists(static: ForwardBatch, fb: ForwardBatch, pad_row: int) -> None:
+    """Mirror the real batch's host-side lengths into the static batch (padding past them), so
+    any host reader of the static batch sees what its device tensors hold."""
+    pad = static.batch_size - fb.batch_size
+    static.seq_lens_cpu = fb.seq_lens_cpu + [1] * pad
+    static.prefix_lens_cpu = fb.prefix_lens_cpu + [0] * pad
+    static.req_pool_indices_cpu = fb.req_pool_indices_cpu + [pad_row] * pad
+
+
+class CudaGraphCapture:
+    """The CUDA capture: two eager warm-up runs (Triton JIT, cuBLAS handles), then one capture
+    into a memory pool shared by every graph of this runner."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def __call__(self, fn: Callable[[], torch.Tensor]) -> tuple[Replay, torch.Tensor]:
+        for _ in range(2):
+            fn()
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: another engine's scheduler thread allocating meanwhile is not an error
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            out = fn()
+        torch.cuda.synchronize(self.device)
+        return graph.replay, out
+
+
+@dataclass
+class CapturedGraph:
+    fb: ForwardBatch  # static batch the graph reads
+    replay: Replay
+    out: torch.Tensor  # [gbs, vocab] float32 logits, rewritten by each replay
+
+
+class CudaGraphRunner:
+    """Owns the static inputs and one graph per bucket size; ModelRunner.forward asks can_run and
+    then replay for each decode batch."""
+
+    def __init__(self, runner: ModelRunner, max_bs: int, capture: CaptureFn) -> None:
+        self.runner = runner
+        self.sizes = capture_batch_sizes(max_bs)
+        self.max_bs = self.sizes[-1]
+        self.backend = runner.attn_backend
+        self.graphs: dict[int, CapturedGraph] = {}
+        self.bucket_hits: Counter[int] = Counter()
+        self.enabled = False
+        pad_row = runner.req_table.alloc()
+        if pad_row is None:
+            raise RuntimeError("no free req_to_token row to reserve for padding")
+        self.pad_row = pad_row
+        runner.req_table.table[pad_row].zero_()  # column 0 → KV slot 0, the padding slot
+        self.inputs = StaticDecodeInputs(self.max_bs, pad_row, runner.device)
+        self._capture = capture
+
+    def num_splits(self, gbs: int) -> int:
+        """Fixed per graph: sized for the context limit, so any live length is covered."""
+        c = self.runner.config
+        sms = self.backend.num_sms(self.runner.device) if hasattr(self.backend, "num_sms") else 4
+        return choose_num_splits(gbs, c.num_kv_heads, c.context_len, sms)
+
+    def capture_all(self) -> bool:
+        """Capture every size, largest first. On any error: warn, drop the graphs, release the
+        pad row, stay disabled (eager decoding) and return False."""
+        gbs = 0
+        try:
+            with torch.inference_mode():
+                for gbs in reversed(self.sizes):
+                    sfb = self.inputs.forward_batch(gbs, self.runner, self.num_splits(gbs))
+                    replay, out = self._capture(lambda sfb=sfb: self.runner.model(sfb))
+                    self.graphs[gbs] = CapturedGraph(sfb, replay, out)
+        except Exception as e:  # OOM, an op that cannot be captured, a kernel that syncs
+            logger.warning("CUDA graph capture failed at batch size %d (%s: %s); decoding eagerly",
+                           gbs, type(e).__name__, e)
+            self.disable()
+            return False
+        self.enabled = True
+        logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
+        return True
+
+    def disable(self) -> None:
+        self.enabled = False
+        self.graphs.clear()
+        if self.pad_row is not None:
+            self.runner.req_table.free(self.pad_row)
+            self.pad_row = None  # type: ignore[assignment]
+        if self.runner.device.type == "cuda":
+            try:
+                torch.cuda.synchronize(self.runner.device)
+                torch.cuda.empty_cache()
+            except Exception:  # a broken context must not turn a fallback into a crash
+                logger.exception("cleanup after a failed CUDA graph capture")
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        """Host-side facts only (flags, lengths of host lists, identities, shapes): no sync."""
+        bs = fb.batch_size
+        return (self.enabled and fb.is_decode and 0 < bs <= self.max_bs
+                and fb.num_tokens == bs and int(fb.logits_indices.numel()) == bs
+                and "cascade_plan" not in fb.extras and fb.attn_backend is self.backend
+                and fb.kv_pool is self.runner.kv_pool and fb.req_to_token is self.runner.req_table.table)
+
+    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+        """Logits [bs, vocab] float32 for a batch can_run accepted (a fresh tensor, like eager)."""
+        bs = fb.batch_size
+        gbs = bucket_for(bs, self.sizes)
+        if gbs is None or not self.enabled:
+            raise ValueError(f"no captured graph for a decode batch of {bs}")
+        graph = self.graphs[gbs]
+        with torch.inference_mode():
+            self.inputs.load(fb)
+            sync_host_lists(graph.fb, fb, self.inputs.pad_row)
+            graph.replay()
+            out = graph.out[:bs].clone()
+        self.bucket_hits[gbs] += 1
+        return out
+
+
+def try_create(runner: ModelRunner, max_bs: int) -> CudaGraphRunner | None:
+    """A captured runner for a CUDA ModelRunner whose attention backend is the graph-safe Triton
+    one (it reads lengths from device tensors), or None with the reason logged; never raises."""
+    try:
+        from radixlm.backend.attention_triton import TritonAttentionBackend
+    except ImportError:
+        logger.info("CUDA graphs off: Triton attention is unavailable")
+        return None
+    if not isinstance(runner.attn_backend, TritonAttentionBackend):
+        logger.info("CUDA graphs off: the attention backend reads host-side lengths")
+        return None
+    try:
+        per_row = activation_bytes_per_row(runner.config, runner.dtype, choose_num_splits(1, 1, 1 << 30))
+        free, _ = torch.cuda.mem_get_info(runner.device)
+        fitted = fit_max_bs(max_bs, per_row, free)
+        if fitted < max_bs:
+            logger.warning("CUDA graphs: max batch size %d -> %d to fit in %d free bytes", max_bs, fitted, free)
+        if fitted < 1:
+            return None
+        graphs = CudaGraphRunner(runner, fitted, CudaGraphCapture(runner.device))
+    except Exception as e:
+        logger.warning("CUDA graphs off (%s: %s); decoding eagerly", type(e).__name__, e)
+        return None
+    return graphs if graphs.capture_all() else None

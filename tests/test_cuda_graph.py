@@ -1,0 +1,341 @@
+"""CPU tests of backend/cuda_graph_runner.py: bucket sizes, memory fitting, static-input padding,
+the graph-vs-eager decision, and the whole capture/replay flow on a tiny random model with a
+stand-in capture (replay re-runs the forward over the static buffers into the captured output
+tensor, which is what a CUDA graph does). CUDA capture itself is in test_cuda_graph_gpu.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixlm.backend.cuda_graph_runner import (
+    CudaGraphRunner,
+    StaticDecodeInputs,
+    activation_bytes_per_row,
+    bucket_for,
+    capture_batch_sizes,
+    fit_max_bs,
+)
+from radixlm.backend.forward_batch import ForwardBatch
+from radixlm.backend.model_config import ModelConfig
+from radixlm.backend.model_runner import ModelRunner, ScheduledItem
+
+TINY = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 256}
+
+
+# ---- helpers (also used by test_cuda_graph_gpu.py) ------------------------------------------
+def eager_capture(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
+    """Graph semantics without CUDA: the output tensor is fixed at capture; replay recomputes
+    from whatever the static inputs hold now and writes into it."""
+    out = fn()
+
+    def replay() -> None:
+        out.copy_(fn())
+
+    return replay, out
+
+
+def decode_batch(runner: ModelRunner, lens: list[int], seed: int = 0) -> tuple[ForwardBatch, Callable[[], None]]:
+    """Prefill len random tokens per request (eagerly, through the real KV pool), then build the
+    decode batch of one more token each. Returns (batch, release) — release frees rows and slots."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = runner.config.vocab_size
+    rows, slots, prefill, decode = [], [], [], []
+    for n in lens:
+        row, s = runner.req_table.alloc(), runner.allocator.alloc(n + 1)
+        assert row is not None and s is not None
+        runner.req_table.write(row, 0, s)
+        ids = torch.randint(0, vocab, (n + 1,), generator=gen).tolist()
+        rows.append(row)
+        slots.append(s)
+        prefill.append(ScheduledItem(row, ids[:n], 0, [n - 1]))
+        decode.append(ScheduledItem(row, ids[n:], n, [0]))
+    runner.model(runner.build_batch(prefill, torch.cat([s[:-1] for s in slots])))
+    fb = runner.build_batch(decode, torch.cat([s[-1:] for s in slots]))
+
+    def release() -> None:
+        for row, s in zip(rows, slots):
+            runner.allocator.free(s)
+            runner.req_table.free(row)
+
+    return fb, release
+
+
+def changed_kv_slots(runner: ModelRunner, before: list[torch.Tensor]) -> set[int]:
+    """KV slots whose K rows (any layer) differ from the snapshot `before`."""
+    changed: set[int] = set()
+    for k_now, k_then in zip(runner.kv_pool.k_buffers, before):
+        diff = (k_now != k_then).flatten(1).any(1)
+        changed |= set(torch.nonzero(diff).flatten().tolist())
+    return changed
+
+
+# ---- fixtures ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def runner() -> ModelRunner:
+    cfg = ModelConfig.from_hf_dict(TINY)
+    return ModelRunner(cfg, None, torch.device("cpu"), torch.float32, 512, 0.9, 16, random_weights=True, seed=1)
+
+
+@pytest.fixture()
+def graphs(runner):
+    gr = CudaGraphRunner(runner, 8, eager_capture)
+    assert gr.capture_all()
+    runner.graph_runner = gr
+    yield gr
+    runner.graph_runner = None
+    gr.disable()
+
+
+# ---- pure host logic -------------------------------------------------------------------------
+@pytest.mark.parametrize("max_bs", [1, 2, 3, 8, 10, 17, 160])
+def test_bucket_sizes_cover_every_batch(max_bs):
+    sizes = capture_batch_sizes(max_bs)
+    assert sizes == sorted(set(sizes)) and sizes[0] == 1 and sizes[-1] == max_bs
+    for bs in range(1, max_bs + 1):
+        naive = min(s for s in sizes if s >= bs)
+        assert bucket_for(bs, sizes) == naive
+        assert naive - bs < 8  # padding never wastes a whole step of 8 rows
+    assert bucket_for(max_bs + 1, sizes) is None
+    assert bucket_for(0, sizes) is None
+
+
+def test_bucket_sizes_default_list():
+    sizes = capture_batch_sizes(160)
+    assert sizes[:6] == [1, 2, 4, 8, 16, 24] and sizes[-2:] == [152, 160] and len(sizes) == 23
+    with pytest.raises(ValueError, match="at least 1"):
+        capture_batch_sizes(0)
+
+
+def test_fit_max_bs():
+    assert fit_max_bs(160, 1000, 10**9, reserve_bytes=0) == 160
+    # room for exactly 5 doubled rows
+    assert fit_max_bs(160, 1000, 10_000 + 500, reserve_bytes=500) == 5
+    assert fit_max_bs(160, 1000, 1999, reserve_bytes=0) == 0
+    assert fit_max_bs(160, 1000, 100, reserve_bytes=500) == 0
+
+
+def test_activation_estimate_covers_the_logits():
+    cfg = ModelConfig.from_hf_dict(TINY)
+    est = activation_bytes_per_row(cfg, torch.bfloat16, 4)
+    assert est >= cfg.vocab_size * (2 + 4 + 4)  # bf16 logits, their float32 copy, the clone
+    assert activation_bytes_per_row(cfg, torch.bfloat16, 64) > est  # more splits, more state
+
+
+# ---- static inputs ---------------------------------------------------------------------------
+def test_static_inputs_pad_and_reset_stale_rows(runner):
+    inp = StaticDecodeInputs(8, pad_row=5, device=torch.device("cpu"))
+    assert inp.req_pool_indices.tolist() == [5] * 8 and inp.seq_lens.tolist() == [1] * 8
+    ptrs = [t.data_ptr() for t in (inp.input_ids, inp.out_cache_loc, inp.seq_lens)]
+    fb7, rel7 = decode_batch(runner, [3, 4, 5, 6, 7, 8, 9])
+    try:
+        inp.load(fb7)
+        assert inp.out_cache_loc[:7].tolist() == fb7.out_cache_loc.tolist()
+        assert inp.seq_lens[:7].tolist() == fb7.seq_lens_cpu and inp.seq_lens[7] == 1
+        assert inp.input_ids[:7].tolist() == fb7.input_ids.tolist()
+        assert inp.positions[:7].tolist() == [3, 4, 5, 6, 7, 8, 9]
+    finally:
+        rel7()
+    fb2, rel2 = decode_batch(runner, [11, 2])
+    try:
+        inp.load(fb2)
+        assert inp.req_pool_indices.tolist() == fb2.req_pool_indices_cpu + [5] * 6
+        assert inp.out_cache_loc[2:].tolist() == [0] * 6  # no padding row writes a live slot
+        assert inp.seq_lens.tolist() == [12, 3] + [1] * 6
+        assert inp.positions[2:].tolist() == [0] * 6 and inp.input_ids[2:].tolist() == [0] * 6
+        assert inp.prefix_lens.tolist() == [11, 2] + [0] * 6
+    finally:
+        rel2()
+    assert ptrs == [t.data_ptr() for t in (inp.input_ids, inp.out_cache_loc, inp.seq_lens)]
+    with pytest.raises(ValueError, match="exceeds"):
+        big, rel = decode_batch(runner, [1] * 9)
+        try:
+            inp.load(big)
+        finally:
+            rel()
+
+
+# ---- capture / replay on the tiny model -------------------------------------------------------
+def test_captured_batches_are_static_decode_batches(runner):
+    seen: list[ForwardBatch] = []
+    gr = CudaGraphRunner(runner, 10, lambda fn: (seen.append(fn.__defaults__[0]), eager_capture(fn))[1])
+    try:
+        assert gr.capture_all() and gr.enabled
+        assert [fb.batch_size for fb in seen] == [10, 8, 4, 2, 1]  # largest first
+        for fb in seen:
+            assert fb.is_decode and fb.extras["decode_num_splits"] >= 1
+            assert fb.input_ids.data_ptr() == gr.inputs.input_ids.data_ptr()  # views, not copies
+            assert fb.req_to_token is runner.req_table.table and fb.kv_pool is runner.kv_pool
+    finally:
+        gr.disable()
+
+
+@pytest.mark.parametrize("lens", [[7], [3, 9, 1], [5, 2, 8, 4, 6], [2, 3, 4, 5, 6, 7, 8, 9]])
+def test_replay_matches_eager_and_writes_only_its_slots(runner, graphs, lens):
+    fb, release = decode_batch(runner, lens, seed=len(lens))
+    try:
+        eager = runner.model(fb)
+        before = [k.clone() for k in runner.kv_pool.k_buffers]
+        got = runner.forward(fb)
+        assert got.shape == eager.shape == (len(lens), runner.config.vocab_size)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
+        allowed = {0, *fb.out_cache_loc.tolist()}
+        assert changed_kv_slots(runner, before) <= allowed
+        assert graphs.bucket_hits[bucket_for(len(lens), graphs.sizes)] == 1
+    finally:
+        release()
+
+
+def test_replay_after_a_larger_batch_leaves_its_slots_alone(runner, graphs):
+    big, rel_big = decode_batch(runner, [4, 5, 6, 7, 8, 9, 10], seed=3)
+    small, rel_small = decode_batch(runner, [6, 3, 5], seed=4)
+    try:
+        runner.forward(big)  # bucket 8: static rows 0..6 now hold big's slots
+        for k in runner.kv_pool.k_buffers:  # mark big's new slots; stale rows would overwrite them
+            k[big.out_cache_loc] = 7.0
+        before = [k.clone() for k in runner.kv_pool.k_buffers]
+        got = runner.forward(small)  # bucket 4
+        assert changed_kv_slots(runner, before) <= {0, *small.out_cache_loc.tolist()}
+        torch.testing.assert_close(got, runner.model(small), rtol=1e-4, atol=1e-4)
+        assert graphs.bucket_hits == {8: 1, 4: 1}
+    finally:
+        rel_big()
+        rel_small()
+
+
+def test_decision_eager_vs_graph(runner, graphs):
+    fb, release = decode_batch(runner, [4, 6])
+    try:
+        assert graphs.can_run(fb)
+        fb.extras["cascade_plan"] = object()
+        assert not graphs.can_run(fb)
+        del fb.extras["cascade_plan"]
+        fb.attn_backend = object()  # e.g. a test swapping in the torch reference backend
+        assert not graphs.can_run(fb)
+        fb.attn_backend = runner.attn_backend
+        graphs.enabled = False
+        assert not graphs.can_run(fb)
+        graphs.enabled = True
+    finally:
+        release()
+    too_big, rel_big = decode_batch(runner, [2] * 9)
+    row, slots = runner.req_table.alloc(), runner.allocator.alloc(5)
+    runner.req_table.write(row, 0, slots)
+    try:
+        assert not graphs.can_run(too_big)
+        extend = runner.build_batch([ScheduledItem(row, [1, 2, 3, 4, 5], 0, [4])], slots)
+        assert not graphs.can_run(extend)
+        runner.forward(extend)
+        runner.forward(too_big)
+        assert sum(graphs.bucket_hits.values()) == 0  # both ran eagerly
+    finally:
+        rel_big()
+        runner.allocator.free(slots)
+        runner.req_table.free(row)
+
+
+def test_capture_failure_falls_back_to_eager(runner, caplog):
+    free_rows = runner.req_table.available_size()
+    calls = []
+
+    def failing(fn):
+        calls.append(fn)
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return eager_capture(fn)
+
+    gr = CudaGraphRunner(runner, 8, failing)
+    assert runner.req_table.available_size() == free_rows - 1  # pad row reserved
+    with caplog.at_level(logging.WARNING, logger="radixlm.backend.cuda_graph_runner"):
+        assert not gr.capture_all()
+    assert "capture failed at batch size 4" in caplog.text and "simulated" in caplog.text
+    assert not gr.enabled and gr.graphs == {}
+    assert runner.req_table.available_size() == free_rows  # pad row returned
+    fb, release = decode_batch(runner, [3, 4])
+    try:
+        runner.graph_runner = gr
+        assert not gr.can_run(fb)
+        torch.testing.assert_close(runner.forward(fb), runner.model(fb))
+        with pytest.raises(ValueError, match="no captured graph"):
+            gr.replay(fb)
+    finally:
+        runner.graph_runner = None
+        release()
+
+
+def test_cpu_runner_never_builds_graphs(runner):
+    assert runner.device.type == "cpu" and runner.graph_runner is None
+    cfg = ModelConfig.from_hf_dict(TINY)
+    other = ModelRunner(cfg, None, torch.device("cpu"), torch.float32, 64, 0.9, 4, random_weights=True,
+                        disable_cuda_graph=False, cuda_graph_max_bs=4)
+    assert other.graph_runner is None
+
+
+def test_engine_rejects_bad_max_bs():
+    from radixlm.backend.engine import Engine
+
+    with pytest.raises(ValueError, match="cuda_graph_max_bs"):
+        Engine(device="cpu", model_shape="llama-3.2-1b", cuda_graph_max_bs=0)
+
+
+# ---- the Triton decode path with the graphs' fixed split counts (TRITON_INTERPRET=1) ----------
+def _interp_records() -> list[dict]:
+    """Graph replay through TritonAttentionBackend (split count fixed per graph size for a 4096
+    context: 32 splits over rows of 1-130 tokens) vs the eager Triton path (split count from
+    the live lengths) and the torch reference backend. Runs in a subprocess under the interpreter."""
+    from radixlm.backend.attention import TorchAttentionBackend
+    from radixlm.backend.attention_triton import TritonAttentionBackend
+
+    cfg = ModelConfig.from_hf_dict({**TINY, "hidden_size": 64, "num_hidden_layers": 1,
+                                    "max_position_embeddings": 4096})
+    runner = ModelRunner(cfg, None, torch.device("cpu"), torch.float32, 1024, 0.9, 8, random_weights=True, seed=2)
+    runner.attn_backend = TritonAttentionBackend(runner, num_sms=132)
+    gr = CudaGraphRunner(runner, 4, eager_capture)
+    assert gr.capture_all()
+    runner.graph_runner = gr
+    records = []
+    for lens in ([3, 40, 130], [70, 1]):
+        fb, release = decode_batch(runner, lens, seed=len(lens))
+        try:
+            eager = runner.model(fb)
+            got = runner.forward(fb)
+            fb.attn_backend = TorchAttentionBackend()
+            ref = runner.model(fb)
+            gbs = bucket_for(len(lens), gr.sizes)
+            records.append({"lens": lens, "splits": gr.graphs[gbs].fb.extras["decode_num_splits"],
+                            "eager_splits": fb.extras.get("decode_num_splits"), "hits": gr.bucket_hits[gbs],
+                            "err_graph_ref": (got - ref).abs().max().item(),
+                            "err_eager_ref": (eager - ref).abs().max().item()})
+        finally:
+            release()
+    return records
+
+
+@pytest.mark.slow
+def test_triton_decode_with_fixed_graph_splits_interpreted():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve())], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(records) == 2
+    for r in records:
+        print(r)
+        assert r["splits"] == 32 and r["eager_splits"] == 1 and r["hits"] == 1
+        assert r["err_graph_ref"] < 1e-4 and r["err_eager_ref"] < 1e-4
+
+
+if __name__ == "__main__":
+    print(json.dumps(_interp_records()))
