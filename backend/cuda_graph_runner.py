@@ -133,20 +133,23 @@ def sync_host_lists(static: ForwardBatch, fb: ForwardBatch, pad_row: int) -> Non
 
 
 class CudaGraphCapture:
-    """The CUDA capture: two eager warm-up runs (Triton JIT, cuBLAS handles), then one capture
-    into a memory pool shared by every graph of this runner."""
+    """The CUDA capture: two eager warm-up runs (Triton JIT, cuBLAS handle and workspace) on the
+    capture stream, then one capture into a memory pool shared by every graph of this runner."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(device)
 
     def __call__(self, fn: Callable[[], torch.Tensor]) -> tuple[Replay, torch.Tensor]:
-        for _ in range(2):
-            fn()
+        torch.cuda.synchronize(self.device)  # static inputs / KV pool were written on another stream
+        with torch.cuda.stream(self.stream):
+            for _ in range(2):
+                fn()
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
         # thread_local: another engine's scheduler thread allocating meanwhile is not an error
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
             out = fn()
         torch.cuda.synchronize(self.device)
         return graph.replay, out
