@@ -59,4 +59,4 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
         kb.apply_token_bitmask_triton_(logits, bitmask.to(logits.device, non_blocking=True),
                                        None if indices is None else indices.to(logits.device))
     else:
-        kb.apply_token_bitmask_torch_(logits, bitmask, indices)
+        kb.apply_token_bitmask_cpu_(logits, bitmask, indices)

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from radixlm.grammars.base import allocate_token_bitmask, apply_token_bitmask_
+from radixlm.kernels.bitmask import unpack_bitmask_cpu
 
 
 def fill_bitmask(reqs: Sequence[Any], vocab_size: int) -> tuple[torch.Tensor, list[int]]:
@@ -22,15 +23,23 @@ def fill_bitmask(reqs: Sequence[Any], vocab_size: int) -> tuple[torch.Tensor, li
 
 
 def apply_grammar_masks(logits: torch.Tensor, reqs: Sequence[Any]) -> None:
-    """In place on [N, V] logits, one row per request in order; no host sync."""
+    """In place on [N, V] logits, one row per request in order; no host sync on CUDA."""
     bitmask, rows = fill_bitmask(reqs, logits.shape[-1])
     if not rows:
         return
     idx = torch.tensor(rows, device=logits.device)
-    bitmask = bitmask.to(logits.device)
     sub = logits[idx]
-    apply_token_bitmask_(sub, bitmask)
-    grammar_only = torch.zeros_like(sub)  # used where other masks left nothing the grammar allows
-    apply_token_bitmask_(grammar_only, bitmask)
-    dead = torch.isneginf(sub).all(dim=-1, keepdim=True)
-    logits[idx] = torch.where(dead, grammar_only, sub)
+    if logits.is_cuda:
+        bitmask = bitmask.to(logits.device, non_blocking=True)
+        apply_token_bitmask_(sub, bitmask)
+        grammar_only = torch.zeros_like(sub)  # used where other masks left nothing the grammar allows
+        apply_token_bitmask_(grammar_only, bitmask)
+        dead = torch.isneginf(sub).all(dim=-1, keepdim=True)
+        logits[idx] = torch.where(dead, grammar_only, sub)
+        return
+    forbidden = ~unpack_bitmask_cpu(bitmask, logits.shape[-1])
+    sub.masked_fill_(forbidden, float("-inf"))
+    dead = torch.isneginf(sub).all(dim=-1)
+    if bool(dead.any()):
+        sub[dead] = torch.zeros_like(sub[dead]).masked_fill_(forbidden[dead], float("-inf"))
+    logits[idx] = sub

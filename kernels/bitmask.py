@@ -4,6 +4,7 @@ tokens past the bitmask width are masked, bitmask bits past the logits width are
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 try:  # triton is optional on CPU-only installs
@@ -29,6 +30,24 @@ def apply_token_bitmask_torch_(logits: torch.Tensor, bitmask: torch.Tensor,
         logits.masked_fill_(~allowed, float("-inf"))
     else:
         logits[indices] = rows.masked_fill(~allowed, float("-inf"))
+
+
+def unpack_bitmask_cpu(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """CPU bitmask [B, W] int32 → allowed bool [B, vocab] (numpy's unpackbits; bits past W*32 are 0)."""
+    bits = np.unpackbits(bitmask.contiguous().numpy().view(np.uint8), axis=1, bitorder="little").view(np.bool_)
+    if bits.shape[1] < vocab:
+        bits = np.concatenate([bits, np.zeros((bits.shape[0], vocab - bits.shape[1]), dtype=np.bool_)], axis=1)
+    return torch.from_numpy(np.ascontiguousarray(bits[:, :vocab]))
+
+
+def apply_token_bitmask_cpu_(logits: torch.Tensor, bitmask: torch.Tensor,
+                             indices: torch.Tensor | None = None) -> None:
+    """The CPU path: same result as the reference, unpacking with numpy."""
+    forbidden = ~unpack_bitmask_cpu(bitmask, logits.shape[-1])
+    if indices is None:
+        logits.masked_fill_(forbidden, float("-inf"))
+    else:
+        logits[indices] = logits[indices].masked_fill(forbidden, float("-inf"))
 
 
 if triton is not None:

@@ -43,6 +43,39 @@ def test_torch_path_matches_naive(batch: int, vocab: int, words: int | None) -> 
     assert torch.equal(logits, expected)
 
 
+@pytest.mark.parametrize("batch,vocab,words", [(3, 100, None), (2, 70, 2), (2, 40, 4)])
+def test_torch_reference_matches_naive(batch: int, vocab: int, words: int | None) -> None:
+    logits, bitmask = _random_case(batch, vocab, words, seed=7)
+    expected = _naive(logits, bitmask)
+    apply_token_bitmask_torch_(logits, bitmask)
+    assert torch.equal(logits, expected)
+
+
+class _FixedMatcher:
+    def __init__(self, row: torch.Tensor) -> None:
+        self.row = row
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        bitmask[row].copy_(self.row)
+
+
+def test_apply_grammar_masks_rows_and_fallback() -> None:
+    from types import SimpleNamespace
+
+    from radixlm.grammars.masking import apply_grammar_masks
+
+    vocab = 70
+    logits, bitmask = _random_case(3, vocab, seed=5)
+    logits[2, :] = float("-inf")  # another mask (e.g. min_new_tokens) already removed everything here
+    reqs = [SimpleNamespace(grammar=_FixedMatcher(bitmask[0])), SimpleNamespace(grammar=None),
+            SimpleNamespace(grammar=_FixedMatcher(bitmask[2]))]
+    out = logits.clone()
+    apply_grammar_masks(out, reqs)
+    assert torch.equal(out[0], _naive(logits[:1], bitmask[:1])[0])
+    assert torch.equal(out[1], logits[1])  # unconstrained row untouched
+    assert torch.equal(out[2], _naive(torch.zeros(1, vocab), bitmask[2:3])[0])  # the grammar wins
+
+
 def test_indices_apply_rows_subset() -> None:
     logits, bitmask = _random_case(2, 96)
     full = torch.randn(5, 96)
