@@ -1,5 +1,5 @@
-"""Our regex engine: byte DFA + token index + per-state bitmask rows (cached on disk), the compressed
-FSM (chains of singular byte transitions → jump-forward strings) and the FSMMatcher.
+"""Our regex engine: byte DFA + per-state token bitmask rows (cached on disk), the compressed FSM
+(chains of singular byte transitions → jump-forward strings) and the FSMMatcher.
 Promises: EOS is allowed only in accepting states, special tokens never; masks are row copies."""
 
 from __future__ import annotations

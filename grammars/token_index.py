@@ -95,7 +95,6 @@ class TokenVocab:
         h.update(repr(self.eos_ids).encode())
         self.digest = h.hexdigest()[:32]
 
-
     @property
     def trie(self) -> TokenTrie:
         if self._trie is None:
