@@ -175,7 +175,7 @@ class Executor:
             raise ValueError(f"fork size must be a positive int, got {size!r}")
         if self.trace:
             raise _StopTrace
-        self.submit(Commit(pin=size > 1 and self.backend.supports_pin), site)
+        self.submit(Commit(pin=size > 1), site)
         self.sync()
         self.raise_error()
         handle, self._last_pin = self._last_pin, None
@@ -283,11 +283,17 @@ class Executor:
     def _exec_commit(self, expr: Commit) -> None:
         self._commit()
         if expr.pin and self.ids_:
-            self._last_pin = self.backend.pin_prefix(list(self.ids_))
+            if self.backend.supports_pin:  # prefill once and lock until the forks join
+                self._last_pin = self.backend.pin_prefix(list(self.ids_))
+            else:  # at least prefill once, so the forks find it cached
+                self.backend.cache_prefix(list(self.ids_))
 
     def _append_generated(self, text: str, ids: list[int] | None) -> None:
         """Add a generation's text; keep the ids that decode to a prefix of it."""
         self.text_ += text
+        self._append_generated_ids(text, ids)
+
+    def _append_generated_ids(self, text: str, ids: list[int] | None) -> None:
         if self.codec is None:
             return
         if ids is None:
@@ -331,9 +337,7 @@ class Executor:
                 self.stream_var_event[name].set()
             assert self.stream_text_event is not None
             self.stream_text_event.set()
-        # text_ already holds the streamed text; reconcile the ids against it.
-        self.text_ = self.text_[: len(self.text_) - len(text)]
-        self._append_generated(text, ids if self.codec is not None and ids else None)
+        self._append_generated_ids(text, ids or None)  # text_ already holds the streamed text
         return text, meta
 
     def _set_result(self, name: str | None, value: Any, meta: Any) -> None:

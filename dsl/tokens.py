@@ -1,6 +1,8 @@
-"""Token bookkeeping for program states: encode appended text without disturbing the
-tokens already committed, and reconcile a generation's (text, output_ids) so the state's
-ids always decode to its committed text. Promise: committed ids are never re-tokenized."""
+"""Token bookkeeping for program states. Appended text stays pending until the next model
+call needs ids; then the pending text (everything since the last model output) is tokenized
+as one piece — the safe boundary is the end of the last model output, so constants join as
+`apply_chat_template` would and the tokens the model saw or produced are never re-tokenized.
+A generation's (text, output_ids) is reconciled so the state's ids always decode to its text."""
 
 from __future__ import annotations
 
