@@ -141,3 +141,40 @@ def test_padded_replay_matches_eager_without_host_sync(runs):
     assert step["rel"] < 2e-2, f"bf16 relative error {step['rel']:.3e}"
     assert step["argmax_same"] >= 4
     assert step["prefix_kv_kept"]
+
+
+def test_real_capture_failure_recovers_then_capture_works():
+    """Tiny random model on the GPU: a capture that syncs (.item()) fails inside torch.cuda.graph,
+    the runner falls back; the device stays usable, and a clean capture on the same runner then
+    replays padded batches like the eager forward."""
+    from test_cuda_graph import TINY
+
+    from radixlm.backend.cuda_graph_runner import CudaGraphCapture, CudaGraphRunner
+    from radixlm.backend.model_config import ModelConfig
+    from radixlm.backend.model_runner import ModelRunner
+
+    cfg = ModelConfig.from_hf_dict({**TINY, "hidden_size": 128, "max_position_embeddings": 1024})
+    runner = ModelRunner(cfg, None, torch.device("cuda"), torch.bfloat16, 2048, 0.95, 16, random_weights=True,
+                         disable_cuda_graph=True)
+    assert runner.graph_runner is None
+    cap = CudaGraphCapture(runner.device)
+
+    def syncing(fn):
+        return cap(lambda: (torch.ones(1, device="cuda").sum().item(), fn())[1])
+
+    bad = CudaGraphRunner(runner, 4, syncing)
+    assert not bad.capture_all() and not bad.enabled
+    good = CudaGraphRunner(runner, 8, CudaGraphCapture(runner.device))
+    assert good.capture_all() and good.enabled
+    runner.graph_runner = good
+    for lens in ([3], [7, 20, 1], [5, 9, 33, 2, 64]):
+        fb, release = decode_batch(runner, lens, seed=len(lens))
+        try:
+            eager = runner.model(fb).clone()
+            got = runner.forward(fb)
+            rel = ((got - eager).norm() / eager.norm()).item()
+            print(f"tiny model, lens {lens}: graph vs eager rel err {rel:.2e}")
+            assert got.shape == eager.shape and rel < 2e-2
+        finally:
+            release()
+    assert sum(good.bucket_hits.values()) == 3
