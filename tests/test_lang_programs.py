@@ -377,3 +377,22 @@ def test_typed_gen_returns_pydantic_object(rt, grammar):
     st = typed.run(backend=rt, **GREEDY)
     assert isinstance(st["person"], Person)
     assert st["person"] == Person.model_validate_json(st.text()[len("Bob is 41 years old. As JSON: "):])
+
+
+def test_quickstart_example_runs(rt, tok):
+    """The README's main job: examples/quickstart.py on the default backend."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "quickstart.py"
+    spec = importlib.util.spec_from_file_location("quickstart_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sgl.set_default_backend(rt)
+    try:
+        st = module.main()
+    finally:
+        sgl.set_default_backend(None)
+    assert [m["role"] for m in st.messages()] == ["system", "user", "assistant", "user", "assistant"]
+    assert st["topic"] in ("science", "art") and st.messages()[-1]["content"] == st["topic"]
+    assert st.text() == tok.apply_chat_template(st.messages(), tokenize=False)
