@@ -396,3 +396,21 @@ def test_quickstart_example_runs(rt, tok):
     assert [m["role"] for m in st.messages()] == ["system", "user", "assistant", "user", "assistant"]
     assert st["topic"] in ("science", "art") and st.messages()[-1]["content"] == st["topic"]
     assert st.text() == tok.apply_chat_template(st.messages(), tokenize=False)
+
+
+def test_continuation_extends_exactly_the_cached_tokens(rt):
+    """After a gen, the next request starts with the very tokens the model produced, so the
+    radix cache covers the whole previous prompt + output (re-tokenized text could not)."""
+
+    @sgl.function
+    def two(s):
+        s += "Some animals, one per line:\n1."
+        s += sgl.gen("a", max_tokens=6, ignore_eos=True)
+        s += "\n2."
+        s += sgl.gen("b", max_tokens=2)
+
+    assert rt.flush_cache()
+    st = two.run(backend=rt, **GREEDY)
+    a, b = st.get_meta_info("a"), st.get_meta_info("b")
+    assert b["prompt_tokens"] > a["prompt_tokens"] + a["completion_tokens"]
+    assert b["cached_tokens"] >= a["prompt_tokens"] + a["completion_tokens"] - 1
