@@ -12,9 +12,12 @@ H200 (random 8B):     python benchmarks/prefix_sharing.py --random-weights --mod
 from __future__ import annotations
 
 import argparse
-import gc
+import json
+import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -112,6 +115,7 @@ def make_engine(args: argparse.Namespace, disable: bool) -> Engine:
 
 
 def run_mode(args: argparse.Namespace, sizes: dict[str, dict], disable: bool) -> dict[str, Any]:
+    """All workloads on one engine (radix cache on or off); runs in its own process."""
     engine = make_engine(args, disable)
     try:
         vocab = engine.model_config.vocab_size
@@ -120,19 +124,28 @@ def run_mode(args: argparse.Namespace, sizes: dict[str, dict], disable: bool) ->
         for name in args.workloads:
             engine.flush_cache()
             before = engine.get_stats()
+            deferred = engine.scheduler.policy.num_deferred
             r = Runner(engine, vocab, seed=args.seed)
             WORKLOADS[name](r, **sizes[name])
             results[name] = summarize(r, before, engine.get_stats())
+            results[name]["requests_deferred_by_dedup"] = engine.scheduler.policy.num_deferred - deferred
             print(f"  radix {'off' if disable else 'on '} {name:10s} {results[name]['output_throughput']:9.1f} "
                   f"out tok/s  hit {results[name]['hit_rate']:.3f}  {r.elapsed:.2f} s", flush=True)
             results[name]["_outputs"] = r.outputs
         return results
     finally:
         engine.shutdown()
-        del engine
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+
+
+def run_mode_subprocess(mode: str) -> dict[str, Any]:
+    """A fresh process per mode: each engine gets the whole GPU, and nothing carries over."""
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        subprocess.run([sys.executable, __file__, *sys.argv[1:], "--mode", mode, "--partial-out", path], check=True)
+        return json.loads(Path(path).read_text())
+    finally:
+        os.unlink(path)
 
 
 def summarize(r: Runner, before: dict[str, int], after: dict[str, int]) -> dict[str, Any]:
@@ -190,6 +203,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-running-requests", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
+    p.add_argument("--mode", choices=["both", "on", "off"], default="both", help=argparse.SUPPRESS)
+    p.add_argument("--partial-out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     args.workloads = [w for w in args.workloads.split(",") if w]
     bad = [w for w in args.workloads if w not in WORKLOADS]
@@ -203,13 +218,17 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     sizes = SMALL if args.small else FULL
+    if args.mode != "both":
+        part = run_mode(args, sizes, disable=args.mode == "off")
+        Path(args.partial_out).write_text(json.dumps(part))
+        return
     print(f"prefix sharing: {args.workloads} on {args.device} ({'small' if args.small else 'full'} sizes)")
-    off = run_mode(args, sizes, disable=True)
-    on = run_mode(args, sizes, disable=False)
+    off = run_mode_subprocess("off")
+    on = run_mode_subprocess("on")
     result = {
         "benchmark": "prefix_sharing",
         "env": environment(),
-        "args": {k: v for k, v in vars(args).items()},
+        "args": {k: v for k, v in vars(args).items() if k not in ("mode", "partial_out")},
         "model": args.model_path or (args.model_shape and f"random:{args.model_shape}") or "default (SmolLM2-135M GGUF)",
         "workloads": compare(on, off, args.workloads, sizes),
     }
