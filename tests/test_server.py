@@ -44,6 +44,10 @@ PROGRAMS = textwrap.dedent('''
         s += "Topic: " + topic + "\\nFirst:" + sgl.gen("first", max_tokens=4, temperature=0)
         s += "\\nSecond:" + sgl.gen("second", max_tokens=4, temperature=0)
 
+    @sgl.function
+    def story(s, topic: str):
+        s += "A long story about " + topic + ":" + sgl.gen("story", max_tokens=300, ignore_eos=True)
+
     not_a_program = 42
 ''')
 RUN_FILE = textwrap.dedent('''
@@ -306,8 +310,9 @@ def test_response_format_json_schema(server: Server) -> None:
         model="x", messages=[{"role": "user", "content": "Describe a person as JSON."}], max_tokens=60,
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
     jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
-    r = server.oai.chat.completions.create(model="x", messages=CHAT, max_tokens=40,
+    r = server.oai.chat.completions.create(model="x", messages=CHAT, max_tokens=60, temperature=0,
                                            response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop"  # sampled keys may run past any budget; greedy ends
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
@@ -364,7 +369,7 @@ def test_tools_required_named_and_auto(server: Server) -> None:
 def test_programs_list_and_run(server: Server) -> None:
     listing = server.http.get("/programs").json()["programs"]
     by_name = {p["name"]: p for p in listing}
-    assert set(by_name) == {"qa", "two_steps"}
+    assert set(by_name) == {"qa", "two_steps", "story"}
     args = {a["name"]: a for a in by_name["qa"]["arguments"]}
     assert args["question"]["required"] and not args["max_tokens"]["required"]
     assert args["max_tokens"]["default"] == 6 and by_name["qa"]["doc"].startswith("Answer")
@@ -514,6 +519,23 @@ def test_disconnects_abort_and_free_kv(server: Server) -> None:
     finished = end["radixlm_engine_finished_requests_total"] - start["radixlm_engine_finished_requests_total"]
     generated = end["radixlm_generation_tokens_total"] - start["radixlm_generation_tokens_total"]
     assert generated < n_clients * 400 and finished <= n_clients  # nobody ran to the end
+    assert end["radixlm_kv_free_slots"] == start["radixlm_kv_free_slots"]
+
+
+def test_program_disconnects_abort_the_run(server: Server) -> None:
+    """A client leaving a program run (streamed or not) aborts the run's engine request."""
+    start = _wait_idle(server)
+    with server.http.stream("POST", "/programs/story", json={"args": {"topic": "rain"}, "stream": True}) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen >= 2:
+                break
+    with pytest.raises(httpx.ReadTimeout):
+        server.http.post("/programs/story", json={"args": {"topic": "snow"}}, timeout=3)
+    end = _wait_idle(server)
+    assert end["radixlm_engine_aborted_requests_total"] - start["radixlm_engine_aborted_requests_total"] == 2
+    assert end["radixlm_generation_tokens_total"] - start["radixlm_generation_tokens_total"] < 2 * 300
     assert end["radixlm_kv_free_slots"] == start["radixlm_kv_free_slots"]
 
 

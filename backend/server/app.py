@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixlm.backend.server import native
+from radixlm.backend.server import native, openai_api
+from radixlm.backend.server import programs as programs_api
 from radixlm.backend.server.metrics import ServerMetrics
 from radixlm.backend.server.protocol import error_body
 from radixlm.backend.server.runner import Overloaded, Runner, ServerLimits
@@ -34,7 +35,7 @@ def create_app(engine: Any, api_key: str | None = None, programs: Any = None,
     limits = limits or ServerLimits()
     metrics = ServerMetrics()
     runner = Runner(engine, limits, metrics)
-    metrics.bind_engine(engine.get_stats, lambda: runner.num_pending)
+    metrics.bind_engine(engine.get_stats, runner.busy)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -57,9 +58,6 @@ def create_app(engine: Any, api_key: str | None = None, programs: Any = None,
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     native.register(app)
-    from radixlm.backend.server import openai_api
-    from radixlm.backend.server import programs as programs_api
-
     openai_api.register(app)
     programs_api.register(app)
     return app
@@ -71,11 +69,11 @@ async def drain(runner: Runner, timeout_s: float) -> int:
     runner.accepting = False
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while runner.num_pending and loop.time() < deadline:
+    while runner.busy() and loop.time() < deadline:
         await asyncio.sleep(0.05)
     aborted = runner.abort_all()
     deadline = loop.time() + 5.0
-    while runner.num_pending and loop.time() < deadline:
+    while runner.busy() and loop.time() < deadline:
         await asyncio.sleep(0.05)
     return aborted
 

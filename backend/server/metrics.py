@@ -57,7 +57,7 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("radixlm_radix_hit_rate", "Share of prompt tokens served from cache",
                                 value=cached / (cached + computed) if cached + computed else 0.0)
         yield GaugeMetricFamily("radixlm_server_pending_requests",
-                                "Engine requests admitted by the server and not finished",
+                                "Engine requests admitted by the server and program runs, not finished",
                                 value=float(self._get_pending()))
 
 

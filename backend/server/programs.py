@@ -10,7 +10,9 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import threading
 import typing
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +23,7 @@ from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from radixlm.backend.server.protocol import ProgramRunRequest, error_body
-from radixlm.backend.server.streams import SSE_DONE, sse, sse_response
+from radixlm.backend.server.streams import SSE_DONE, sse, sse_response, until_disconnect
 
 _POLL_S = 0.05
 
@@ -66,13 +68,12 @@ def _args_model(name: str, program: Any) -> type[BaseModel]:
 
 
 class ProgramRegistry:
-    """Named programs plus the backend they run on (an in-process Runtime over the engine)."""
+    """Named programs, and the runs in progress (each with its own engine view)."""
 
     def __init__(self, programs: dict[str, Any], max_concurrent: int = 64) -> None:
         self.programs = {name: RegisteredProgram(name, p, _args_model(name, p)) for name, p in programs.items()}
-        self.backend: Any = None
         self.max_concurrent = max_concurrent
-        self.running = 0
+        self.active: set[_Run] = set()
 
     @classmethod
     def load(cls, specs: list[str], max_concurrent: int = 64) -> ProgramRegistry:
@@ -83,22 +84,87 @@ class ProgramRegistry:
             raise ValueError(f"no @function programs found in {specs}")
         return cls(found, max_concurrent)
 
-    def bind_engine(self, engine: Any) -> None:
-        from radixlm.runtime import Runtime
-
-        self.backend = Runtime(engine=engine)
-
-    def admit(self) -> _Ticket:
-        if self.running >= self.max_concurrent:
-            raise HTTPException(503, f"{self.running} programs running; the limit is {self.max_concurrent}",
+    def admit(self, engine: Any) -> _Run:
+        if len(self.active) >= self.max_concurrent:
+            raise HTTPException(503, f"{len(self.active)} programs running; the limit is {self.max_concurrent}",
                                 headers={"Retry-After": "1"})
-        self.running += 1
-        return _Ticket(self)
+        run = _Run(self, engine)
+        self.active.add(run)
+        return run
+
+    def cancel_all(self) -> int:
+        runs = list(self.active)
+        for run in runs:
+            run.cancel()
+        return len(runs)
 
     def get(self, name: str) -> RegisteredProgram:
         if name not in self.programs:
             raise HTTPException(404, f"no program named {name!r}; GET /programs lists them")
         return self.programs[name]
+
+
+class _Run:
+    """One program run: its place in the concurrency limit, and the engine as the program sees
+    it. The view records every request id the run submits, so a client disconnect (or shutdown)
+    aborts them, and refuses new requests once cancelled, so the program stops."""
+
+    def __init__(self, reg: ProgramRegistry, engine: Any) -> None:
+        from radixlm.runtime import Runtime
+
+        self.reg = reg
+        self.engine = engine
+        self.rids: list[str] = []
+        self.cancelled = False
+        self.handed_over = False
+        self._lock = threading.Lock()
+        self.backend = Runtime(engine=_EngineView(self))
+
+    def submit(self, sampling_params: Any, batch_size: int | None, rid: Any) -> Any:
+        """Request ids for a generate call (made here when the program gave none), recorded."""
+        with self._lock:
+            if self.cancelled:
+                raise RuntimeError("program run cancelled (client disconnected or server shutting down)")
+            if rid is None:
+                rid = uuid.uuid4().hex if batch_size is None else [uuid.uuid4().hex for _ in range(batch_size)]
+            params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(
+                [rid] if isinstance(rid, str) else rid)
+            for r, sp in zip([rid] if isinstance(rid, str) else rid, params):
+                n = int((sp or {}).get("n", 1) or 1)
+                self.rids.extend([r] if n == 1 else [f"{r}-{i}" for i in range(n)])
+            return rid
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            rids = list(self.rids)
+        for rid in rids:
+            self.engine.abort_request(rid)
+
+    def finish(self) -> None:
+        self.reg.active.discard(self)
+
+
+class _EngineView:
+    """The engine, with generate() going through a _Run (everything else passes through)."""
+
+    def __init__(self, run: _Run) -> None:
+        self._run = run
+        self.tokenizer = run.engine.tokenizer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._run.engine, name)
+
+    def generate(self, prompt: Any = None, sampling_params: Any = None, input_ids: Any = None,
+                 rid: Any = None, **kwargs: Any) -> Any:
+        batch = None
+        if isinstance(prompt, list):
+            batch = len(prompt)
+        elif isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list):
+            batch = len(input_ids)
+        rid = self._run.submit(sampling_params, batch, rid)
+        return self._run.engine.generate(prompt=prompt, sampling_params=sampling_params, input_ids=input_ids,
+                                         rid=rid, **kwargs)
 
 
 def find_programs(module: Any) -> dict[str, Any]:
@@ -173,8 +239,8 @@ async def _stream_program(entry: RegisteredProgram, state: Any) -> AsyncIterator
 
 def register(app: FastAPI) -> None:
     registry: ProgramRegistry | None = app.state.programs
-    if registry is not None and registry.backend is None:
-        registry.bind_engine(app.state.engine)
+    if registry is not None:
+        app.state.runner.add_work_source(lambda: len(registry.active), registry.cancel_all)
 
     def need_registry() -> ProgramRegistry:
         if registry is None:
@@ -192,38 +258,34 @@ def register(app: FastAPI) -> None:
         entry = reg.get(name)
         kwargs = _validated_args(entry, req.args)
         options = req.sampling_options(app.state.runner.max_new_tokens)
-        ticket = reg.admit()
+        if not app.state.runner.accepting:
+            raise HTTPException(503, "server is shutting down", headers={"Retry-After": "1"})
+        run = reg.admit(app.state.engine)
         try:
-            state = await asyncio.to_thread(entry.program.run, backend=reg.backend, stream=req.stream,
-                                            **options, **kwargs)
+            state = await until_disconnect(request, asyncio.to_thread(
+                entry.program.run, backend=run.backend, stream=req.stream, **options, **kwargs))
             if req.stream:
-                return await sse_response(request, _released_after(ticket, _stream_program(entry, state)))
-            return await asyncio.to_thread(_state_result, name, state)
+                return await sse_response(request, _run_events(run, _stream_program(entry, state)))
+            return await until_disconnect(request, asyncio.to_thread(_state_result, name, state))
         except ValueError as exc:
             raise ValueError(f"program {name} failed: {exc}") from exc
+        except BaseException:
+            run.cancel()  # client gone or server stopping: abort what the program submitted
+            raise
         finally:
-            if not req.stream or not ticket.handed_over:
-                ticket.release()
+            if not req.stream or not run.handed_over:
+                run.finish()
 
 
-class _Ticket:
-    """One running program's place in the concurrency limit; release is idempotent."""
-
-    def __init__(self, reg: ProgramRegistry) -> None:
-        self.reg = reg
-        self.released = False
-        self.handed_over = False
-
-    def release(self) -> None:
-        if not self.released:
-            self.released = True
-            self.reg.running -= 1
-
-
-async def _released_after(ticket: _Ticket, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    ticket.handed_over = True
+async def _run_events(run: _Run, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The stream owns the run from here: leaving early (disconnect) cancels it."""
+    run.handed_over = True
+    complete = False
     try:
         async for event in events:
             yield event
+        complete = True
     finally:
-        ticket.release()
+        if not complete:
+            run.cancel()
+        run.finish()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +57,7 @@ class Runner:
         self.inflight: dict[str, Seq] = {}
         self.groups: dict[str, list[str]] = {}
         self._reserved = 0
+        self._sources: list[tuple[Callable[[], int], Callable[[], int]]] = []
         context = int(getattr(engine.model_config, "context_len", 0) or 0) or None
         self.max_prompt_tokens = limits.max_prompt_tokens or (context - 1 if context else None)
         self.max_new_tokens = limits.max_new_tokens or context
@@ -131,11 +132,20 @@ class Runner:
         rids = list(self.inflight)
         for rid in rids:
             self.engine.abort_request(rid)
-        return len(rids)
+        return len(rids) + sum(abort() for _, abort in self._sources)
+
+    def add_work_source(self, count: Callable[[], int], abort: Callable[[], int]) -> None:
+        """Other engine work the server runs (program runs): counted by `busy`, aborted by abort_all."""
+        self._sources.append((count, abort))
 
     @property
     def num_pending(self) -> int:
+        """Admitted engine requests not finished (what the admission limit counts)."""
         return self._reserved
+
+    def busy(self) -> int:
+        """Everything shutdown must wait for: pending requests plus running programs."""
+        return self._reserved + sum(count() for count, _ in self._sources)
 
     # ------------------------------------------------------------ running
 
