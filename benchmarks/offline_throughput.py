@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--range-ratio", type=float, default=0.25, help="lengths uniform in [ratio*L, L]")
     p.add_argument("--max-running-requests", type=int, default=256)
+    p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--mem-fraction-static", type=float, default=0.85, help="lower it with --compare-hf on GPU")
     p.add_argument("--compare-hf", action="store_true")
     p.add_argument("--hf-batch-size", type=int, default=0, help="default: all prompts in one batch")
@@ -115,7 +116,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     t_load = time.perf_counter()
     engine = Engine(model_path=args.model_path, model_shape=args.model_shape, device=args.device, dtype=args.dtype,
-                    max_running_requests=args.max_running_requests, mem_fraction_static=args.mem_fraction_static)
+                    max_running_requests=args.max_running_requests, mem_fraction_static=args.mem_fraction_static,
+                    context_length=args.context_length)
     load_s = time.perf_counter() - t_load
     try:
         work = make_workload(args.num_prompts, args.input_len, args.output_len, args.range_ratio,
