@@ -11,8 +11,10 @@ import logging
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
+
 from radixlm.backend.sampler import record_token
-from radixlm.grammars import GrammarBackend
+from radixlm.grammars import GrammarBackend, allocate_token_bitmask
 from radixlm.grammars.base import GrammarMatcher
 
 logger = logging.getLogger(__name__)
@@ -77,6 +79,9 @@ class RequestGrammar:
             if replaced:
                 m.accept_token(tok)
             return [tok]
+        stop = self._forced_stop(room - len(new_ids))
+        if stop is not None:  # the forced text ends the grammar: the stop token is forced too
+            new_ids = [*new_ids, stop]
         del req.output_ids[len(req.output_ids) - replaced :]
         req.output_ids.extend(new_ids)
         for t in new_ids:
@@ -85,6 +90,20 @@ class RequestGrammar:
         stats.extra["jump_forward_steps"] = stats.extra.get("jump_forward_steps", 0) + 1
         stats.extra["jump_forward_passes_saved"] = stats.extra.get("jump_forward_passes_saved", 0) + len(added) - 1
         return added
+
+    def _forced_stop(self, room: int) -> int | None:
+        """If only stop tokens are allowed now (and one more output fits), accept one and return it."""
+        if room < 1:
+            return None
+        vocab = self.backend.vocab
+        bitmask = allocate_token_bitmask(1, vocab.vocab_size)
+        self.matcher.fill_next_token_bitmask(bitmask, 0)  # type: ignore[union-attr]
+        allowed = np.nonzero(np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little"))[0]
+        if len(allowed) and set(allowed.tolist()) <= set(vocab.eos_ids):
+            stop = int(allowed[0])
+            if self.matcher.accept_token(stop):  # type: ignore[union-attr]
+                return stop
+        return None
 
     def _retokenize(self, req: Any, tok: int, jump: str) -> tuple[int, list[int]] | None:
         """Canonical tokens for (tok's text + jump), else for jump alone; the matcher is moved onto

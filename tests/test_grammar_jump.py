@@ -64,6 +64,14 @@ def test_jump_appends_forced_text_as_tokens(backend: GrammarBackend, engine: str
     reference = backend.compile("regex", REGEX, engine=engine).new_matcher()
     assert reference.accept_string(text)
     assert np.array_equal(_allowed(grammar.matcher), _allowed(reference))
+    for piece in ["d", "4"]:  # 'og", "legs": ' is forced, then '}' and, at the end, the stop token
+        saved = stats.extra["jump_forward_passes_saved"]
+        added = _step(req, grammar, stats, backend.tokenizer.encode(piece, add_special_tokens=False)[0])
+        assert stats.extra["jump_forward_passes_saved"] == saved + len(added) - 1
+    eos = backend.tokenizer.eos_token_id
+    assert req.output_ids[-1] == eos and grammar.is_terminated()
+    text = b"".join(vocab.token_bytes[t] for t in req.output_ids[:-1]).decode()
+    assert text == '{"name": "bob", "kind": "dog", "legs": 4}'
 
 
 def test_no_jump_when_disabled_or_over_budget(backend: GrammarBackend) -> None:
