@@ -414,3 +414,18 @@ def test_continuation_extends_exactly_the_cached_tokens(rt):
     a, b = st.get_meta_info("a"), st.get_meta_info("b")
     assert b["prompt_tokens"] > a["prompt_tokens"] + a["completion_tokens"]
     assert b["cached_tokens"] >= a["prompt_tokens"] + a["completion_tokens"] - 1
+
+
+def test_gen_logprob_options_reach_the_engine(rt, tok):
+    @sgl.function
+    def lp(s):
+        s += "The capital of France is"
+        s += sgl.gen("a", max_tokens=3, ignore_eos=True, return_logprob=True, top_logprobs_num=2)
+
+    st = lp.run(backend=rt, **GREEDY)
+    meta = st.get_meta_info("a")
+    out = meta["output_token_logprobs"]
+    assert len(out) == meta["completion_tokens"] == 3
+    assert tok.decode([e[1] for e in out]) == st["a"]
+    assert all(len(top) == 2 for top in meta["output_top_logprobs"])
+    assert all(top[0][0] >= e[0] - 1e-5 for top, e in zip(meta["output_top_logprobs"], out))  # greedy = top-1
