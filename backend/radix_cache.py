@@ -39,14 +39,18 @@ def _as_slot_tensor(indices: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _common_prefix_len(node_key: list[int], key: list[int], start: int, stop: int) -> int:
-    """Length of the common prefix of node_key and key[start:stop]."""
-    seg = key[start : min(start + len(node_key), stop)]
-    if seg == node_key[: len(seg)]:
-        return len(seg)
-    for i, (a, b) in enumerate(zip(node_key, seg)):
-        if a != b:
-            return i
-    return len(seg)  # unreachable: the slices differ, so some element differs
+    """Length of the common prefix of node_key and key[start:stop]. Slice compares run in C;
+    on a mismatch, 64-token blocks find the differing block before a short Python scan."""
+    n = min(len(node_key), stop - start)
+    head = node_key if n == len(node_key) else node_key[:n]
+    if key[start : start + n] == head:
+        return n
+    i = 0
+    while key[start + i : start + i + 64] == node_key[i : i + 64]:
+        i += 64
+    while node_key[i] == key[start + i]:
+        i += 1
+    return i
 
 
 class TreeNode:
@@ -100,6 +104,10 @@ class BasePrefixCache(ABC):
         """Longest cached prefix of key: (int64 CPU tensor of its KV slots, last matched node).
         Splits a node when the match ends inside it. Updates LRU access time. Does not lock.
         The returned tensor is a copy the caller may keep."""
+
+    @abstractmethod
+    def cached_len(self, key: list[int]) -> int:
+        """Length of key's longest cached prefix, read-only: no split, no LRU update."""
 
     @abstractmethod
     def insert(self, key: list[int], indices: torch.Tensor) -> int:
@@ -169,6 +177,21 @@ class RadixCache(BasePrefixCache):
         key = _as_token_list(key)
         node, _, values = self._walk(key, next(self._clock))
         return (torch.cat(values) if values else _empty_slots()), node
+
+    def cached_len(self, key: list[int]) -> int:
+        key = _as_token_list(key)
+        node, pos = self.root_node, 0
+        stop = len(key) - len(key) % self.page_size
+        while pos < stop:
+            child = node.children.get(self._child_key(key, pos))
+            if child is None:
+                break
+            m = _common_prefix_len(child.key, key, pos, stop)
+            pos += m - m % self.page_size
+            if m < len(child.key):
+                break
+            node = child
+        return pos
 
     def insert(self, key: list[int], indices: torch.Tensor) -> int:
         key = _as_token_list(key)
@@ -386,6 +409,9 @@ class NoPrefixCache(BasePrefixCache):
 
     def match_prefix(self, key: list[int]) -> tuple[torch.Tensor, TreeNode]:
         return _empty_slots(), self.root_node
+
+    def cached_len(self, key: list[int]) -> int:
+        return 0
 
     def insert(self, key: list[int], indices: torch.Tensor) -> int:
         self.allocator.free(_as_slot_tensor(indices, len(_as_token_list(key))))

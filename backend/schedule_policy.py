@@ -33,7 +33,7 @@ class _SharedPrefixes:
         self._tree.insert(key, torch.zeros(len(key), dtype=torch.int64))
 
     def shared_len(self, key: list[int]) -> int:
-        return int(self._tree.match_prefix(key)[0].numel())
+        return self._tree.cached_len(key)
 
 
 class SchedulePolicy:
@@ -63,7 +63,7 @@ class SchedulePolicy:
         return self._dedup(ordered, matched, inflight, budget)
 
     def _cached_len(self, req: Any) -> int:
-        return int(self.cache.match_prefix(req.all_ids[: req.max_prefix_len()])[0].numel())
+        return self.cache.cached_len(req.all_ids[: req.max_prefix_len()])
 
     def _dedup(
         self, ordered: list[Any], matched: dict[int, int], inflight: Sequence[Any], budget: int | None

@@ -249,3 +249,31 @@ def test_no_prefix_cache_frees_everything_it_is_given() -> None:
     cache.inc_lock_ref(node)
     cache.dec_lock_ref(node)
     assert cache.evict(10) == 0 and cache.total_size() == 0
+
+
+def test_common_prefix_len_matches_a_naive_scan() -> None:
+    import random
+
+    from radixlm.backend.radix_cache import _common_prefix_len
+
+    rng = random.Random(0)
+    for _ in range(500):
+        node_key = [rng.randrange(3) for _ in range(rng.randint(1, 300))]
+        key = node_key[: rng.randint(0, len(node_key))] + [rng.randrange(3) for _ in range(rng.randint(0, 300))]
+        start = rng.randint(0, 3)
+        key = [rng.randrange(3) for _ in range(start)] + key
+        stop = rng.randint(start, len(key))
+        want = 0
+        while want < min(len(node_key), stop - start) and node_key[want] == key[start + want]:
+            want += 1
+        assert _common_prefix_len(node_key, key, start, stop) == want
+
+
+def test_cached_len_is_read_only() -> None:
+    alloc, cache = make()
+    cache_seq(cache, alloc, [1, 2, 3, 4])
+    assert cache.cached_len([1, 2, 9]) == 2
+    assert cache.cached_len([1, 2, 3, 4, 5]) == 4 and cache.cached_len([7]) == 0
+    assert list(cache.all_cached_sequences()) == [(1, 2, 3, 4)]
+    assert len(cache.root_node.children[1].key) == 4  # no split happened
+    assert NoPrefixCache(alloc).cached_len([1, 2]) == 0

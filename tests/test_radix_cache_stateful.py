@@ -88,6 +88,7 @@ class RadixModelMachine(RuleBasedStateMachine):
 
     def match(self, key: list[int]) -> tuple[list[int], TreeNode]:
         want = self.expected_match(key)
+        assert self.cache.cached_len(key) == want
         got, node = self.cache.match_prefix(key)
         assert got.dtype == torch.int64 and got.numel() == want
         assert got.tolist() == self.slots_of(key, want)
