@@ -1,0 +1,113 @@
+"""Model-free unit tests of the server's pure parts: tool-call schemas (checked with jsonschema
+against hand-written valid and invalid calls), tool-call parsing, request models' rejections,
+and validation-error messages. The end-to-end behaviour is in test_server.py."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+
+from radixlm.backend.server.app import _format_validation
+from radixlm.backend.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from radixlm.backend.server.tools import plan_tools
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+    "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time"}}  # no parameters: any object
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def _chat(**kw: object) -> ChatCompletionRequest:
+    return ChatCompletionRequest(messages=MSGS, tools=[WEATHER, TIME], **kw)
+
+
+def _valid(schema: dict, value: object) -> bool:
+    try:
+        jsonschema.validate(value, schema)
+        return True
+    except jsonschema.ValidationError:
+        return False
+
+
+def test_tool_schemas_accept_exactly_well_formed_calls() -> None:
+    single = plan_tools(_chat(tool_choice="required", parallel_tool_calls=False)).call_schema()
+    assert _valid(single, {"name": "get_weather", "arguments": {"city": "Paris"}})
+    assert _valid(single, {"name": "get_time", "arguments": {}})
+    assert not _valid(single, {"name": "get_weather", "arguments": {}})  # missing required arg
+    assert not _valid(single, {"name": "rm_rf", "arguments": {}})
+    assert not _valid(single, {"name": "get_time", "arguments": {}, "extra": 1})
+
+    many = plan_tools(_chat(tool_choice="required")).call_schema()
+    assert _valid(many, [{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "x"}}])
+    assert not _valid(many, [])
+
+    named = plan_tools(_chat(tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+    assert named.call_schema() == WEATHER["function"]["parameters"]
+    assert plan_tools(_chat(tool_choice="none")).mode == "none"
+    assert plan_tools(_chat()).mode == "auto"
+
+
+def test_tool_call_parsing() -> None:
+    plan = plan_tools(_chat(tool_choice="required"))
+    calls = plan.parse('[{"name": "get_weather", "arguments": {"city": "Oslo"}}]')
+    assert [c["function"]["name"] for c in calls] == ["get_weather"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
+    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
+    with pytest.raises(ValueError, match="known tool"):
+        plan.parse('{"name": "nope", "arguments": {}}')
+    with pytest.raises(ValueError):
+        plan.parse('{"name": "get_weather", "argu')  # cut off
+    named = plan_tools(_chat(tool_choice={"type": "function", "function": {"name": "get_time"}}))
+    assert named.parse("{}")[0]["function"]["name"] == "get_time"
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"tool_choice": {"type": "function", "function": {"name": "ghost"}}}, "unknown tool"),
+    ({"top_logprobs": 2}, "logprobs"),
+    ({"logit_bias": {"1": 1.0}}, "logit_bias"),
+])
+def test_chat_request_rejections(kwargs: dict, reason: str) -> None:
+    with pytest.raises(ValidationError, match=reason):
+        _chat(**kwargs)
+
+
+def test_tools_do_not_mix_with_other_constraints() -> None:
+    fmt = {"type": "json_object"}
+    with pytest.raises(ValueError, match="response_format"):
+        plan_tools(_chat(response_format=fmt))
+    with pytest.raises(ValueError, match="regex"):
+        plan_tools(_chat(regex="a+"))
+    assert ChatCompletionRequest(messages=MSGS, response_format=fmt).sampling_params(8)["json_schema"] == {
+        "type": "object"}
+
+
+def test_request_shapes() -> None:
+    assert GenerateRequest(text=["a", "b"]).is_batch and not GenerateRequest(text="a").is_batch
+    assert GenerateRequest(input_ids=[[1], [2, 3]]).prompts() == [{"input_ids": [1]}, {"input_ids": [2, 3]}]
+    assert CompletionRequest(prompt=[5, 6]).prompts() == [{"input_ids": [5, 6]}]
+    with pytest.raises(ValidationError, match="exactly one"):
+        GenerateRequest()
+    with pytest.raises(ValidationError, match="suffix"):
+        CompletionRequest(prompt="a", suffix="b")
+
+
+def _message(body: dict) -> tuple[int, str]:
+    try:
+        GenerateRequest(**body)
+    except ValidationError as e:
+        errors = [{**x, "loc": ("body", *x["loc"])} for x in e.errors()]
+        return _format_validation(RequestValidationError(errors))
+    raise AssertionError("expected a validation error")
+
+
+def test_validation_messages_name_the_field_without_union_noise() -> None:
+    status, msg = _message({"text": "a", "sampling_params": {"max_new_tokenz": 1}})
+    assert status == 422 and msg == "invalid request: sampling_params.max_new_tokenz: unknown field"
+    status, msg = _message({"text": "a", "sampling_params": [{"top_p": 2}]})
+    assert status == 422 and msg.startswith("invalid request: sampling_params.0.top_p:")
+    assert "list" not in msg.split(":", 2)[1]
