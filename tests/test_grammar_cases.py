@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 # Written in the syntax both engines accept; ≥ 30 as issue 4 asks.
 REGEXES = [
     r"\d{4}-\d{2}-\d{2}",
@@ -87,3 +90,11 @@ SCHEMAS: list[dict] = [
                                       "score": {"type": "integer", "minimum": -10, "maximum": 10}},
      "required": ["age", "score"]},
 ]
+
+
+@functools.lru_cache(maxsize=1)
+def default_tokenizer() -> Any:
+    """The default model's tokenizer through the backend's loader, once per test session."""
+    from radixlm.backend.tokenizer import load_tokenizer
+
+    return load_tokenizer(None)

@@ -10,18 +10,19 @@ import threading
 
 import numpy as np
 import pytest
+from test_grammar_cases import default_tokenizer
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
 from radixlm.grammars import GrammarBackend, allocate_token_bitmask
 from radixlm.grammars.fsm import compile_regex
-from radixlm.grammars.testing import allowed_ids, load_default_tokenizer, random_walk
+from radixlm.grammars.testing import allowed_ids, random_walk
 from radixlm.grammars.token_index import vocab_from_tokenizer
 
 
 @pytest.fixture(scope="module")
 def backend() -> GrammarBackend:
-    return GrammarBackend(load_default_tokenizer(), 49152)
+    return GrammarBackend(default_tokenizer(), 49152)
 
 
 def _allowed(matcher, vocab_size: int) -> np.ndarray:

@@ -11,11 +11,11 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 from test_grammar_cases import INT_SCHEMA as I  # noqa: E741
-from test_grammar_cases import SCHEMAS
+from test_grammar_cases import SCHEMAS, default_tokenizer
 
 from radixlm.grammars import GrammarBackend, json_schema_to_regex, normalize_json_schema
 from radixlm.grammars.json_schema import int_range_regex
-from radixlm.grammars.testing import load_default_tokenizer, random_walk
+from radixlm.grammars.testing import random_walk
 
 
 class Address(BaseModel):
@@ -35,7 +35,7 @@ N_WALKS = 3
 
 @pytest.fixture(scope="module")
 def backend() -> GrammarBackend:
-    return GrammarBackend(load_default_tokenizer(), 49152)
+    return GrammarBackend(default_tokenizer(), 49152)
 
 
 def _validate_walks(backend: GrammarBackend, schema: dict, engine: str) -> None:

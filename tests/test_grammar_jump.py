@@ -10,17 +10,18 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from test_grammar_cases import default_tokenizer
 
 from radixlm.backend.constrained import RequestGrammar
 from radixlm.grammars import GrammarBackend, allocate_token_bitmask
-from radixlm.grammars.testing import allowed_ids, load_default_tokenizer
+from radixlm.grammars.testing import allowed_ids
 
 REGEX = r'\{"name": "[a-z]{1,6}", "kind": "(cat|dog)", "legs": [0-9]\}'
 
 
 @pytest.fixture(scope="module")
 def backend() -> GrammarBackend:
-    return GrammarBackend(load_default_tokenizer(), 49152)
+    return GrammarBackend(default_tokenizer(), 49152)
 
 
 def _request(backend: GrammarBackend, engine: str = "fsm", jump: bool = True, max_new: int = 64):

@@ -7,10 +7,10 @@ import re
 
 import numpy as np
 import pytest
-from test_grammar_cases import REGEXES
+from test_grammar_cases import REGEXES, default_tokenizer
 
 from radixlm.grammars import GrammarBackend
-from radixlm.grammars.testing import load_default_tokenizer, random_walk
+from radixlm.grammars.testing import random_walk
 
 # Where the dialects differ: (regex, reason). The test checks that the difference is real.
 DIALECT_DIFFERENCES = [
@@ -26,7 +26,7 @@ N_WALKS = 3
 
 @pytest.fixture(scope="module")
 def backend() -> GrammarBackend:
-    return GrammarBackend(load_default_tokenizer(), 49152)
+    return GrammarBackend(default_tokenizer(), 49152)
 
 
 def _walks(backend: GrammarBackend, regex: str, engines: tuple[str, ...]) -> tuple[list[str], list[tuple]]:
