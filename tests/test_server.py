@@ -363,6 +363,24 @@ def test_tools_required_named_and_auto(server: Server) -> None:
     else:
         assert isinstance(msg.content, str) and auto.choices[0].finish_reason in ("stop", "length")
 
+    # auto, with a few-shot history of calls: greedy SmolLM2 writes the tag, and the call JSON
+    # that follows is generated under the call schema (both parallel forms, plain and streamed)
+    shots = []
+    for city in ("Rome", "Oslo", "Lima"):
+        shots += [{"role": "user", "content": f"Weather in {city}?"},
+                  {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {
+                      "name": "get_weather", "arguments": json.dumps({"city": city, "unit": "c"})}}]}]
+    shots.append({"role": "user", "content": "Weather in Paris?"})
+    for parallel in (False, True):
+        r = server.oai.chat.completions.create(model="x", messages=shots, tools=tools, tool_choice="auto",
+                                               parallel_tool_calls=parallel, max_tokens=40, temperature=0)
+        assert r.choices[0].finish_reason == "tool_calls", r.choices[0].message
+        _check_calls(r.choices[0].message.tool_calls, tools)
+    stream = server.oai.chat.completions.create(model="x", messages=shots, tools=tools, tool_choice="auto",
+                                                max_tokens=40, temperature=0, stream=True)
+    calls = [tc for ch in stream if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert [c.function.arguments for c in calls] == [r.choices[0].message.tool_calls[0].function.arguments]
+
 
 # ---------------------------------------------------------------- programs and metrics
 
