@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -26,7 +27,7 @@ ENGINES = ("fsm", "xgrammar", "auto")
 class GrammarBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, *, stop_token_ids: list[int] | None = None,
                  max_threads: int = 2, compile_timeout_s: float = 30.0, max_states: int = 10_000,
-                 use_disk_cache: bool = True) -> None:
+                 use_disk_cache: bool = True, max_cached: int = 256) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = int(vocab_size)
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -37,7 +38,8 @@ class GrammarBackend:
         self.max_states = max_states
         self.use_disk_cache = use_disk_cache
         self._lock = threading.Lock()
-        self._cache: dict[tuple[str, str, str], Future] = {}
+        self._cache: OrderedDict[tuple[str, str, str], Future] = OrderedDict()  # LRU of compiled grammars
+        self.max_cached = max_cached
         self._vocab: TokenVocab | None = None
         self._xgr: Any = None
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="grammar-compile")
@@ -70,6 +72,10 @@ class GrammarBackend:
             if fut is None:
                 fut = self._pool.submit(self._compile, *key)
                 self._cache[key] = fut
+                while len(self._cache) > self.max_cached:  # matchers keep their grammar alive
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(key)
         return fut
 
     def shutdown(self, wait: bool = False) -> None:

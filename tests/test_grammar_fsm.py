@@ -151,6 +151,13 @@ def test_backend_caches_and_compiles_off_thread(backend: GrammarBackend) -> None
     with pytest.raises(ValueError):
         bad.result(timeout=60)
     assert backend.compile("ebnf", 'root ::= "a" [0-9]').engine == "xgrammar"
+    small = GrammarBackend(backend.tokenizer, 49152, max_cached=2)
+    first = small.compile("regex", "a")
+    small.compile("regex", "b")
+    assert small.compile("regex", "a") is first  # a hit refreshes "a"
+    small.compile("regex", "c")  # evicts "b", the least recently used
+    assert ("regex", "b", "auto") not in small._cache and len(small._cache) == 2
+    assert small.compile("regex", "a") is first
     assert backend.compile("json", "").engine == "xgrammar"
 
 
