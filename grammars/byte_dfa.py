@@ -214,6 +214,10 @@ def parse_regex(regex: str) -> interegular.FSM:
     if body.endswith("$") and not body.endswith("\\$"):
         body = body[:-1]
     try:
+        re.compile(body)  # interegular accepts some invalid syntax (e.g. 'a**'); Python's re decides
+    except re.error as e:
+        raise ValueError(f"invalid or unsupported regex {regex!r}: {e}") from e
+    try:
         return interegular.parse_pattern(body).to_fsm()
     except Exception as e:  # interegular raises bare Exception subclasses
         raise ValueError(f"invalid or unsupported regex {regex!r}: {type(e).__name__}: {e}") from e

@@ -113,6 +113,7 @@ def test_disk_cache_roundtrip_and_corruption(backend: GrammarBackend, tmp_path, 
     ("(", "invalid or unsupported regex"),
     (r"\bword", "invalid or unsupported regex"),
     (r"a{3,1}", "invalid or unsupported regex"),
+    (r"a**", "invalid or unsupported regex"),
     (r"(?=a)b", "matches no string"),
     ("", "non-empty string"),
 ])
