@@ -167,13 +167,18 @@ def _expand_unicode_escapes(regex: str) -> str:
 
 def _freeze(x: object) -> object:
     """A hashable stand-in with the same equality (interegular's crawl states may be sets/lists)."""
-    if isinstance(x, (set, frozenset)):
-        return frozenset(_freeze(v) for v in x)
+    if isinstance(x, set):
+        return frozenset(x)  # set members are hashable already
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        pass
     if isinstance(x, (list, tuple)):
         return (type(x) is list, tuple(_freeze(v) for v in x))
     if isinstance(x, dict):
         return frozenset((k, _freeze(v)) for k, v in x.items())
-    return x
+    raise TypeError(f"cannot index interegular state of type {type(x).__name__}")
 
 
 def _crawl(alphabet, initial, final, follow):  # type: ignore[no-untyped-def]

@@ -11,6 +11,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_TOP_LOGPROBS = 20
+# Hard ceiling on prompts x n per request, checked before any fan-out (a huge `n` used to build
+# that many sequences before the server's configured limit was checked: a hang, found by fuzzing).
+MAX_SEQUENCES = 1024
 
 
 class _Strict(BaseModel):
@@ -38,7 +41,7 @@ class SamplingParams(_Strict):
     no_stop_trim: bool | None = None
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
-    n: int | None = Field(default=None, ge=1)
+    n: int | None = Field(default=None, ge=1, le=MAX_SEQUENCES)
     seed: int | None = None
     regex: str | None = None
     json_schema: str | dict[str, Any] | None = None
@@ -68,6 +71,10 @@ class GenerateRequest(_Strict):
     def _one_prompt_kind(self) -> GenerateRequest:
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("give exactly one of `text` or `input_ids`")
+        n_prompts = len(self.text) if isinstance(self.text, list) else (
+            len(self.input_ids) if self.is_batch and self.input_ids is not None else 1)
+        params = self.sampling_params if isinstance(self.sampling_params, list) else [self.sampling_params]
+        _check_fanout(n_prompts * max((sp.n or 1) if sp else 1 for sp in params) if params else n_prompts)
         return self
 
     def prompts(self) -> list[dict[str, Any]]:
@@ -85,6 +92,11 @@ class GenerateRequest(_Strict):
         if self.text is not None:
             return not isinstance(self.text, str)
         return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+
+
+def _check_fanout(n_sequences: int) -> None:
+    if n_sequences > MAX_SEQUENCES:
+        raise ValueError(f"request asks for {n_sequences} sequences (prompts x n); at most {MAX_SEQUENCES}")
 
 
 class AbortRequest(_Strict):
@@ -122,7 +134,7 @@ class _SamplingExtras(_Strict):
     """OpenAI sampling fields plus radixlm/SGLang extras shared by completions and chat."""
 
     model: str | None = None
-    n: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, le=MAX_SEQUENCES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -193,6 +205,8 @@ class CompletionRequest(_SamplingExtras):
             raise ValueError("best_of other than n is not supported")
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("prompt must not be empty")
+        batch = isinstance(self.prompt, list) and not isinstance(self.prompt[0], int)
+        _check_fanout((len(self.prompt) if batch else 1) * self.n)
         return self
 
     def prompts(self) -> list[dict[str, Any]]:
