@@ -119,7 +119,8 @@ def run_mode(args: argparse.Namespace, sizes: dict[str, dict], disable: bool) ->
     engine = make_engine(args, disable)
     try:
         vocab = engine.model_config.vocab_size
-        Runner(engine, vocab, seed=999).generate([[101 + i for i in range(64)]] * 2, 4)  # warm-up
+        warm = Runner(engine, vocab, seed=999)  # compile kernels for long and short extends, decode
+        warm.generate([warm.ids(min(args.chunked_prefill_size, 1024) + 64)] + [warm.ids(32) for _ in range(8)], 4)
         results: dict[str, Any] = {"device": str(engine.device)}
         for name in args.workloads:
             engine.flush_cache()
@@ -192,6 +193,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--small", action="store_true", help="CPU-sized workloads")
     p.add_argument("--workloads", default="few_shot,tree,multi_turn")
+    p.add_argument("--sizes", default="{}", help='overrides, e.g. \'{"few_shot": {"num_questions": 64}}\'')
     p.add_argument("--model-path", default=None)
     p.add_argument("--model-shape", default=None)
     p.add_argument("--random-weights", action="store_true")
@@ -217,7 +219,12 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    sizes = SMALL if args.small else FULL
+    sizes = {k: dict(v) for k, v in (SMALL if args.small else FULL).items()}
+    for name, over in json.loads(args.sizes).items():
+        unknown = set(over) - set(sizes.get(name, {}))
+        if name not in sizes or unknown:
+            raise ValueError(f"--sizes: unknown workload {name!r} or keys {sorted(unknown)}")
+        sizes[name].update(over)
     if args.mode != "both":
         part = run_mode(args, sizes, disable=args.mode == "off")
         Path(args.partial_out).write_text(json.dumps(part))
