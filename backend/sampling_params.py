@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+GREEDY_TEMPERATURE = 1e-5
+
 
 @dataclass
 class SamplingParams:
@@ -64,8 +66,7 @@ class SamplingParams:
         _check_range("min_p", self.min_p, 0.0, 1.0)
         _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
-        if not (isinstance(self.repetition_penalty, (int, float)) and 0.0 < self.repetition_penalty <= 2.0):
-            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty!r}")
+        _check_range("repetition_penalty", self.repetition_penalty, 0.01, 2.0)
         _check_int("n", self.n, 1)
         if self.seed is not None:
             _check_int("seed", self.seed, 0)
@@ -88,7 +89,8 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # A temperature this small is argmax in all but float overflow (SGLang's rule too).
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:

@@ -81,11 +81,26 @@ class Scheduler:
         plan = self.schedule()
         if plan is None:
             return False
-        fb = self.runner.build_batch(plan.items, torch.cat(plan.slots))
-        logits = self.runner.forward(fb)
-        self.stats.forward_passes += 1
-        self.process(plan, logits)
+        try:
+            fb = self.runner.build_batch(plan.items, torch.cat(plan.slots))
+            logits = self.runner.forward(fb)
+            self.stats.forward_passes += 1
+            self.process(plan, logits)
+        except Exception as e:
+            self.fail_plan(plan, f"internal error: {type(e).__name__}: {e}")
+            raise
         return True
+
+    def fail_plan(self, plan: StepPlan, message: str) -> None:
+        """A step raised: end the step's requests with an abort result and free their KV
+        (including the slots this step gave them), so no caller waits forever."""
+        for req, item in zip(plan.reqs, plan.items):
+            if req.finished:
+                continue
+            if req.req_pool_idx is not None:
+                req.kv_len = max(req.kv_len, item.start + len(item.token_ids))
+            req.finished_reason = {"type": "abort", "message": message}
+            self._finish(req)
 
     def schedule(self) -> StepPlan | None:
         plan = StepPlan([], [], [], [])
@@ -118,13 +133,18 @@ class Scheduler:
                 self._retract(self._pick_victim())
 
     def _pick_victim(self) -> Req:
-        # The request that lost the least work: fewest outputs, then the longest prompt.
-        return min(self.running, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
+        # The request that loses the least work: fewest outputs, then the longest prompt. A prompt
+        # part-way through chunked prefill goes first, so it can never starve running decodes.
+        candidates = self.running + ([self.chunked] if self.chunked else [])
+        return min(candidates, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
 
     def _retract(self, req: Req) -> None:
         """Free a running request's KV and requeue it first; it recomputes later, with its
         sampling state (outputs, penalties, RNG) intact, so its output does not change."""
-        self.running.remove(req)
+        if req is self.chunked:
+            self.chunked = None
+        else:
+            self.running.remove(req)
         self._release_kv(req, cache_it=False)
         req.num_retractions += 1
         self.stats.num_retractions += 1

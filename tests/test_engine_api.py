@@ -106,3 +106,37 @@ def test_max_new_tokens_zero_scores_prompt(engine):
     out = engine.generate("Score me please", {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0)
     assert out["output_ids"] == [] and out["meta_info"]["finish_reason"]["type"] == "length"
     assert len(out["meta_info"]["input_token_logprobs"]) == out["meta_info"]["prompt_tokens"]
+
+
+def test_tiny_temperature_is_greedy_and_tiny_penalty_rejected(engine):
+    greedy = engine.generate("Hello there", {"max_new_tokens": 6, "temperature": 0})
+    tiny = engine.generate("Hello there", {"max_new_tokens": 6, "temperature": 1e-300})
+    assert tiny["output_ids"] == greedy["output_ids"]
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        engine.generate("Hello there", {"repetition_penalty": 1e-300})
+
+
+def test_failed_step_aborts_its_requests_frees_kv_and_engine_goes_on(engine):
+    runner = engine.runner
+    real_forward = runner.forward
+    calls = {"n": 0}
+
+    def flaky(fb):
+        calls["n"] += 1
+        if calls["n"] == 2:  # fail mid-generation, after the prompt's KV exists
+            raise RuntimeError("injected fault")
+        return real_forward(fb)
+
+    assert engine.flush_cache()
+    free0 = engine.get_stats()["kv_free_slots"]
+    runner.forward = flaky
+    try:
+        out = engine.generate("Count to ten:", {"max_new_tokens": 8, "temperature": 0})
+    finally:
+        runner.forward = real_forward
+    assert out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert "injected fault" in out["meta_info"]["finish_reason"]["message"]
+    assert engine.flush_cache()
+    assert engine.get_stats()["kv_free_slots"] == free0
+    ok = engine.generate("Count to ten:", {"max_new_tokens": 3, "temperature": 0})
+    assert ok["meta_info"]["completion_tokens"] == 3
