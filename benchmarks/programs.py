@@ -174,11 +174,17 @@ def engine_busy_s(calls: list[dict[str, Any]], t_start: float, t_end: float) -> 
     return busy + (0.0 if cur_e is None else cur_e - cur_s)
 
 
-def timed(fn: Any) -> tuple[float, float]:
-    """(wall seconds, process CPU seconds — all threads) of fn()."""
+_WORK_KEYS = ("forward_passes", "computed_prompt_tokens", "cached_prompt_tokens", "generated_tokens")
+
+
+def timed(engine: Any, fn: Any) -> tuple[float, float, dict[str, int]]:
+    """(wall s, process CPU s — all threads, engine work counters) of fn()."""
+    s0 = engine.get_stats()
     w0, c0 = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - w0, time.process_time() - c0
+    w, c = time.perf_counter() - w0, time.process_time() - c0
+    s1 = engine.get_stats()
+    return w, c, {k: s1[k] - s0[k] for k in _WORK_KEYS if k in s0}
 
 
 def measure(engine: Any, program: Any, batch: list[dict[str, Any]], repeats: int) -> dict[str, Any]:
@@ -186,19 +192,20 @@ def measure(engine: Any, program: Any, batch: list[dict[str, Any]], repeats: int
     overhead: wall time side by side, process CPU time side by side, and — within each program
     run, so immune to the machine's load drifting between runs — the time no engine call was
     in flight (pure interpreter time on the critical path) relative to engine-busy time."""
-    prog_w, prog_c, raw_w, raw_c, idle, calls = [], [], [], [], [], []
+    prog_w, prog_c, raw_w, raw_c, idle, calls, work = [], [], [], [], [], [], []
     program.run_batch(batch, backend=Runtime(engine=engine), temperature=0)  # warm caches (grammars, allocator)
     for _ in range(repeats):
         rec = RecordingRuntime(engine)
         engine.flush_cache()
         t0 = time.perf_counter()
-        w, c = timed(lambda rec=rec: program.run_batch(batch, backend=rec, temperature=0))
+        w, c, prog_work = timed(engine, lambda rec=rec: program.run_batch(batch, backend=rec, temperature=0))
         busy = engine_busy_s(rec.calls, t0, t0 + w)
         prog_w.append(w), prog_c.append(c), idle.append((w - busy) / busy)
         calls = rec.calls
         engine.flush_cache()
-        w, c = timed(lambda calls=calls: replay(engine, calls))
+        w, c, raw_work = timed(engine, lambda calls=calls: replay(engine, calls))
         raw_w.append(w), raw_c.append(c)
+        work.append({"program": prog_work, "raw": raw_work})
     med = statistics.median
     toks = output_tokens(calls)
     return {
@@ -209,7 +216,19 @@ def measure(engine: Any, program: Any, batch: list[dict[str, Any]], repeats: int
         "overhead_wall": (med(prog_w) - med(raw_w)) / med(raw_w),
         "overhead_cpu": (med(prog_c) - med(raw_c)) / med(raw_c),
         "overhead_idle_in_run": med(idle),
+        # Engine counters per mode. Output tokens and prompt tokens (computed + cached) must be
+        # equal; how the prompt splits into radix hits, and the forward-pass count, follow the
+        # arrival timing, so they may differ by a little between the two modes.
+        "engine_work": work,
+        "same_tokens": all(same_tokens(w["program"], w["raw"]) for w in work),
     }
+
+
+def same_tokens(a: dict[str, int], b: dict[str, int]) -> bool:
+    def prompt(x: dict[str, int]) -> int:
+        return x["computed_prompt_tokens"] + x["cached_prompt_tokens"]
+
+    return a["generated_tokens"] == b["generated_tokens"] and prompt(a) == prompt(b)
 
 
 def main() -> None:
@@ -236,7 +255,8 @@ def main() -> None:
             results[kind] = measure(engine, program, batch, args.repeats)
         except ValueError as e:  # e.g. constrained decoding not available in this engine build
             results[kind] = {"skipped": str(e)}
-        print(kind, json.dumps({k: v for k, v in results[kind].items() if not isinstance(v, list)}), flush=True)
+        print(kind, json.dumps({k: v for k, v in results[kind].items() if not isinstance(v, (list, dict))}),
+              flush=True)
     def median_of(key: str) -> float | None:
         vals = [r[key] for r in results.values() if key in r]
         return statistics.median(vals) if vals else None
