@@ -190,3 +190,14 @@ def test_endpoint_constrained_int_and_typed_json(ep):
     assert isinstance(st["n"], int)
     assert isinstance(st["person"], suite.Person)
     assert st["person"] == suite.Person.model_validate_json(st.text().split("As JSON: ", 1)[1])
+
+
+def test_openai_chat_typed_gen_uses_response_format(oai_chat):
+    @sgl.function
+    def typed(s):
+        s += sgl.user("Bob is 41 years old. Give his name and age as JSON.")
+        s += sgl.assistant(sgl.gen("person", json_schema=suite.Person, max_tokens=40))
+
+    st = typed.run(backend=oai_chat, **GREEDY)
+    assert isinstance(st["person"], suite.Person)
+    assert st["person"] == suite.Person.model_validate_json(st.messages()[-1]["content"])
