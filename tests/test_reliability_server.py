@@ -56,6 +56,17 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 @pytest.fixture(scope="module")
+def engine() -> Iterator[Any]:
+    """This module's own engine (not the session one: no pins or cache left by other tests),
+    with a KV pool big enough for 100 concurrent short streams."""
+    from radixlm.backend.engine import Engine
+
+    eng = Engine(device="cpu", max_total_tokens=4096)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
 def srv(engine: Any, programs: Any) -> Iterator[Srv]:
     s = start_thread(engine, programs=programs, max_pending_requests=128)
     yield s
@@ -220,7 +231,7 @@ def test_program_endpoint_runs_only_registered_programs(srv: Srv) -> None:
 
 @pytest.mark.slow
 def test_overload_4x_oversubscribed_kv(tiny: Srv) -> None:
-    fig = overload(tiny, n_requests=8, prompt_words=6, max_new=16)
+    fig = overload(tiny, n_requests=10, prompt_words=6, max_new=24)
     show("overload", fig)
     assert fig["oversubscription"] >= 4.0
     assert fig["lost"] == 0 and fig["finished"] == fig["sent"] == fig["finish_length"]
