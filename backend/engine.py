@@ -108,6 +108,20 @@ class Engine:
             except Exception:  # the step's own requests were aborted; the rest go on
                 logger.exception("scheduler step failed")
         self._abort_all("engine shut down")
+        self._refuse_inbox()
+
+    def _refuse_inbox(self) -> None:
+        """After shutdown nobody may wait forever: answer what is still queued."""
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                payload.finished_reason = {"type": "abort", "message": "engine shut down"}
+                payload.sink({"text": "", "output_ids": [], "meta_info": payload.meta_info()})
+            elif kind == "call":
+                payload[1].set_exception(RuntimeError("engine is shut down"))
 
     def _drain_inbox(self, block: bool) -> bool:
         try:
@@ -325,6 +339,7 @@ class Engine:
         self._closed = True
         self._inbox.put(("stop", None))
         self._thread.join(timeout=30)
+        self._refuse_inbox()  # anything queued after the loop's own final drain
 
     def __enter__(self) -> Engine:
         return self

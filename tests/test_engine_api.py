@@ -140,3 +140,17 @@ def test_failed_step_aborts_its_requests_frees_kv_and_engine_goes_on(engine):
     assert engine.get_stats()["kv_free_slots"] == free0
     ok = engine.generate("Count to ten:", {"max_new_tokens": 3, "temperature": 0})
     assert ok["meta_info"]["completion_tokens"] == 3
+
+
+def test_shutdown_answers_every_waiting_caller():
+    from radixlm.backend.engine import Engine
+
+    eng = Engine(max_total_tokens=1024)
+    stream = eng.generate("A long tale:", {"max_new_tokens": 400, "ignore_eos": True}, stream=True)
+    next(stream)
+    eng.shutdown()
+    assert list(stream)[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    with pytest.raises(RuntimeError, match="shut down"):
+        eng.generate("again", {"max_new_tokens": 2})
+    with pytest.raises(RuntimeError, match="shut down"):
+        eng.flush_cache()
