@@ -1,0 +1,169 @@
+"""Cascade groups for a decode batch, read from the radix tree: which running requests share a long
+cached prefix (the same KV slots), in what order the batch must run so each group is contiguous,
+and how many KV reads that saves. Promises: host-only (no device work), O(batch * tree depth);
+every group's members hold the same slots for the first `shared` tokens, shared <= each member's
+prefix_len <= its KV length, so each member keeps at least its new token as its own part."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from radixlm.backend.request import Req
+
+# Defaults (each a keyword argument of find_cascade_groups, so tests can lower them). A cascade
+# step runs eagerly (no CUDA graph: its plan changes shape every step), which costs the launch
+# overhead graphs hide (about 1-3 ms per step for an 8B-class model), and adds one kernel and a
+# merge. It pays only when attention reads dominate and shrink a lot:
+MIN_SHARED_LEN = 512  # shorter shared prefixes save less than the shared kernel's own cost
+MIN_SAVED_FRACTION = 0.5  # at least half of the batch's KV reads avoided: attention time halves
+MIN_SAVED_TOKENS = 16384  # KV rows (per KV head) avoided; 8B shape: 2 GB, ~0.5 ms at 4.2 TB/s
+
+
+@dataclass
+class CascadeGroups:
+    order: list[int]  # positions in the input list, in the order the decode batch must run
+    group_sizes: list[int]  # contiguous runs of `order`; sum == len(reqs)
+    shared_lens: list[int]  # KV tokens each group shares (0 for a group that shares nothing)
+    saved_tokens: int  # KV rows per KV head the plan avoids reading: sum (n_g - 1) * shared_g
+
+
+@dataclass
+class _Option:
+    """One way to settle a subtree: groups formed inside it, their savings, and the members left
+    over for an ancestor to group (each would save that ancestor's depth if it groups them)."""
+
+    value: int
+    groups: list[tuple[int, list[int]]]  # (shared length, member positions)
+    leftover: list[int]
+
+    def score(self, weight: int) -> int:
+        return self.value + len(self.leftover) * weight
+
+
+def find_cascade_groups(
+    reqs: Sequence[Req], min_shared_len: int = MIN_SHARED_LEN, min_group_size: int = 2,
+    min_saved_fraction: float = MIN_SAVED_FRACTION, min_saved_tokens: int = MIN_SAVED_TOKENS,
+) -> CascadeGroups | None:
+    """Group decode requests by their deepest shared radix-tree ancestors, or None when cascade
+    would not pay (no group, or the saved reads are below the thresholds). The decode step's
+    sequence length of a request is taken as kv_len + 1 (its new token is written at kv_len)."""
+    if min_group_size < 2:
+        raise ValueError(f"min_group_size must be at least 2, got {min_group_size}")
+    if len(reqs) < min_group_size:
+        return None
+    tree = _TouchedTree(reqs, min_shared_len)
+    if tree.root is None:
+        return None
+    groups = _settle(tree, min_shared_len, min_group_size)
+    groups = [(min(shared, *(tree.limit[i] for i in members)), members) for shared, members in groups]
+    groups = [(s, m) for s, m in groups if s >= min_shared_len]
+    saved = sum((len(m) - 1) * s for s, m in groups)
+    total = sum(r.kv_len + 1 for r in reqs)
+    if not groups or saved < min_saved_tokens or saved < min_saved_fraction * total:
+        return None
+    return _layout(len(reqs), groups, saved)
+
+
+class _TouchedTree:
+    """The part of the radix tree on the paths root -> req.last_node of the batch, with each node's
+    depth (tokens from the root) and the positions of the requests whose path ends there. Requests
+    with fewer than min_shared_len shareable tokens stay out (they can only be singletons)."""
+
+    def __init__(self, reqs: Sequence[Req], min_shared_len: int) -> None:
+        self.depth: dict[Any, int] = {}
+        self.kids: dict[Any, list[Any]] = {}
+        self.own: dict[Any, list[int]] = {}
+        self.limit: list[int] = []
+        self.root: Any = None
+        for i, req in enumerate(reqs):
+            limit = min(req.prefix_len, req.kv_len) if req.last_node is not None else 0
+            self.limit.append(limit)
+            if limit >= min_shared_len:
+                self._add_path(req.last_node)
+                self.own.setdefault(req.last_node, []).append(i)
+
+    def _add_path(self, node: Any) -> None:
+        path = []
+        while node not in self.depth and node.parent is not None:
+            path.append(node)
+            node = node.parent
+        if node not in self.depth:  # the root
+            self.depth[node] = 0
+            self.root = node
+        d = self.depth[node]
+        for child in reversed(path):
+            d += len(child.key)
+            self.depth[child] = d
+            self.kids.setdefault(child.parent, []).append(child)
+
+    def post_order(self) -> list[Any]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(self.kids.get(node, ()))
+        out.reverse()
+        return out
+
+
+def _settle(tree: _TouchedTree, min_shared_len: int, min_group_size: int) -> list[tuple[int, list[int]]]:
+    """Bottom-up over the touched tree; each node keeps a few options (pass everything up, best
+    with leftovers, best fully grouped) and its parent picks one per child, weighing a leftover
+    member at the parent's depth. A chain node (one child, no request of its own) only forwards
+    its child's options: grouping there is never better than at the deeper child."""
+    options: dict[Any, list[_Option]] = {}
+    for node in tree.post_order():
+        kids = tree.kids.get(node, [])
+        own = tree.own.get(node, [])
+        if len(kids) == 1 and not own:
+            options[node] = options.pop(kids[0])
+            continue
+        d = tree.depth[node] if tree.depth[node] >= min_shared_len else 0
+        child_opts = [options.pop(k) for k in kids]
+        options[node] = _node_options(own, child_opts, d, min_group_size)
+    best = max(options[tree.root], key=lambda o: (o.value, -len(o.groups)))
+    return best.groups
+
+
+def _node_options(own: list[int], child_opts: list[list[_Option]], d: int, min_group_size: int) -> list[_Option]:
+    """Options of one node of depth d (0: too shallow to group at): choose each child's option as
+    if leftovers were grouped here (weight d) or not (weight 0), then close a group here or not."""
+    everyone = own + [i for opts in child_opts for i in opts[0].leftover]  # opts[0]: pass all up
+    out = [_Option(0, [], everyone)]
+    for weight in {d, 0}:
+        picks = [max(opts, key=lambda o: (o.score(weight), len(o.leftover))) for opts in child_opts]
+        value = sum(o.value for o in picks)
+        groups = [g for o in picks for g in o.groups]
+        pool = own + [i for o in picks for i in o.leftover]
+        out.append(_Option(value, groups, pool))
+        if d and len(pool) >= min_group_size:
+            out.append(_Option(value + (len(pool) - 1) * d, groups + [(d, pool)], []))
+    return out
+
+
+def _layout(n: int, groups: list[tuple[int, list[int]]], saved: int) -> CascadeGroups:
+    """Groups contiguous, in the order of their first member; ungrouped requests as singletons."""
+    group_of = {}
+    for g, (_, members) in enumerate(groups):
+        for i in members:
+            group_of[i] = g
+    order: list[int] = []
+    sizes: list[int] = []
+    shared: list[int] = []
+    emitted: set[int] = set()
+    for i in range(n):
+        g = group_of.get(i)
+        if g is None:
+            order.append(i)
+            sizes.append(1)
+            shared.append(0)
+        elif g not in emitted:
+            emitted.add(g)
+            members = sorted(groups[g][1])
+            order.extend(members)
+            sizes.append(len(members))
+            shared.append(groups[g][0])
+    return CascadeGroups(order, sizes, shared, saved)
