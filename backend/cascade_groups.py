@@ -54,17 +54,36 @@ def find_cascade_groups(
         raise ValueError(f"min_group_size must be at least 2, got {min_group_size}")
     if len(reqs) < min_group_size:
         return None
-    tree = _TouchedTree(reqs, min_shared_len)
-    if tree.root is None:
-        return None
-    groups = _settle(tree, min_shared_len, min_group_size)
-    groups = [(min(shared, *(tree.limit[i] for i in members)), members) for shared, members in groups]
-    groups = [(s, m) for s, m in groups if s >= min_shared_len]
+    # The grouping depends only on each request's locked node and shareable length, which change
+    # when requests join, leave or finish a prompt — not every step: the last answer is kept.
+    key = (min_shared_len, min_group_size, *[(r.last_node, _limit(r)) for r in reqs])
+    groups = _last_groups.get(key)
+    if groups is None:
+        groups = _group(reqs, min_shared_len, min_group_size)
+        _last_groups.clear()
+        _last_groups[key] = groups
     saved = sum((len(m) - 1) * s for s, m in groups)
     total = sum(r.kv_len + 1 for r in reqs)
     if not groups or saved < min_saved_tokens or saved < min_saved_fraction * total:
         return None
     return _layout(len(reqs), groups, saved)
+
+
+_last_groups: dict[tuple, list[tuple[int, list[int]]]] = {}  # one entry (it holds its nodes alive)
+
+
+def _limit(req: Req) -> int:
+    """Tokens of a request that may be shared: its cached prefix (tree slots), within its KV."""
+    return min(req.prefix_len, req.kv_len) if req.last_node is not None else 0
+
+
+def _group(reqs: Sequence[Req], min_shared_len: int, min_group_size: int) -> list[tuple[int, list[int]]]:
+    tree = _TouchedTree(reqs, min_shared_len)
+    if tree.root is None:
+        return []
+    groups = _settle(tree, min_shared_len, min_group_size)
+    groups = [(min(shared, *(tree.limit[i] for i in members)), members) for shared, members in groups]
+    return [(s, m) for s, m in groups if s >= min_shared_len]
 
 
 class _TouchedTree:
@@ -79,7 +98,7 @@ class _TouchedTree:
         self.limit: list[int] = []
         self.root: Any = None
         for i, req in enumerate(reqs):
-            limit = min(req.prefix_len, req.kv_len) if req.last_node is not None else 0
+            limit = _limit(req)
             self.limit.append(limit)
             if limit >= min_shared_len:
                 self._add_path(req.last_node)
@@ -133,8 +152,12 @@ def _node_options(own: list[int], child_opts: list[list[_Option]], d: int, min_g
     if leftovers were grouped here (weight d) or not (weight 0), then close a group here or not."""
     everyone = own + [i for opts in child_opts for i in opts[0].leftover]  # opts[0]: pass all up
     out = [_Option(0, [], everyone)]
+    if not child_opts:  # a leaf (most nodes of a fork batch): pass up, or group its own requests
+        if d and len(own) >= min_group_size:
+            out.append(_Option((len(own) - 1) * d, [(d, own)], []))
+        return out
     for weight in {d, 0}:
-        picks = [max(opts, key=lambda o: (o.score(weight), len(o.leftover))) for opts in child_opts]
+        picks = [opts[0] if len(opts) == 1 else _pick(opts, weight) for opts in child_opts]
         value = sum(o.value for o in picks)
         groups = [g for o in picks for g in o.groups]
         pool = own + [i for o in picks for i in o.leftover]
@@ -142,6 +165,15 @@ def _node_options(own: list[int], child_opts: list[list[_Option]], d: int, min_g
         if d and len(pool) >= min_group_size:
             out.append(_Option(value + (len(pool) - 1) * d, groups + [(d, pool)], []))
     return out
+
+
+def _pick(opts: list[_Option], weight: int) -> _Option:
+    """The option with the best score at this weight; on a tie, the one leaving more members."""
+    best = opts[0]
+    for o in opts[1:]:
+        if (o.score(weight), len(o.leftover)) > (best.score(weight), len(best.leftover)):
+            best = o
+    return best
 
 
 def _layout(n: int, groups: list[tuple[int, list[int]]], saved: int) -> CascadeGroups:

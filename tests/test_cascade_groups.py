@@ -113,6 +113,21 @@ def test_forks_make_one_group_with_the_full_shared_prefix() -> None:
     assert groups.saved_tokens == 5 * 4000
 
 
+def test_answer_follows_a_changed_batch() -> None:
+    """The last grouping is reused only while every request keeps its node and cached length."""
+    rng = random.Random(6)
+    placer = Placer()
+    doc = rand_ids(600, rng)
+    reqs = [placer.run(doc + rand_ids(3, rng), 2) for _ in range(4)]
+    first = find_cascade_groups(reqs, **LOW)
+    assert first is not None and first.group_sizes == [4] and first == find_cascade_groups(reqs, **LOW)
+    reqs[2].last_node, reqs[2].prefix_len = placer.cache.root_node, 0  # as if re-placed without a match
+    again = find_cascade_groups(reqs, **LOW)
+    assert again is not None and again.order == [0, 1, 3, 2] and again.group_sizes == [3, 1]
+    assert again.shared_lens == [600, 0] and again.saved_tokens == 2 * 600
+    assert find_cascade_groups(reqs[:2] + reqs[3:], **LOW) == find_cascade_groups(reqs[:2] + reqs[3:], **LOW)
+
+
 def test_two_families_and_a_stranger() -> None:
     rng = random.Random(1)
     placer = Placer()
