@@ -99,9 +99,19 @@ def check_extend(device: str, dtype: torch.dtype, prefix_lens: list[int], extend
     return [(tag, rel_err(o, ref), BOUND[dtype])]
 
 
+CASCADE_VARIANTS: list[dict] = [
+    {"impl": "fused"},
+    {"impl": "fused", "shared_splits": 3, "own_splits": 2, "shared_first": False},
+    {"impl": "two_launch", "fused_merge": True},
+    {"impl": "two_launch", "fused_merge": False},
+]
+
+
 def check_cascade(device: str, dtype: torch.dtype, group_sizes: list[int], shared: list[int], own: list[int],
-                  hq: int, hkv: int, d: int, block_m: int = 64, block_n: int = 64) -> list[Record]:
-    """own: per-request own lengths. Reference: plain decode over each whole sequence."""
+                  hq: int, hkv: int, d: int, block_m: int = 64, block_n: int = 64,
+                  variants: list[dict] | None = None) -> list[Record]:
+    """own: per-request own lengths. Reference: plain decode over each whole sequence. variants:
+    keyword sets for cascade_decode_attention (impl, split counts, tiles), CASCADE_VARIANTS by default."""
     per_req_shared = [s for s, n in zip(shared, group_sizes) for _ in range(n)]
     seq = [s + o for s, o in zip(per_req_shared, own)]
     kb, vb, table, rows = paged_kv(seq, hkv, d, dtype, device, shared, group_sizes)
@@ -111,10 +121,11 @@ def check_cascade(device: str, dtype: torch.dtype, group_sizes: list[int], share
     ref, _ = decode_attention_ref(q.to(rd), kb.to(rd), vb.to(rd), table, rows, lens)
     plan = make_cascade_plan(group_sizes, shared, seq, device)
     recs = []
-    for fused in (True, False):
-        o = cascade_decode_attention(q, kb, vb, table, rows, lens, plan, fused_merge=fused, block_m=block_m,
-                                     block_n=block_n)
-        tag = f"cascade {DTYPE_NAME[dtype]} groups={group_sizes[:4]} shared={shared[:4]} fused={fused}"
+    for kw in variants if variants is not None else CASCADE_VARIANTS:
+        kw = {"block_m": block_m, "block_n": block_n} | kw
+        o = cascade_decode_attention(q, kb, vb, table, rows, lens, plan, **kw)
+        tag = (f"cascade {DTYPE_NAME[dtype]} groups={group_sizes[:4]} shared={shared[:4]} Hq{hq}/Hkv{hkv} D{d} "
+               + " ".join(f"{k}={v}" for k, v in kw.items()))
         recs.append((tag, rel_err(o, ref), BOUND[dtype]))
     return recs
 

@@ -42,6 +42,13 @@ def _checks(group: str) -> list:
         return c.run([
             lambda: c.check_cascade("cpu", f32, [3, 1, 2], [50, 0, 20], [5, 1, 12, 30, 3, 17], 8, 2, 32, 16, 16),
             lambda: c.check_cascade("cpu", b16, [3, 1, 2], [50, 0, 20], [5, 1, 12, 30, 3, 17], 8, 2, 32, 16, 16),
+            # no group shares anything: the fused launch has only own programs (plain decode)
+            lambda: c.check_cascade("cpu", f32, [1, 1, 1], [0, 0, 0], [9, 70, 1], 8, 2, 32, 16, 16),
+            # a group spanning 2 row blocks, a singleton with a shared part, GQA group 3, head dim 48
+            lambda: c.check_cascade("cpu", b16, [5, 2, 1], [40, 33, 10], [3, 20, 1, 7, 2, 9, 1, 5], 9, 3, 48, 16, 16),
+            # default tiles (64 x 64), fused impl only
+            lambda: c.check_cascade("cpu", f32, [4, 1], [70, 0], [2, 1, 9, 3, 100], 8, 2, 32,
+                                    variants=[{"impl": "fused"}, {"impl": "fused", "shared_splits": 2}]),
         ])
     if group == "pointwise":
         return c.check_pointwise("cpu", f32) + c.check_pointwise("cpu", b16, 5, 130)
