@@ -1,6 +1,8 @@
 """The Llama-family decoder (Llama 2/3, Mistral, Qwen2/2.5, Qwen3, SmolLM) with config switches:
-qkv bias, q/k RMSNorm, tied embeddings, llama3 rope scaling. Attention goes through the
-ForwardBatch's backend, which owns the paged KV pool; the model owns only weights."""
+qkv bias, q/k RMSNorm, tied embeddings, llama3 rope scaling. q/k/v and gate/up are each one
+fused matmul (HF's separate weights are stacked at load) and the residual add is fused into
+the next RMSNorm. Attention goes through the ForwardBatch's backend, which owns the paged KV
+pool; the model owns only weights."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from torch import nn
 from radixlm.backend.forward_batch import ForwardBatch
 from radixlm.backend.model_config import ModelConfig
 from radixlm.backend.models.rotary import RotaryEmbedding
+from radixlm.kernels.rmsnorm import fused_add_rmsnorm
 from radixlm.kernels.rmsnorm import rmsnorm as fused_rmsnorm
 from radixlm.kernels.silu_and_mul import silu_mul
 
@@ -29,16 +32,21 @@ class RMSNorm(nn.Module):
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight.float() * xf).to(x.dtype)
 
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual), the sum rounded to x's dtype first (as HF does)."""
+        if x.is_cuda:
+            return fused_add_rmsnorm(x, residual, self.weight, self.eps)
+        residual = x + residual
+        return self.forward(residual), residual
+
 
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, rope: RotaryEmbedding) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=bias)
+        self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -46,9 +54,10 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rope(positions, q, k)
@@ -58,14 +67,14 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         if x.is_cuda:  # fused SiLU-and-mul kernel on the GPU
-            return self.down_proj(silu_mul(self.gate_proj(x), self.up_proj(x)))
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(silu_mul(gate, up))
+        return self.down_proj(nn.functional.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -76,9 +85,17 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        h = h + self.self_attn(positions, self.input_layernorm(h), fb)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's output, the residual stream before it): the caller adds the two, fused
+        into the next RMSNorm."""
+        if residual is None:
+            residual, h = h, self.input_layernorm(h)
+        else:
+            h, residual = self.input_layernorm.add_forward(h, residual)
+        h = self.self_attn(positions, h, fb)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -107,31 +124,54 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits (float32) for the rows fb.logits_indices of the step's tokens."""
-        h = self.model.embed_tokens(fb.input_ids)
+        h, residual = self.model.embed_tokens(fb.input_ids), None
         for layer in self.model.layers:
-            h = layer(fb.positions, h, fb)
-        h = self.model.norm(h[fb.logits_indices])
+            h, residual = layer(fb.positions, h, residual, fb)
+        rows = fb.logits_indices
+        h, _ = self.model.norm.add_forward(h[rows], residual[rows])  # type: ignore[index]
         return self.lm_head(h).float()
 
+    def _stacked(self) -> dict[str, tuple[str, int, int]]:
+        """HF weight name part → (our fused parameter's name part, row offset, rows)."""
+        c = self.config
+        q, kv, inter = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+        return {"self_attn.q_proj.": ("self_attn.qkv_proj.", 0, q),
+                "self_attn.k_proj.": ("self_attn.qkv_proj.", q, kv),
+                "self_attn.v_proj.": ("self_attn.qkv_proj.", q + kv, kv),
+                "mlp.gate_proj.": ("mlp.gate_up_proj.", 0, inter),
+                "mlp.up_proj.": ("mlp.gate_up_proj.", inter, inter)}
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy named HF weights in; every parameter must be covered exactly once."""
+        """Copy named HF weights in (q/k/v and gate/up into their fused parameters' rows); every
+        parameter row must be covered exactly once."""
         params = dict(self.named_parameters())
-        seen: set[str] = set()
+        stacked = self._stacked()
+        covered: dict[str, int] = {}
         for name, w in weights:
             if "rotary_emb" in name:
                 continue
-            if name not in params:
+            target, offset, rows = name, 0, None
+            for part, (fused, off, n) in stacked.items():
+                if part in name:
+                    target, offset, rows = name.replace(part, fused), off, n
+                    break
+            if target not in params:
                 if name == "lm_head.weight" and self.config.tie_word_embeddings:
                     continue
                 raise ValueError(f"checkpoint has a weight the model does not: {name}")
-            p = params[name]
-            if tuple(p.shape) != tuple(w.shape):
-                raise ValueError(f"shape mismatch for {name}: model {tuple(p.shape)} vs checkpoint {tuple(w.shape)}")
+            p = params[target]
+            dst = p if rows is None else p[offset : offset + rows]
+            if tuple(dst.shape) != tuple(w.shape):
+                raise ValueError(f"shape mismatch for {name}: model {tuple(dst.shape)} vs checkpoint {tuple(w.shape)}")
             with torch.no_grad():
-                p.copy_(w.to(p.dtype))
-            seen.add(name)
-        missing = set(params) - seen
+                dst.copy_(w.to(p.dtype))
+            covered[target] = covered.get(target, 0) + _rows(dst)
+        missing = {n for n, p in params.items() if covered.get(n, 0) != _rows(p)}
         if self.config.tie_word_embeddings:
             missing.discard("lm_head.weight")
         if missing:
             raise ValueError(f"checkpoint lacks weights: {sorted(missing)[:5]}")
+
+
+def _rows(t: torch.Tensor) -> int:
+    return t.shape[0] if t.dim() else 1
