@@ -178,7 +178,7 @@ class CudaGraphRunner:
         if pad_row is None:
             raise RuntimeError("no free req_to_token row to reserve for padding")
         self.pad_row = pad_row
-        runner.req_table.table[pad_row].zero_()  # column 0 → KV slot 0, the padding slot
+        runner.req_table.clear_row(pad_row)  # column 0 → KV slot 0, the padding slot
         self.inputs = StaticDecodeInputs(self.max_bs, pad_row, runner.device)
         self._capture = capture
 

@@ -50,7 +50,12 @@ class Engine:
         disable_jump_forward: bool = False,
         disable_cuda_graph: bool = False,
         cuda_graph_max_bs: int = 160,
+        overlap_schedule: bool | None = None,
+        disable_cascade: bool = False,
     ) -> None:
+        """overlap_schedule: process step t while step t+1 runs (None: on for CUDA, where it hides
+        the host's per-step work; on CPU the forward runs on the host, so there is nothing to hide).
+        disable_cascade: never use cascade attention for decode batches sharing a long prefix."""
         logging.getLogger("radixlm").setLevel(log_level.upper())
         if cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be at least 1, got {cuda_graph_max_bs}")
@@ -75,9 +80,11 @@ class Engine:
         alloc = self.runner.allocator
         self.cache = NoPrefixCache(alloc) if disable_radix_cache else RadixCache(alloc)
         chunk = chunked_prefill_size if chunked_prefill_size > 0 else config.context_len
+        overlap = self.device.type == "cuda" if overlap_schedule is None else overlap_schedule
+        cascade = not disable_cascade and self.runner.supports_cascade
         self.scheduler = Scheduler(
             self.runner, self.cache, Sampler(config.vocab_size, self.device, seed),
-            SchedulerConfig(config.context_len, chunk, max_running_requests),
+            SchedulerConfig(config.context_len, chunk, max_running_requests, overlap=overlap, enable_cascade=cascade),
         )
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._pin_ids = itertools.count(1)
@@ -149,7 +156,7 @@ class Engine:
 
     def _abort_all(self, message: str) -> None:
         s = self.scheduler
-        for req in [*s.waiting, *s.running, *([s.chunked] if s.chunked else [])]:
+        for req in s.live_requests():
             if not req.finished:
                 req.finished_reason = {"type": "abort", "message": message}
                 try:

@@ -13,6 +13,13 @@ if TYPE_CHECKING:
     from radixlm.backend.kv_pool import KVPool
 
 
+def to_device(values: list, device: torch.device | str, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A host list as a device tensor without a host sync (torch.tensor(..., device=cuda) waits for
+    the stream; a non-blocking copy from a fresh host tensor does not)."""
+    t = torch.tensor(values, dtype=dtype)
+    return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
+
+
 class AttentionBackend(Protocol):
     """Stores the step's new K/V into the pool and attends through the request→token table."""
 

@@ -93,12 +93,14 @@ class KVPool:
 
 class ReqToTokenTable:
     """[max_requests, max_context_len] int64 map: row r, column i → KV slot of token i of the
-    request holding row r. Rows are handed out and returned like slots."""
+    request holding row r. Rows are handed out and returned like slots. A host mirror answers
+    every read the scheduler makes, so reading a row never waits for the device."""
 
     def __init__(self, max_requests: int, max_context_len: int, device: torch.device | str) -> None:
         self.max_requests = max_requests
         self.max_context_len = max_context_len
         self.table = torch.zeros((max_requests, max_context_len), dtype=torch.int64, device=device)
+        self.host = self.table if self.table.device.type == "cpu" else torch.zeros_like(self.table, device="cpu")
         self._free_rows = list(range(max_requests - 1, -1, -1))
 
     def available_size(self) -> int:
@@ -112,12 +114,28 @@ class ReqToTokenTable:
             raise RuntimeError(f"request row {row} freed twice")
         self._free_rows.append(row)
 
+    def read(self, row: int, start: int, stop: int) -> torch.Tensor:
+        """Slots of tokens [start, stop) of a row, as a CPU tensor (from the mirror: no sync)."""
+        return self.host[row, start:stop].clone()
+
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
-        self.table[row, start : start + slots.numel()] = slots.to(self.table.device, non_blocking=True)
+        slots = slots.to("cpu")
+        self.host[row, start : start + slots.numel()] = slots
+        if self.table is not self.host:
+            self.table[row, start : start + slots.numel()] = slots.to(self.table.device, non_blocking=True)
 
     def write_many(self, rows: list[int], cols: list[int], slots: torch.Tensor) -> None:
         """table[rows[i], cols[i]] = slots[i] for a whole decode batch, in one scatter."""
-        dev = self.table.device
-        r = torch.tensor(rows, dtype=torch.int64).to(dev, non_blocking=True)
-        c = torch.tensor(cols, dtype=torch.int64).to(dev, non_blocking=True)
-        self.table[r, c] = slots.to(dev, non_blocking=True)
+        slots = slots.to("cpu")
+        r = torch.tensor(rows, dtype=torch.int64)
+        c = torch.tensor(cols, dtype=torch.int64)
+        self.host[r, c] = slots
+        if self.table is not self.host:
+            dev = self.table.device
+            self.table[r.to(dev, non_blocking=True), c.to(dev, non_blocking=True)] = slots.to(dev, non_blocking=True)
+
+    def clear_row(self, row: int) -> None:
+        """Point a whole row at slot 0 (the padding slot)."""
+        self.host[row].zero_()
+        if self.table is not self.host:
+            self.table[row].zero_()

@@ -6,16 +6,17 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from radixlm.backend.attention import TorchAttentionBackend
-from radixlm.backend.forward_batch import AttentionBackend, ForwardBatch
+from radixlm.backend.forward_batch import AttentionBackend, ForwardBatch, to_device
 from radixlm.backend.kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
 from radixlm.backend.loader import iter_safetensors
 from radixlm.backend.model_config import ModelConfig
 from radixlm.backend.models.llama import LlamaForCausalLM
+from radixlm.kernels.cascade_attention import make_cascade_plan
 
 if TYPE_CHECKING:
     from radixlm.backend.cuda_graph_runner import CudaGraphRunner
@@ -120,7 +121,17 @@ class ModelRunner:
                 logger.warning("Triton attention unavailable; using the torch reference path")
         return TorchAttentionBackend()
 
-    def build_batch(self, items: list[ScheduledItem], out_cache_loc: torch.Tensor) -> ForwardBatch:
+    @property
+    def supports_cascade(self) -> bool:
+        """Whether the attention backend runs cascade plans (the torch reference ignores them)."""
+        return type(self.attn_backend).__name__ == "TritonAttentionBackend"
+
+    def build_batch(self, items: list[ScheduledItem], out_cache_loc: torch.Tensor,
+                    future_tokens: torch.Tensor | None = None, cascade: Any = None,
+                    num_decode: int = 0) -> ForwardBatch:
+        """One ForwardBatch for the step. A negative token id -1-k stands for future_tokens[k] (a
+        token the in-flight step samples) and is resolved on the device, without a sync. cascade:
+        CascadeGroups over the first num_decode items (already in group order)."""
         ids: list[int] = []
         positions: list[int] = []
         logit_rows: list[int] = []
@@ -137,17 +148,28 @@ class ModelRunner:
         dev = self.device
 
         def t(x: list[int]) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.int64).to(dev, non_blocking=True)
+            return to_device(x, dev)
 
         rows = [it.req_pool_idx for it in items]
-        return ForwardBatch(
-            input_ids=t(ids), positions=t(positions), out_cache_loc=out_cache_loc.to(dev, non_blocking=True),
+        fb = ForwardBatch(
+            input_ids=self._resolve_ids(t(ids), future_tokens if ids and min(ids) < 0 else None),
+            positions=t(positions),
+            out_cache_loc=out_cache_loc.to(dev, non_blocking=True),
             req_pool_indices=t(rows), seq_lens=t(seq), prefix_lens=t(prefix), extend_lens=t(extend),
             extend_start_loc=t(starts), seq_lens_cpu=seq, prefix_lens_cpu=prefix, extend_lens_cpu=extend,
             req_pool_indices_cpu=rows, extend_start_loc_cpu=starts, logits_indices=t(logit_rows),
             req_to_token=self.req_table.table, kv_pool=self.kv_pool, attn_backend=self.attn_backend,
             is_decode=all(n == 1 for n in extend),
         )
+        if cascade is not None and fb.is_decode and num_decode == len(items):
+            fb.extras["cascade_plan"] = make_cascade_plan(cascade.group_sizes, cascade.shared_lens, seq, dev)
+        return fb
+
+    @staticmethod
+    def _resolve_ids(ids: torch.Tensor, future_tokens: torch.Tensor | None) -> torch.Tensor:
+        if future_tokens is None:
+            return ids
+        return torch.where(ids >= 0, ids, future_tokens[(-1 - ids).clamp(min=0)])
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         if self.graph_runner is not None and self.graph_runner.can_run(fb):

@@ -40,6 +40,8 @@ class Req:
     cached_tokens: int = 0
     admitted_once: bool = False
     num_retractions: int = 0
+    pending: int = -1  # index of this request's token in the in-flight step's samples (-1: none)
+    pending_step: Any = None  # that in-flight step (a LaunchedStep)
 
     finished_reason: dict[str, Any] | None = None
     generator: torch.Generator | None = None
@@ -72,6 +74,12 @@ class Req:
     @property
     def wants_input_logprobs(self) -> bool:
         return self.return_logprob and not self.input_logprobs_done and self.logprob_start_len >= 0
+
+    @property
+    def needs_fresh_state(self) -> bool:
+        """Its next sampling reads state that the previous token changes (grammar, penalty counts,
+        the min_new_tokens EOS mask), so it cannot be scheduled while that token is in flight."""
+        return self.grammar is not None or self.penalty_counts is not None or self.params.min_new_tokens > 0
 
     def max_prefix_len(self) -> int:
         """How much of the prompt may come from the cache: prompt logprobs need logits from

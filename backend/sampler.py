@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
+from radixlm.backend.forward_batch import to_device
 from radixlm.backend.request import Req
 
 
@@ -95,16 +96,16 @@ class Sampler:
         if not rows:
             return
         sub = [reqs[i] for i in rows]
-        idx = torch.tensor(rows, device=logits.device)
+        dev, f32 = logits.device, torch.float32
+        idx = to_device(rows, dev)
         block = logits[idx]
-        f32 = dict(dtype=torch.float32, device=logits.device)
         apply_penalties_(
             block,
             torch.stack([r.penalty_counts for r in sub]),  # type: ignore[misc]
             torch.stack([r.penalty_seen for r in sub]),  # type: ignore[misc]
-            torch.tensor([r.params.frequency_penalty for r in sub], **f32),
-            torch.tensor([r.params.presence_penalty for r in sub], **f32),
-            torch.tensor([r.params.repetition_penalty for r in sub], **f32),
+            to_device([r.params.frequency_penalty for r in sub], dev, f32),
+            to_device([r.params.presence_penalty for r in sub], dev, f32),
+            to_device([r.params.repetition_penalty for r in sub], dev, f32),
         )
         logits[idx] = block
 
@@ -116,23 +117,23 @@ class Sampler:
                     logits[i, ids] = float("-inf")
 
     def _sample_random(self, logits: torch.Tensor, reqs: Sequence[Req], greedy: list[bool]) -> torch.Tensor:
-        f32 = dict(dtype=torch.float32, device=logits.device)
-        temps = torch.tensor([1.0 if g else r.params.temperature for r, g in zip(reqs, greedy)], **f32)
-        top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else self.vocab_size for r in reqs], device=logits.device)
-        top_p = torch.tensor([r.params.top_p for r in reqs], **f32)
-        min_p = torch.tensor([r.params.min_p for r in reqs], **f32)
+        dev, f32 = logits.device, torch.float32
+        temps = to_device([1.0 if g else r.params.temperature for r, g in zip(reqs, greedy)], dev, f32)
+        top_k = to_device([r.params.top_k if r.params.top_k > 0 else self.vocab_size for r in reqs], dev)
+        top_p = to_device([r.params.top_p for r in reqs], dev, f32)
+        min_p = to_device([r.params.min_p for r in reqs], dev, f32)
         probs = torch.softmax(logits / temps.unsqueeze(1), dim=-1)
         kept, ids = filter_probs(probs, top_k, top_p, min_p)
         choice = torch.empty(len(reqs), dtype=torch.int64, device=logits.device)
         shared = [i for i, r in enumerate(reqs) if r.generator is None]
         if shared:
-            idx = torch.tensor(shared, device=logits.device)
+            idx = to_device(shared, dev)
             choice[idx] = torch.multinomial(kept[idx], 1, generator=self.generator).squeeze(1)
         for i, r in enumerate(reqs):
             if r.generator is not None:
                 choice[i] = torch.multinomial(kept[i], 1, generator=r.generator).squeeze(0)
         tokens = ids.gather(1, choice.unsqueeze(1)).squeeze(1)
         if any(greedy):
-            g = torch.tensor(greedy, device=logits.device)
+            g = to_device(greedy, dev, torch.bool)
             tokens = torch.where(g, logits.argmax(dim=-1), tokens)
         return tokens

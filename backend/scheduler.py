@@ -1,7 +1,9 @@
 """Scheduler: continuous batching over the KV pool and the prefix cache. Each step reads
-schedule → run → process: pick the decode requests and prompt chunks that fit (evicting from
-the cache, then retracting, when slots run out), run one forward, then sample, stream and
-finish. It owns every Req's state; no request is ever dropped."""
+schedule → launch → process: pick the decode requests and prompt chunks that fit (evicting from
+the cache, then retracting, when slots run out), queue one forward and its sampling on the device,
+then read the tokens back to stream and finish. With overlap on, step t is processed after step
+t+1 is launched (its decode inputs are step t's tokens, read on the device), so host work hides
+behind the GPU. It owns every Req's state; no request is ever dropped."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ from typing import Any
 
 import torch
 
+from radixlm.backend.forward_batch import to_device
 from radixlm.backend.model_runner import ModelRunner, ScheduledItem
 from radixlm.backend.request import Req
 from radixlm.backend.sampler import Sampler, record_token
 from radixlm.backend.schedule_policy import SchedulePolicy
+from radixlm.backend.step_output import LaunchedStep, LogprobRows, StepPlan, to_host
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +30,8 @@ class SchedulerConfig:
     chunked_prefill_size: int = 2048
     max_running_requests: int = 256
     decode_reserve: int = 8  # slots per running request kept free before admitting new prompts
+    overlap: bool = False  # process step t after launching step t+1
+    enable_cascade: bool = False  # decode batches sharing long prefixes use cascade attention
 
 
 @dataclass
@@ -38,14 +44,6 @@ class SchedulerStats:
     num_finished: int = 0
     num_aborted: int = 0
     extra: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class StepPlan:
-    reqs: list[Req]
-    items: list[ScheduledItem]
-    slots: list[torch.Tensor]  # concatenated: one KV slot per new token, in item order
-    samples: list[bool]  # does this item end at its sequence's last token?
 
 
 class Scheduler:
@@ -62,45 +60,69 @@ class Scheduler:
         self.running: list[Req] = []  # prefill done, decoding
         self.chunked: Req | None = None  # a prompt part-way through chunked prefill
         self.pinned: dict[int, Any] = {}  # handle → locked radix node (engine.pin_prefix)
+        self.inflight: LaunchedStep | None = None  # launched, not yet processed (overlap only)
 
     # ---- queue management -------------------------------------------------------------
     def add_request(self, req: Req) -> None:
         self.waiting.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked)
+        return bool(self.waiting or self.running or self.chunked or self.inflight)
+
+    def live_requests(self) -> list[Req]:
+        """Every request the scheduler holds, once: queued, running, prefilling or in flight."""
+        held = [*self.waiting, *self.running, *([self.chunked] if self.chunked else []),
+                *(self.inflight.plan.reqs if self.inflight else [])]
+        return list({id(r): r for r in held}.values())
 
     def abort(self, rid: str) -> None:
-        for req in [*self.waiting, *self.running, *([self.chunked] if self.chunked else [])]:
+        for req in self.live_requests():
             if req.rid == rid and not req.finished:
                 req.finished_reason = {"type": "abort", "message": "aborted by request"}
                 self._finish(req)
 
     # ---- one step ---------------------------------------------------------------------
     def step(self) -> bool:
+        """schedule → launch → process. With overlap, what is launched here is processed by the
+        next call, after that call has launched its own step."""
+        if self.inflight is not None and any(r.needs_fresh_state for r in self.inflight.gen):
+            self._process_step(self._take_inflight())  # their next sampling needs this token first
         plan = self.schedule()
-        if plan is None:
-            return False
+        launched = None
+        if plan is not None:
+            try:
+                launched = self.launch(plan)
+            except Exception as e:
+                self.fail_plan(plan, f"internal error: {type(e).__name__}: {e}")
+                raise
+        previous = self._take_inflight()
+        if self.cfg.overlap:
+            self.inflight = launched
+        self._process_step(previous)
+        if not self.cfg.overlap:
+            self._process_step(launched)
+        return plan is not None
+
+    def _take_inflight(self) -> LaunchedStep | None:
+        step, self.inflight = self.inflight, None
+        return step
+
+    def _process_step(self, step: LaunchedStep | None) -> None:
+        if step is None:
+            return
         try:
-            fb = self.runner.build_batch(plan.items, torch.cat(plan.slots))
-            logits = self.runner.forward(fb)
-            self.stats.forward_passes += 1
-            self.process(plan, logits)
+            self.process(step)
         except Exception as e:
-            self.fail_plan(plan, f"internal error: {type(e).__name__}: {e}")
+            self.fail_plan(step.plan, f"internal error: {type(e).__name__}: {e}")
             raise
-        return True
 
     def fail_plan(self, plan: StepPlan, message: str) -> None:
         """A step raised: end the step's requests with an abort result and free their KV
         (including the slots this step gave them), so no caller waits forever."""
-        for req, item in zip(plan.reqs, plan.items):
-            if req.finished:
-                continue
-            if req.req_pool_idx is not None:
-                req.kv_len = max(req.kv_len, item.start + len(item.token_ids))
-            req.finished_reason = {"type": "abort", "message": message}
-            self._finish(req)
+        for req in plan.reqs:
+            if not req.finished:
+                req.finished_reason = {"type": "abort", "message": message}
+                self._finish(req)
 
     def schedule(self) -> StepPlan | None:
         plan = StepPlan([], [], [], [])
@@ -108,29 +130,60 @@ class Scheduler:
         self._schedule_prefill(plan, self.cfg.chunked_prefill_size - len(plan.items))
         return plan if plan.items else None
 
+    def _decodes_next(self, req: Req) -> bool:
+        """False for a request whose in-flight token is certainly its last (length limits):
+        scheduling it again would compute a token nobody reads."""
+        if req.pending < 0:
+            return True
+        return len(req.output_ids) + 1 < req.params.max_new_tokens and req.seq_len + 1 < self.cfg.context_len
+
     def _schedule_decode(self, plan: StepPlan) -> None:
         self._ensure_decode_slots()
-        if not self.running:
+        batch = [r for r in self.running if self._decodes_next(r)]
+        if not batch:
             return
-        slots = self.allocator.alloc(len(self.running))
+        batch = self._order_for_cascade(plan, batch)
+        slots = self.allocator.alloc(len(batch))
         assert slots is not None, "decode slots were ensured above"
-        rows = [r.req_pool_idx for r in self.running]
-        cols = [r.kv_len for r in self.running]
-        self.req_table.write_many(rows, cols, slots)  # one scatter for the whole decode batch
-        for k, req in enumerate(self.running):
+        rows = [r.req_pool_idx for r in batch]
+        cols = [r.kv_len for r in batch]
+        self.req_table.write_many(rows, cols, slots)  # type: ignore[arg-type]  # one scatter for the batch
+        for k, req in enumerate(batch):
+            # an in-flight token is a placeholder: -1 - its index in the in-flight step's samples
+            tok = -1 - req.pending if req.pending >= 0 else (req.output_ids or req.input_ids)[-1]
             plan.reqs.append(req)
-            plan.items.append(ScheduledItem(rows[k], [req.output_ids[-1] if req.output_ids else req.input_ids[-1]], cols[k], [0]))  # type: ignore[arg-type]
+            plan.items.append(ScheduledItem(rows[k], [tok], cols[k], [0]))  # type: ignore[arg-type]
             plan.samples.append(True)
+            req.kv_len += 1
         plan.slots.append(slots)  # KV slots of the step's tokens, in item order
+        plan.num_decode = len(batch)
+
+    def _order_for_cascade(self, plan: StepPlan, batch: list[Req]) -> list[Req]:
+        """Members of a group sharing a long cached prefix run contiguously, with the groups in
+        plan.cascade; unchanged when cascade is off or would not pay."""
+        if not self.cfg.enable_cascade or len(batch) < 2:
+            return batch
+        from radixlm.backend.cascade_groups import find_cascade_groups
+
+        groups = find_cascade_groups(batch)
+        if groups is None:
+            return batch
+        plan.cascade = groups
+        return [batch[i] for i in groups.order]
 
     def _ensure_decode_slots(self) -> None:
         while self.running:
-            short = len(self.running) - self.allocator.available_size()
+            need = sum(1 for r in self.running if self._decodes_next(r))
+            short = need - self.allocator.available_size()
             if short <= 0:
                 return
             self.cache.evict(short)
-            if len(self.running) > self.allocator.available_size():
-                self._retract(self._pick_victim())
+            if need <= self.allocator.available_size():
+                return
+            if self.inflight is not None:  # never retract a request an in-flight step still uses
+                self._process_step(self._take_inflight())
+                continue
+            self._retract(self._pick_victim())
 
     def _pick_victim(self) -> Req:
         # The request that loses the least work: fewest outputs, then the longest prompt. A prompt
@@ -168,13 +221,13 @@ class Scheduler:
                 break
             n = int(slots.numel())
             active += 1
-            self._add_prefill_item(plan, req, n, slots)
+            completes = self._add_prefill_item(plan, req, n, slots)
             budget -= n
             reserve += self._decode_reserve(req)
             if req is not self.chunked:
                 self.waiting.remove(req)
-            self.chunked = req if req.kv_len + n < req.seq_len else None
-            if self.chunked is req:
+            self.chunked = None if completes else req
+            if not completes:
                 break
 
     def _decode_reserve(self, req: Req) -> int:
@@ -211,7 +264,8 @@ class Scheduler:
             self.sampler.prepare(req)
         return True
 
-    def _add_prefill_item(self, plan: StepPlan, req: Req, n: int, slots: torch.Tensor) -> None:
+    def _add_prefill_item(self, plan: StepPlan, req: Req, n: int, slots: torch.Tensor) -> bool:
+        """Tokens [kv_len, kv_len + n) of req as one item; True when they end its sequence."""
         start = req.kv_len
         self.req_table.write(req.req_pool_idx, start, slots)  # type: ignore[arg-type]
         completes = start + n == req.seq_len
@@ -227,52 +281,89 @@ class Scheduler:
         plan.items.append(ScheduledItem(req.req_pool_idx, req.all_ids[start : start + n], start, offsets))  # type: ignore[arg-type]
         plan.slots.append(slots)
         plan.samples.append(completes)
+        req.kv_len = start + n
+        return completes
 
-    # ---- after the forward -------------------------------------------------------------
-    def process(self, plan: StepPlan, logits: torch.Tensor) -> None:
+    # ---- launch: the forward and its sampling, queued on the device --------------------
+    def launch(self, plan: StepPlan) -> LaunchedStep:
+        prev = self.inflight
+        fb = self.runner.build_batch(plan.items, torch.cat(plan.slots), prev.tokens if prev else None,
+                                     plan.cascade, plan.num_decode)
+        logits = self.runner.forward(fb)
+        self.stats.forward_passes += 1
+        if "cascade_plan" in fb.extras:
+            self.stats.extra["cascade_steps"] = self.stats.extra.get("cascade_steps", 0) + 1
+        step = LaunchedStep(plan, [], None, None, [])
+        picks: list[int] = []
         row = 0
-        to_sample: list[tuple[Req, int]] = []
-        decoding = set(self.running)
-        prefilled = [r for r, s in zip(plan.reqs, plan.samples) if s and r not in decoding]
-        for req, item, samples in zip(plan.reqs, plan.items, plan.samples):
+        for i, (req, item, samples) in enumerate(zip(plan.reqs, plan.items, plan.samples)):
             n_rows = len(item.logit_offsets)
-            req.kv_len = item.start + len(item.token_ids)
             if req.wants_input_logprobs:
-                self._record_input_logprobs(req, item, logits[row : row + n_rows - int(samples)])
-            if samples:
-                to_sample.append((req, row + n_rows - 1))
-            elif not req.finished:
-                self._cache_unfinished(req)
+                self._launch_input_logprobs(step, i, req, item, logits[row : row + n_rows - int(samples)])
+            if samples and req.params.max_new_tokens > 0 and req.pin_handle is None:
+                step.gen.append(req)
+                picks.append(row + n_rows - 1)
+            elif samples:  # prefill-only: scoring prompts, or pinning a prefix
+                step.prefill_only.append(req)
             row += n_rows
-        if to_sample:
-            self._sample_and_advance(to_sample, logits)
-        for req in prefilled:  # share a finished prompt now, not only when its request ends
-            if not req.finished and req.req_pool_idx is not None:
-                self._cache_unfinished(req)
+        if step.gen:
+            self._launch_sampling(step, logits[to_device(picks, logits.device)])
+        step.seal()
+        return step
 
-    def _sample_and_advance(self, to_sample: list[tuple[Req, int]], logits: torch.Tensor) -> None:
-        gen: list[tuple[Req, int]] = []
-        for req, i in to_sample:
-            if req.finished:
+    def _launch_sampling(self, step: LaunchedStep, rows: torch.Tensor) -> None:
+        raw = rows.clone() if any(r.return_logprob for r in step.gen) else None
+        tokens = self.sampler.sample(rows, step.gen)
+        step.tokens, step.tokens_host = tokens, to_host(tokens)
+        for k, req in enumerate(step.gen):
+            if raw is not None and req.return_logprob:
+                step.out_logprobs[k] = LogprobRows.launch(raw[k : k + 1], tokens[k : k + 1], req.top_logprobs_num)
+            if self.cfg.overlap:  # it decodes next step from this token, read on the device
+                req.pending, req.pending_step = k, step
+                if k >= step.plan.num_decode:  # a prompt that just finished joins the decoders
+                    self.running.append(req)
+
+    def _launch_input_logprobs(self, step: LaunchedStep, i: int, req: Req, item: ScheduledItem,
+                               rows: torch.Tensor) -> None:
+        if rows.shape[0] == 0:
+            return
+        first = max(max(req.logprob_start_len - 1, 0), item.start)
+        targets = to_device(req.input_ids[first + 1 : first + 1 + rows.shape[0]], rows.device)
+        step.in_logprobs[i] = LogprobRows.launch(rows, targets, req.top_logprobs_num)
+
+    # ---- process: read the step's results on the host -----------------------------------
+    def process(self, step: LaunchedStep) -> None:
+        step.wait()  # the step's one host sync
+        plan = step.plan
+        for i, (req, item, samples) in enumerate(zip(plan.reqs, plan.items, plan.samples)):
+            if req.finished:  # aborted (or failed) while the step ran
                 continue
-            req.input_logprobs_done = True
-            if req.params.max_new_tokens > 0 and req.pin_handle is None:
-                gen.append((req, i))
-            else:  # prefill-only: scoring prompts, or pinning a prefix
+            if req.wants_input_logprobs:
+                self._record_input_logprobs(req, item, step.in_logprobs.get(i))
+            if samples:
+                req.input_logprobs_done = True
+            else:
+                self._cache_unfinished(req, item.start + len(item.token_ids))
+        for req in step.prefill_only:
+            if not req.finished:
                 req.finished_reason = {"type": "length", "length": 0}
                 self._finish(req)
-        if not gen:
-            return
-        reqs = [r for r, _ in gen]
-        rows = logits[torch.tensor([i for _, i in gen], device=logits.device)]
-        raw = rows.clone() if any(r.return_logprob for r in reqs) else None
-        tokens = self.sampler.sample(rows, reqs).tolist()  # the step's one host sync
-        for k, (req, tok) in enumerate(zip(reqs, tokens)):
-            if raw is not None and req.return_logprob:
-                self._record_output_logprob(req, raw[k], tok)
-            self._append_token(req, tok)
+        tokens = step.tokens_host.tolist() if step.tokens_host is not None else []
+        for k, (req, tok) in enumerate(zip(step.gen, tokens)):
+            if req.pending_step is step:  # else a later launch already points it at its own step
+                req.pending, req.pending_step = -1, None
+            if req.finished:
+                continue
+            if k in step.out_logprobs:
+                top = req.output_top_logprobs if req.top_logprobs_num > 0 else None
+                step.out_logprobs[k].record(req.output_token_logprobs, top)
+            self._append_token(req, tok, was_running=self.cfg.overlap or k < plan.num_decode)
+        for i in range(plan.num_decode, len(plan.reqs)):  # share a finished prompt now, not at its end
+            req, item = plan.reqs[i], plan.items[i]
+            if plan.samples[i] and not req.finished and req.req_pool_idx is not None:
+                self._cache_unfinished(req, item.start + len(item.token_ids))
 
-    def _append_token(self, req: Req, tok: int) -> None:
+    def _append_token(self, req: Req, tok: int, was_running: bool) -> None:
         req.output_ids.append(tok)
         record_token(req, tok)
         self.stats.generated_tokens += 1
@@ -286,10 +377,10 @@ class Scheduler:
             self._finish(req)
             return
         if req.seq_len - req.kv_len > 1:  # forced tokens: one extend step through the prefill path
-            if req in self.running:
+            if was_running:
                 self.running.remove(req)
             self.waiting.appendleft(req)
-        elif req not in self.running:
+        elif not was_running:
             self.running.append(req)
         if req.stream:
             self._emit_chunk(req)
@@ -311,33 +402,35 @@ class Scheduler:
         self._emit_chunk(req) if req.stream else req.sink(self._final_output(req))
 
     def _release_kv(self, req: Req, cache_it: bool) -> None:
-        """Give the request's KV to the cache (or free it) and unlock its prefix."""
+        """Give the request's KV to the cache (or free it) and unlock its prefix. Slots past its
+        known tokens (written for an in-flight token) are freed, never cached."""
         row = req.req_pool_idx
         assert row is not None
-        slots = self.req_table.table[row, : req.kv_len].to("cpu")
+        slots = self.req_table.read(row, 0, req.kv_len)
+        keep = req.prefix_len
         if cache_it:
-            ids = req.all_ids[: req.kv_len]
-            self.cache.insert(ids, slots)
+            keep = max(min(req.kv_len, req.seq_len), req.prefix_len)
+            ids = req.all_ids[:keep]
+            self.cache.insert(ids, slots[:keep])
             if req.pin_handle is not None:
                 _, node = self.cache.match_prefix(ids)
                 self.cache.inc_lock_ref(node)
                 self.pinned[req.pin_handle] = node
-        else:
-            own = slots[req.prefix_len :]
-            self.allocator.free(own)
+        self.allocator.free(slots[keep:])
         self.cache.dec_lock_ref(req.last_node)
         self.req_table.free(row)
         req.req_pool_idx, req.last_node, req.prefix_len, req.kv_len = None, None, 0, 0
+        req.pending, req.pending_step = -1, None
 
-    def _cache_unfinished(self, req: Req) -> None:
-        """After a prompt chunk: put the computed prefix in the cache and lock it there, so
-        others can share it while the rest is still being prefilled."""
+    def _cache_unfinished(self, req: Req, upto: int) -> None:
+        """After a prompt chunk: put its first `upto` tokens (computed) in the cache and lock them
+        there, so others can share them while the rest is still being prefilled."""
         if self.cache.disabled:  # NoPrefixCache.insert would free the request's own slots
             return
         row = req.req_pool_idx
         assert row is not None
-        ids = req.all_ids[: req.kv_len]
-        self.cache.insert(ids, self.req_table.table[row, : req.kv_len].to("cpu"))
+        ids = req.all_ids[:upto]
+        self.cache.insert(ids, self.req_table.read(row, 0, upto))
         slots, node = self.cache.match_prefix(ids)
         self.req_table.write(row, 0, slots)
         self.cache.dec_lock_ref(req.last_node)
@@ -363,27 +456,10 @@ class Scheduler:
     def _final_output(req: Req) -> dict[str, Any]:
         return {"text": req.final_text(), "output_ids": list(req.output_ids), "meta_info": req.meta_info()}
 
-    def _record_input_logprobs(self, req: Req, item: ScheduledItem, rows: torch.Tensor) -> None:
+    @staticmethod
+    def _record_input_logprobs(req: Req, item: ScheduledItem, rows: LogprobRows | None) -> None:
         if item.start == 0 and req.logprob_start_len == 0:
             req.input_token_logprobs.append((None, req.input_ids[0], None))
             req.input_top_logprobs.append(None)
-        if rows.shape[0] == 0:
-            return
-        lo = max(req.logprob_start_len - 1, 0)
-        positions = range(max(lo, item.start), max(lo, item.start) + rows.shape[0])
-        targets = torch.tensor([req.input_ids[p + 1] for p in positions], device=rows.device)
-        self._append_logprobs(req, rows, targets, req.input_token_logprobs, req.input_top_logprobs)
-
-    def _record_output_logprob(self, req: Req, row: torch.Tensor, tok: int) -> None:
-        target = torch.tensor([tok], device=row.device)
-        self._append_logprobs(req, row.unsqueeze(0), target, req.output_token_logprobs, req.output_top_logprobs)
-
-    @staticmethod
-    def _append_logprobs(req: Req, rows: torch.Tensor, targets: torch.Tensor, out: list, top_out: list) -> None:
-        lp = torch.log_softmax(rows.float(), dim=-1)
-        chosen = lp.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
-        out.extend((c, t, None) for c, t in zip(chosen, targets.tolist()))
-        if req.top_logprobs_num > 0:
-            vals, ids = lp.topk(req.top_logprobs_num, dim=-1)
-            for v_row, i_row in zip(vals.tolist(), ids.tolist()):
-                top_out.append([(v, i, None) for v, i in zip(v_row, i_row)])
+        if rows is not None:
+            rows.record(req.input_token_logprobs, req.input_top_logprobs if req.top_logprobs_num > 0 else None)

@@ -93,13 +93,20 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model-shape", default=None, help="e.g. llama-3.1-8b (with --random-weights)")
     g.add_argument("--context-length", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--disable-cuda-graph", action="store_true")
+    g.add_argument("--disable-overlap-schedule", action="store_true",
+                   help="process each step before launching the next (overlap is on by default on CUDA)")
+    g.add_argument("--disable-cascade", action="store_true", help="no cascade attention for shared prefixes")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("model_path", "device", "dtype", "max_total_tokens", "mem_fraction_static", "chunked_prefill_size",
             "max_running_requests", "disable_radix_cache", "random_weights", "model_shape", "context_length",
-            "seed")
-    return {k: getattr(args, k) for k in keys}
+            "seed", "disable_cuda_graph", "disable_cascade")
+    kw = {k: getattr(args, k) for k in keys}
+    if args.disable_overlap_schedule:
+        kw["overlap_schedule"] = False
+    return kw
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,78 @@
+"""LaunchedStep: one forward whose device work is queued but whose results the host has not read
+yet — the sampled tokens and any logprobs, each with a non-blocking copy to (pinned) host memory
+and one event behind them. Promises: `wait()` is the step's only host sync; nothing here reads a
+device tensor synchronously, so the next step can be queued before this one is processed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from radixlm.backend.model_runner import ScheduledItem
+    from radixlm.backend.request import Req
+
+
+@dataclass
+class StepPlan:
+    reqs: list[Req]
+    items: list[ScheduledItem]
+    slots: list[torch.Tensor]  # concatenated: one KV slot per new token, in item order
+    samples: list[bool]  # does this item end at its sequence's last token?
+    num_decode: int = 0  # the first num_decode items are decode steps of running requests
+    cascade: Any = None  # CascadeGroups for a decode batch that shares prefixes, else None
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """An asynchronous device→host copy (pinned memory on CUDA); valid after the step's event."""
+    return t.to("cpu", non_blocking=True) if t.is_cuda else t
+
+
+@dataclass
+class LogprobRows:
+    """Log-probabilities of `targets` under n rows of logits, plus the rows' top-k (host copies)."""
+
+    chosen: torch.Tensor  # [n] float32
+    targets: torch.Tensor  # [n] int64
+    top_values: torch.Tensor | None  # [n, k]
+    top_ids: torch.Tensor | None  # [n, k]
+
+    @classmethod
+    def launch(cls, rows: torch.Tensor, targets: torch.Tensor, top_k: int) -> LogprobRows:
+        lp = torch.log_softmax(rows.float(), dim=-1)
+        chosen = lp.gather(1, targets.unsqueeze(1)).squeeze(1)
+        top = lp.topk(top_k, dim=-1) if top_k > 0 else None
+        return cls(to_host(chosen), to_host(targets), None if top is None else to_host(top.values),
+                   None if top is None else to_host(top.indices))
+
+    def record(self, out: list, top_out: list | None) -> None:
+        """Append (logprob, token, None) triples (and top-k lists) — host data only."""
+        out.extend((c, t, None) for c, t in zip(self.chosen.tolist(), self.targets.tolist()))
+        if top_out is not None and self.top_values is not None and self.top_ids is not None:
+            for v_row, i_row in zip(self.top_values.tolist(), self.top_ids.tolist()):
+                top_out.append([(v, i, None) for v, i in zip(v_row, i_row)])
+
+
+@dataclass
+class LaunchedStep:
+    plan: StepPlan
+    gen: list[Req]  # requests that sample a token this step, in token order
+    tokens: torch.Tensor | None  # [len(gen)] int64 on the device: the next step's placeholders read it
+    tokens_host: torch.Tensor | None
+    prefill_only: list[Req]  # prompts that finish at their last prefill (scoring, pinning)
+    in_logprobs: dict[int, LogprobRows] = field(default_factory=dict)  # by plan item index
+    out_logprobs: dict[int, LogprobRows] = field(default_factory=dict)  # by gen index
+    event: torch.cuda.Event | None = None
+
+    def seal(self) -> None:
+        """Record the event behind every copy queued so far (call once, after the last copy)."""
+        if self.tokens is not None and self.tokens.is_cuda:
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+            self.event = None
