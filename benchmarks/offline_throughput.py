@@ -45,8 +45,32 @@ def run_radixlm(engine: Engine, work: list[tuple[list[int], int]]) -> dict[str, 
     dt = time.perf_counter() - t0
     out_tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     in_tokens = sum(len(ids) for ids, _ in work)
-    return {"duration_s": dt, "output_tokens": out_tokens, "output_throughput": out_tokens / dt,
-            "total_throughput": (out_tokens + in_tokens) / dt, "stats": engine.get_stats()}
+    res = {"duration_s": dt, "output_tokens": out_tokens, "output_throughput": out_tokens / dt,
+           "total_throughput": (out_tokens + in_tokens) / dt, "stats": engine.get_stats()}
+    if len(work) == 1:  # decode rate alone: the prompt's prefill (+ first token) timed separately
+        engine.flush_cache()
+        t0 = time.perf_counter()
+        engine.generate(input_ids=[work[0][0]], sampling_params={"max_new_tokens": 1, "ignore_eos": True})
+        sync(engine.device)
+        res["prefill_s"] = time.perf_counter() - t0
+        res["decode_throughput"] = (out_tokens - 1) / (dt - res["prefill_s"])
+    return res
+
+
+def add_roofline(result: dict[str, Any], engine: Engine, args: argparse.Namespace) -> None:
+    """Batch-1 decode reads every weight once per token: tok/s <= copy bandwidth / weight bytes."""
+    weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
+    result["weight_bytes"] = weight_bytes
+    if engine.device.type == "cuda" and args.num_prompts == 1:
+        roof = args.copy_tbps * 1e12 / weight_bytes
+        result["roofline_tok_s"] = roof
+        result["fraction_of_roofline"] = result["radixlm"]["decode_throughput"] / roof
+        print(f"roofline {roof:.1f} tok/s; fraction {result['fraction_of_roofline']:.3f}")
+
+
+def overlap_ratio(result: dict[str, Any], toggled_is_on: bool) -> float:
+    first, second = result["radixlm"]["output_throughput"], result["radixlm_overlap_toggled"]["output_throughput"]
+    return second / first if toggled_is_on else first / second
 
 
 def sync(device: torch.device) -> None:
@@ -110,6 +134,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--mem-fraction-static", type=float, default=0.85, help="lower it with --compare-hf on GPU")
     p.add_argument("--compare-hf", action="store_true")
+    p.add_argument("--compare-overlap", action="store_true",
+                   help="run again with overlap scheduling off (same engine) and report the ratio")
+    p.add_argument("--copy-tbps", type=float, default=4.24,
+                   help="HBM copy bandwidth for the weight-streaming roofline (BENCHMARKING.md: 4.24 on the H200)")
     p.add_argument("--hf-batch-size", type=int, default=0, help="default: all prompts in one batch")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
@@ -125,7 +153,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result: dict[str, Any] = {"benchmark": "offline_throughput", "env": environment(), "args": vars(args),
                                   "model": engine.model_config.model_name, "engine_load_s": load_s,
                                   "radixlm": run_radixlm(engine, work)}
-        print(f"radixlm: {result['radixlm']['output_throughput']:.1f} output tok/s")
+        print(f"radixlm: {result['radixlm']['output_throughput']:.1f} output tok/s "
+              f"(overlap {'on' if engine.scheduler.cfg.overlap else 'off'})")
+        add_roofline(result, engine, args)
+        if args.compare_overlap:
+            engine.scheduler.cfg.overlap = not engine.scheduler.cfg.overlap  # the loop is idle: safe
+            result["radixlm_overlap_toggled"] = run_radixlm(engine, work)
+            result["overlap_on_vs_off"] = overlap_ratio(result, engine.scheduler.cfg.overlap)
+            print(f"overlap toggled: {result['radixlm_overlap_toggled']['output_throughput']:.1f} tok/s; "
+                  f"on/off {result['overlap_on_vs_off']:.3f}x")
         if args.compare_hf:
             model = hf_model_for(engine, args)
             result["hf"] = run_hf(model, work, args.hf_batch_size or len(work), engine.device)
