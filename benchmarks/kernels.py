@@ -2,7 +2,8 @@
 never a dependency) vs the memory / tensor-core roofline measured in the same run, Hq 32 / Hkv 8 /
 D 128 bf16. Checks every kernel against its torch reference at every shape first. Cold L2
 (rotating buffer sets > 180 MB), launch cost hidden (back-to-back calls between CUDA events).
-Writes OUT/kernels_h200.json and OUT/kernels_h200.png.  Usage: python benchmarks/kernels.py OUT [--sweep]"""
+Writes OUT/kernels_h200.json and OUT/kernels_h200.png (OUT/kernels_h200_<only>.* with --only).
+Usage: python benchmarks/kernels.py OUT [--sweep] [--only cascade]; CPU: --dry-run, --reanalyze, --help."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from radixlm.kernels import cascade_attention as cas
 from radixlm.kernels import checks
 from radixlm.kernels.cascade_attention import cascade_decode_attention, make_cascade_plan
 from radixlm.kernels.decode_attention import choose_num_splits, decode_attention
@@ -252,72 +254,160 @@ def fi_extend(fi, table, seq, ext, sets, qkv) -> float:
                    10, 5, label="flashinfer prefill") * 1e6
 
 
-def bench_cascade(fi, bw: float, sweep: bool, bsz: int = 64, shared: int = 8192, own: int = 256) -> dict:
+# Fused-cascade sweep: (block_m, block_n, num_warps, num_stages) tiles x shared_waves (shared-prefix
+# programs per SM); the best few are then retried own-first and with other own_block_n.
+CASCADE_TILES = [(64, 64, 4, 3), (64, 32, 4, 3), (64, 32, 4, 2), (64, 16, 4, 3), (64, 64, 4, 2), (64, 32, 8, 3),
+                 (64, 64, 8, 3), (128, 64, 8, 3), (128, 32, 8, 3), (128, 64, 8, 2)]
+CASCADE_WAVES = [0.5, 0.75, 1.0, 1.5, 2.0, 3.0]
+
+
+def cascade_inputs(bsz: int, shared: int, own: int) -> dict:
     seq = [shared + own] * bsz
     table, n_slots = paged_table(seq, shared=shared)
     set_bytes = 2 * (shared + bsz * own) * HKV * D * 2
     sets = kv_sets(n_slots, n_sets(set_bytes))
-    qs = [torch.randn(bsz, HQ, D, dtype=DT, device=DEV) for _ in sets]
-    lens = torch.tensor(seq, device=DEV)
-    ridx = torch.arange(bsz, device=DEV)
-    plan = make_cascade_plan([bsz], [shared], seq, DEV)
-    rec = checks.rel_err(cascade_decode_attention(qs[0], *sets[0], table, ridx, lens, plan),
-                         decode_attention(qs[0], *sets[0], table, ridx, lens, max_len=seq[0]).float())
-    splits = choose_num_splits(bsz, HKV, seq[0], torch.cuda.get_device_properties(0).multi_processor_count)
-    row = {"shape": f"{bsz} reqs, shared {shared} + own {own}", "cascade_vs_plain_rel_err": rec,
-           "plain_us": time_fn([lambda i=i: decode_attention(qs[i], *sets[i], table, ridx, lens, num_splits=splits)
-                                for i in range(len(sets))], label="plain decode") * 1e6,
-           "roofline_plain_us": 2 * bsz * seq[0] * HKV * D * 2 / bw * 1e6, "roofline_cascade_us": set_bytes / bw * 1e6}
+    return {"seq": seq, "table": table, "set_bytes": set_bytes, "sets": sets,
+            "qs": [torch.randn(bsz, HQ, D, dtype=DT, device=DEV) for _ in sets],
+            "lens": torch.tensor(seq, device=DEV), "ridx": torch.arange(bsz, device=DEV),
+            "plan": make_cascade_plan([bsz], [shared], seq, DEV)}
+
+
+def bench_cascade(fi, bw: float, sweep: bool, bsz: int = 64, shared: int = 8192, own: int = 256) -> dict:
+    x = cascade_inputs(bsz, shared, own)
+    seq, table, sets, qs, lens, ridx, plan = (x[k] for k in ("seq", "table", "sets", "qs", "lens", "ridx", "plan"))
+    n = len(sets)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plain0 = decode_attention(qs[0], *sets[0], table, ridx, lens, max_len=seq[0]).float()
 
     def casc(i, **kw):
         return lambda: cascade_decode_attention(qs[i], *sets[i], table, ridx, lens, plan, **kw)
 
-    row["cascade_us"] = time_fn([casc(i) for i in range(len(sets))], label="cascade") * 1e6
-    row["cascade_unfused_merge_us"] = time_fn([casc(i, fused_merge=False) for i in range(len(sets))]) * 1e6
+    def err(**kw) -> float:
+        return checks.rel_err(casc(0, **kw)(), plain0)
+
+    splits = choose_num_splits(bsz, HKV, seq[0], sms)
+    row = {"shape": f"{bsz} reqs, shared {shared} + own {own}", "cascade_vs_plain_rel_err": err(),
+           "two_launch_vs_plain_rel_err": err(impl="two_launch"), "default_config": dict(cas.FUSED_DEFAULTS),
+           "plain_us": time_fn([lambda i=i: decode_attention(qs[i], *sets[i], table, ridx, lens, num_splits=splits)
+                                for i in range(n)], label="plain decode") * 1e6,
+           "roofline_plain_us": 2 * bsz * seq[0] * HKV * D * 2 / bw * 1e6, "roofline_cascade_us": x["set_bytes"] / bw * 1e6,
+           "shared_tflop": 4 * bsz * HQ * shared * D / 1e12}
+    row["cascade_us"] = time_fn([casc(i) for i in range(n)], label="cascade fused") * 1e6
+    row["cascade_two_launch_us"] = time_fn([casc(i, impl="two_launch") for i in range(n)], label="cascade two") * 1e6
+    row["cascade_unfused_merge_us"] = time_fn([casc(i, impl="two_launch", fused_merge=False) for i in range(n)]) * 1e6
+    row["parts"] = cascade_parts(x, cas.resolve_config(), sms)
+    log(json.dumps({k: v for k, v in row.items() if k != "sweep"}))
     if sweep:
-        row["sweep"] = []
-        for bm, bn, nw, ns in [(64, 64, 4, 3), (64, 64, 4, 2), (128, 64, 8, 3), (64, 128, 4, 2), (128, 128, 8, 2)]:
-            for ss in (None, 16, 32):
-                cfg = {"block_m": bm, "block_n": bn, "num_warps": nw, "num_stages": ns, "shared_splits": ss}
-                try:
-                    t = time_fn([casc(i, **cfg) for i in range(len(sets))], 20, 3)
-                    row["sweep"].append(cfg | {"us": t * 1e6})
-                except Exception as exc:
-                    row["sweep"].append(cfg | {"error": str(exc)[:200]})
-        log("  cascade sweep best:", min((r for r in row["sweep"] if "us" in r), key=lambda r: r["us"], default=None))
+        row["sweep"] = sweep_cascade(casc, err, n)
+        good = [r for r in row["sweep"] if "us" in r and r["rel_err"] <= 1e-2 and r.get("impl") == "fused"]
+        best = min(good, key=lambda r: r["us"], default=None)
+        if best is not None:
+            cfg = {k: best[k] for k in cas.FUSED_DEFAULTS}
+            row["best_config"], row["cascade_best_us"] = cfg, best["us"]
+            row["parts_best"] = cascade_parts(x, cas.resolve_config(**cfg), sms)
+            log(f"  cascade best swept {best['us']:.1f} us (default {row['cascade_us']:.1f} us); adopt in "
+                f"kernels/cascade_attention.py:\n  FUSED_DEFAULTS: dict = {cfg!r}")
     if fi is not None:
         row["flashinfer_plain_us"] = fi_decode(fi, table, seq, sets, qs)
     row["speedup_vs_plain"] = row["plain_us"] / row["cascade_us"]
+    row["speedup_vs_plain_best_swept"] = row["plain_us"] / row.get("cascade_best_us", row["cascade_us"])
     log(json.dumps({k: v for k, v in row.items() if k != "sweep"}))
     return row
 
 
-def correctness() -> list:
+def cascade_parts(x: dict, cfg: dict, sms: int) -> dict:
+    """Diagnosis of one fused config: its layout, the fused launch alone, its shared-prefix
+    programs alone, its own-tail programs alone, and the merge alone (us)."""
+    q0 = x["qs"][0]
+    lay = cas.fused_layout(q0.shape[0], HQ, HKV, x["plan"], cfg, sms)
+    s = lay.s_sh + lay.s_own
+    mids = [(torch.empty(q0.shape[0], HQ, s, D, device=DEV), torch.empty(q0.shape[0], HQ, s, device=DEV))
+            for _ in x["sets"]]
+    outs = [torch.empty_like(q) for q in x["qs"]]
+
+    def part(i, which):
+        return lambda: cas.cascade_partial(x["qs"][i], *x["sets"][i], x["table"], x["ridx"], x["lens"], x["plan"],
+                                           lay, *mids[i], 1 / math.sqrt(D), cfg, which)
+
+    n = len(x["sets"])
+    res = {"layout": vars(lay) | {"config": cfg}}
+    for which in ("all", "shared", "own"):
+        res[f"{which}_partial_us"] = time_fn([part(i, which) for i in range(n)], label=f"cascade {which}") * 1e6
+    res["merge_us"] = time_fn([lambda i=i: cas.cascade_merge(*mids[i], x["plan"], lay.s_sh, outs[i])
+                               for i in range(n)], label="cascade merge") * 1e6
+    log("  cascade parts:", json.dumps(res))
+    return res
+
+
+def sweep_cascade(casc, err, n: int) -> list[dict]:
+    """Tiles x shared_waves (shared_first, own_block_n = block_n); then the 3 best retried own-first
+    and with other own_block_n; and the two-launch impl's best earlier config for reference."""
+    out: list[dict] = []
+
+    def one(cfg: dict) -> None:
+        try:
+            t = time_fn([casc(i, **cfg) for i in range(n)], 20, 3)
+            out.append(cfg | {"us": t * 1e6, "rel_err": err(**cfg)})
+        except Exception as exc:  # a config that does not compile is recorded, not fatal
+            out.append(cfg | {"error": str(exc)[:200]})
+
+    for bm, bn, nw, ns in CASCADE_TILES:
+        for w in CASCADE_WAVES:
+            one({"impl": "fused", "block_m": bm, "block_n": bn, "own_block_n": None, "num_warps": nw,
+                 "num_stages": ns, "shared_waves": w, "shared_first": True})
+    top = sorted((r for r in out if "us" in r), key=lambda r: r["us"])[:3]
+    for r in top:
+        base = {k: r[k] for k in ("impl", *cas.FUSED_DEFAULTS)}
+        one(base | {"shared_first": False})
+        for obn in (32, 128):
+            if obn != r["block_n"]:
+                one(base | {"own_block_n": obn})
+    for ss in (None, 16):
+        one({"impl": "two_launch", "block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3, "shared_splits": ss})
+    return out
+
+
+def correctness(kinds: tuple[str, ...] = ("decode", "extend", "cascade", "other")) -> list:
     """Every kernel vs its reference at every benchmark shape (bf16) plus ragged, fp32 and other
     head layouts; a check that raises is recorded as a failure, not fatal."""
     c, f32 = checks, torch.float32
-    todo = [lambda b=b, L=L: c.check_decode(DEV, DT, [L] * b, HQ, HKV, D, [None]) for b, L in DECODE]
-    todo += [lambda p=p, e=e: c.check_extend(DEV, DT, p, e, HQ, HKV, D) for _, p, e in EXTEND]
+    todo = [("decode", lambda b=b, L=L: c.check_decode(DEV, DT, [L] * b, HQ, HKV, D, [None])) for b, L in DECODE]
+    todo += [("extend", lambda p=p, e=e: c.check_extend(DEV, DT, p, e, HQ, HKV, D)) for _, p, e in EXTEND]
     todo += [
-        lambda: c.check_decode(DEV, DT, [1, 77, 1000, 4097, 333], HQ, HKV, D, [1, 3, None]),
-        lambda: c.check_decode(DEV, f32, [1, 77, 1000, 333], HQ, HKV, D, [1, 5]),
-        lambda: c.check_decode(DEV, DT, [5, 300, 2000], 9, 3, 64, [None]),  # SmolLM2 heads
-        lambda: c.check_extend(DEV, DT, [0, 17, 300, 5, 1000], [20, 1, 0, 377, 129], HQ, HKV, D),
-        lambda: c.check_extend(DEV, f32, [0, 17, 300], [20, 1, 177], HQ, HKV, D, 32, 32, 4),
-        lambda: c.check_extend(DEV, DT, [3, 0, 250], [100, 64, 7], 9, 3, 64),
-        lambda: c.check_cascade(DEV, DT, [64], [8192], [256] * 64, HQ, HKV, D),
-        lambda: c.check_cascade(DEV, DT, [3, 1, 5], [500, 0, 130], [7, 1, 40, 3, 9, 100, 2, 2, 60], HQ, HKV, D),
-        lambda: c.check_pointwise(DEV, DT, 300, 4096) + c.check_pointwise(DEV, f32, 33, 576),
-        lambda: c.check_rotary(DEV, DT, 500, HQ, HKV, D) + c.check_rotary(DEV, f32),
-        lambda: c.check_sampling(DEV, 64, 128256, 2) + c.check_sampling_distribution(DEV, 4000),
+        ("decode", lambda: c.check_decode(DEV, DT, [1, 77, 1000, 4097, 333], HQ, HKV, D, [1, 3, None])),
+        ("decode", lambda: c.check_decode(DEV, f32, [1, 77, 1000, 333], HQ, HKV, D, [1, 5])),
+        ("decode", lambda: c.check_decode(DEV, DT, [5, 300, 2000], 9, 3, 64, [None])),  # SmolLM2 heads
+        ("extend", lambda: c.check_extend(DEV, DT, [0, 17, 300, 5, 1000], [20, 1, 0, 377, 129], HQ, HKV, D)),
+        ("extend", lambda: c.check_extend(DEV, f32, [0, 17, 300], [20, 1, 177], HQ, HKV, D, 32, 32, 4)),
+        ("extend", lambda: c.check_extend(DEV, DT, [3, 0, 250], [100, 64, 7], 9, 3, 64)),
+        ("cascade", lambda: c.check_cascade(DEV, DT, [64], [8192], [256] * 64, HQ, HKV, D)),
+        ("cascade", lambda: c.check_cascade(DEV, DT, [3, 1, 5], [500, 0, 130], [7, 1, 40, 3, 9, 100, 2, 2, 60],
+                                            HQ, HKV, D)),
+        ("cascade", lambda: c.check_cascade(DEV, DT, [40, 1, 1, 20], [3000, 0, 0, 1000],
+                                            [1 + (7 * i) % 300 for i in range(62)], HQ, HKV, D,
+                                            variants=cascade_sweep_variants())),
+        ("cascade", lambda: c.check_cascade(DEV, f32, [5, 1], [700, 0], [1, 60, 3, 9, 200, 900], HQ, HKV, D)),
+        ("other", lambda: c.check_pointwise(DEV, DT, 300, 4096) + c.check_pointwise(DEV, f32, 33, 576)),
+        ("other", lambda: c.check_rotary(DEV, DT, 500, HQ, HKV, D) + c.check_rotary(DEV, f32)),
+        ("other", lambda: c.check_sampling(DEV, 64, 128256, 2) + c.check_sampling_distribution(DEV, 4000)),
     ]
     recs = []
-    for i, fn in enumerate(todo):
+    for i, (kind, fn) in enumerate(todo):
+        if kind not in kinds:
+            continue
         try:
             recs += fn()
         except Exception as exc:
             recs.append((f"check #{i} raised {type(exc).__name__}: {str(exc)[:300]}", math.inf, 0.0))
     return recs
+
+
+def cascade_sweep_variants() -> list[dict]:
+    """Every tile of the fused sweep (one shared_waves each), own-first, and the two-launch impl."""
+    out = [{"impl": "fused", "block_m": bm, "block_n": bn, "num_warps": nw, "num_stages": ns,
+            "shared_waves": CASCADE_WAVES[i % len(CASCADE_WAVES)]} for i, (bm, bn, nw, ns) in enumerate(CASCADE_TILES)]
+    return out + [{"impl": "fused", "shared_first": False, "own_block_n": 32},
+                  {"impl": "two_launch", "block_m": 64, "block_n": 64}]
 
 
 def load_flashinfer():
@@ -337,8 +427,8 @@ def plot(res: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
-    groups = [("decode (µs, lower is better)", res["decode"], "ours_us", "flashinfer_us", "roofline_us"),
-              ("extend (µs, lower is better)", res["extend"], "ours_us", "flashinfer_us", "roofline_us")]
+    groups = [("decode (µs, lower is better)", res.get("decode", []), "ours_us", "flashinfer_us", "roofline_us"),
+              ("extend (µs, lower is better)", res.get("extend", []), "ours_us", "flashinfer_us", "roofline_us")]
     for ax, (title, rows, o, f, r) in zip(axes, groups):
         x = range(len(rows))
         for j, (key, lab) in enumerate([(o, "radixlm Triton (current defaults)"), (f, "FlashInfer 0.7.4"), (r, "roofline")]):
@@ -348,43 +438,45 @@ def plot(res: dict, path: str) -> None:
         ax.set_yscale("log")
         ax.set_title(title)
         ax.legend(fontsize=8)
-    c = res["cascade"]
+    c = res.get("cascade", {})
     keys = [("plain_us", "plain decode (ours)"), ("flashinfer_plain_us", "plain decode (FlashInfer)"),
-            ("cascade_us", "cascade (ours)"), ("roofline_plain_us", "roofline plain"), ("roofline_cascade_us", "roofline cascade")]
-    axes[2].bar([lab for _, lab in keys], [c.get(k, 0) for k, _ in keys], color=["C0", "C1", "C2", "C7", "C7"])
-    axes[2].set_title(f"cascade: {c['shape']} (µs), {c['speedup_vs_plain']:.1f}x")
+            ("cascade_two_launch_us", "cascade two-launch"), ("cascade_us", "cascade (ours)"),
+            ("roofline_plain_us", "roofline plain"), ("roofline_cascade_us", "roofline cascade")]
+    axes[2].bar([lab for _, lab in keys], [c.get(k, 0) for k, _ in keys], color=["C0", "C1", "C3", "C2", "C7", "C7"])
+    if "speedup_vs_plain" in c:
+        axes[2].set_title(f"cascade: {c['shape']} (µs), {c['speedup_vs_plain']:.1f}x")
     axes[2].tick_params(axis="x", rotation=25, labelsize=8)
     fig.suptitle(f"{res['gpu']} · Hq {HQ} / Hkv {HKV} / D {D} bf16 · cold L2, launch cost hidden")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    out_dir = sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results"
-    sweep = "--sweep" in sys.argv
+def main(out_dir: str, sweep: bool, only: list[str]) -> None:
     torch.manual_seed(0)
     import triton
 
+    kinds = only or ["decode", "extend", "cascade"]
     fi = load_flashinfer()
     res = {"gpu": torch.cuda.get_device_name(0), "date": datetime.datetime.now(datetime.UTC).isoformat(),
            "versions": {"torch": torch.__version__, "triton": triton.__version__,
                         "flashinfer": getattr(fi, "__version__", None), "cuda": torch.version.cuda},
-           "config": {"Hq": HQ, "Hkv": HKV, "D": D, "dtype": "bf16", "flashinfer_page_size": PAGE,
+           "config": {"Hq": HQ, "Hkv": HKV, "D": D, "dtype": "bf16", "flashinfer_page_size": PAGE, "only": kinds,
                       "timing": "median of 7 trials (3 in sweeps), each one CUDA-graph replay of 40 calls (10 for "
                                 "extend; 20/5 in sweeps) between CUDA events, rotating buffer sets totalling >= 180 MB "
                                 "(cold L2); *_eager_us: the same calls queued without a graph"}}
     t0 = time.time()
     res["ceilings"] = ceilings()
     log("ceilings", res["ceilings"])
-    recs = correctness()
+    recs = correctness(tuple(kinds) + (() if only else ("other",)))
     res["correctness"] = [{"check": a, "rel_err": e, "bound": b, "ok": e <= b} for a, e, b in recs]
     bad = [r for r in res["correctness"] if not r["ok"]]
     log(f"correctness: {len(recs) - len(bad)}/{len(recs)} ok ({time.time() - t0:.0f} s)", *bad, sep="\n  ")
     bw, tf = res["ceilings"]["copy_TBps"] * 1e12, res["ceilings"]["bf16_matmul_TFLOPs"]
-    for key, fn in (("decode", lambda: bench_decode(fi, bw, sweep)), ("extend", lambda: bench_extend(fi, tf, bw, sweep)),
-                    ("cascade", lambda: bench_cascade(fi, bw, sweep))):
+    benches = {"decode": lambda: bench_decode(fi, bw, sweep), "extend": lambda: bench_extend(fi, tf, bw, sweep),
+               "cascade": lambda: bench_cascade(fi, bw, sweep)}
+    for key in kinds:
         try:
-            res[key] = fn()
+            res[key] = benches[key]()
         except Exception:  # keep what was measured; the error is part of the result
             res[key] = {"error": traceback.format_exc(limit=3)} if key == "cascade" else []
             res.setdefault("errors", []).append(traceback.format_exc(limit=3))
@@ -393,10 +485,11 @@ def main() -> None:
     if sweep:
         current_defaults(res)
     summarize(res)
-    with open(f"{out_dir}/kernels_h200.json", "w") as fh:
+    name = "kernels_h200" + ("_" + "_".join(only) if only else "")
+    with open(f"{out_dir}/{name}.json", "w") as fh:
         json.dump(res, fh, indent=1)
     try:
-        plot(res, f"{out_dir}/kernels_h200.png")
+        plot(res, f"{out_dir}/{name}.png")
     except Exception:
         log("plot failed:", traceback.format_exc(limit=2))
     log(f"total {time.time() - t0:.0f} s")
@@ -410,7 +503,7 @@ def summarize(res: dict) -> None:
     """Ratios with the code's default config, and with the best config of this run's sweep."""
     res["ratios"] = {}
     for kind in ("decode", "extend"):
-        for r in res[kind]:
+        for r in res.get(kind, []):
             best = best_of(r)
             if best is not None:
                 r["best_config"], r["ours_best_us"] = {k: v for k, v in best.items() if k != "us"}, best["us"]
@@ -423,12 +516,17 @@ def summarize(res: dict) -> None:
                     res["ratios"][f"{kind} {r['shape']} ours/FI (best swept)"] = r["flashinfer_us"] / best["us"]
             ours = r.get("ours_current_default_us", r["ours_us"])
             res["ratios"][f"{kind} {r['shape']} fraction of roofline"] = r["roofline_us"] / ours
-    c = res["cascade"]
+    c = res.get("cascade", {})
     if "speedup_vs_plain" in c:
         res["ratios"]["cascade speedup vs plain decode (ours)"] = c["speedup_vs_plain"]
         res["ratios"]["cascade speedup vs plain decode's no-reuse roofline"] = c["roofline_plain_us"] / c["cascade_us"]
         if "flashinfer_plain_us" in c:
             res["ratios"]["cascade speedup vs plain decode (FlashInfer)"] = c["flashinfer_plain_us"] / c["cascade_us"]
+        if "cascade_two_launch_us" in c:
+            res["ratios"]["cascade speedup vs plain decode (two-launch impl)"] = c["plain_us"] / c["cascade_two_launch_us"]
+        if "cascade_best_us" in c:
+            res["ratios"]["cascade speedup vs plain decode (best swept)"] = c["plain_us"] / c["cascade_best_us"]
+        res["ratios"]["cascade fraction of its roofline"] = c["roofline_cascade_us"] / c["cascade_us"]
     for k, v in res["ratios"].items():
         log(f"{k:55s} {v:6.2f}")
     log("graph capture failures:", res.get("graph_capture_failures", GRAPH_FAILURES))
@@ -437,12 +535,12 @@ def summarize(res: dict) -> None:
 def current_defaults(res: dict) -> None:
     """Attach, per shape, the sweep entry that matches the kernels' current default config
     (so defaults chosen from a run's sweep are reported with that run's numbers)."""
-    for r in res["decode"]:
+    for r in res.get("decode", []):
         want = {"block_n": 64, "num_warps": 4, "num_stages": 3, "splits": choose_num_splits(r["batch"], HKV, r["len"])}
         hit = [e for e in r.get("sweep", []) if "us" in e and all(e[k] == v for k, v in want.items())]
         if hit:
             r["current_default"], r["ours_current_default_us"] = want, hit[0]["us"]
-    for r in res["extend"]:
+    for r in res.get("extend", []):
         ext = next(e for name, _, e in EXTEND if name == r["shape"])
         want = {"pack_gqa": True} | extend_config(max(ext))
         hit = [e for e in r.get("sweep", []) if "us" in e and all(e[k] == v for k, v in want.items())]
@@ -452,12 +550,12 @@ def current_defaults(res: dict) -> None:
 
 def rooflines(res: dict, bw: float) -> None:
     tf = res["ceilings"]["bf16_matmul_TFLOPs"] * 1e12
-    for r in res["decode"]:
+    for r in res.get("decode", []):
         r["roofline_us"] = (r["kv_bytes"] + 2 * r["batch"] * HQ * D * 2) / bw * 1e6
-    for r in res["extend"]:
+    for r in res.get("extend", []):
         prefix, ext = next((p, e) for name, p, e in EXTEND if name == r["shape"])
         r["roofline_us"] = max(r["flops"] / tf, 2 * (sum(prefix) + sum(ext)) * HKV * D * 2 / bw) * 1e6
-    c = res["cascade"]
+    c = res.get("cascade", {})
     c["roofline_plain_us"] = 2 * 64 * (8192 + 256) * HKV * D * 2 / bw * 1e6
     c["roofline_cascade_us"] = 2 * (8192 + 64 * 256) * HKV * D * 2 / bw * 1e6
 
@@ -477,9 +575,116 @@ def reanalyze(path: str, out_dir: str, copy_tbps: float, note: str) -> None:
     plot(res, f"{out_dir}/kernels_h200.png")
 
 
+def sm90_resources(cfg: dict, plan, bsz: int = 64, table_width: int = 8192 + 256 + PAGE) -> dict:
+    """Compile the fused cascade kernel for sm_90 without a GPU (Triton's NVIDIA backend and its
+    ptxas) with the launcher's specialisations at the benchmark shape (ints == 1 constant, ints
+    and pointers divisible by 16 marked so): shared memory, registers, spill stack, CTAs per SM."""
+    import os
+    import re
+    import subprocess
+
+    import triton.backends.nvidia as nv
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as tcompile
+
+    lay = cas.fused_layout(bsz, HQ, HKV, plan, cfg, 132)
+    fn = cas._cascade_fused_kernel
+    ptr = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "MidO": "*fp32", "MidLse": "*fp32"}
+    ptr |= {n: "*i64" for n in ("ReqToToken", "ReqIdx", "SeqLens", "KvStart", "GroupPtr", "GroupShared", "SharedGroups")}
+    ints = {"n_shared_tiles": lay.n_shared_tiles, "n_own_tiles": lay.n_own_tiles, "s_div": max(lay.s_sh, 1),
+            "s_sh": lay.s_sh, "s_own": lay.s_own, "m_blocks": lay.m_blocks, "num_kv_heads": HKV, "num_q_heads": HQ,
+            "split_stride": lay.s_sh + lay.s_own, "stride_qb": HQ * D, "stride_qh": D, "stride_kt": HKV * D,
+            "stride_kh": D, "stride_vt": HKV * D, "stride_vh": D, "stride_rr": table_width}
+    const = {"GROUP": HQ // HKV, "HEAD_DIM": D, "BLOCK_D": D, "BLOCK_M": cfg["block_m"], "BLOCK_N": cfg["block_n"],
+             "BLOCK_H": 16, "OWN_BLOCK_N": cfg["own_block_n"] or cfg["block_n"],
+             "SHARED_FIRST": bool(cfg["shared_first"]), "DOT_PREC": "tf32"}
+    const |= {n: 1 for n, v in ints.items() if v == 1}
+    sig = {n: "constexpr" if n in const else ptr.get(n, "fp32" if n == "qk_scale" else "i32") for n in fn.arg_names}
+    div16 = set(ptr) | {n for n, v in ints.items() if v % 16 == 0 and v != 1}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(n),): v for n, v in const.items()},
+                    attrs={(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16})
+    k = tcompile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"],
+                                                                 "num_stages": cfg["num_stages"]})
+    path = f"/tmp/radixlm_cascade_{os.getpid()}.cubin"
+    with open(path, "wb") as fh:
+        fh.write(k.asm["cubin"])
+    dump = subprocess.run([os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump"), "-res-usage", path],
+                          capture_output=True, text=True).stdout
+    os.unlink(path)
+    regs, stack = (int(x) for x in re.search(r"REG:(\d+) STACK:(\d+)", dump).groups())
+    smem = k.metadata.shared
+    threads = 32 * cfg["num_warps"]
+    ctas = min(65536 // (-(-regs // 8) * 8 * threads), 233472 // (smem + 1024), 2048 // threads)
+    return {"smem": smem, "regs": regs, "spill_stack": stack, "ctas_per_sm": ctas,
+            "cp_async": k.asm["ttgir"].count("async_copy_global_to_local")}
+
+
+def dry_run() -> None:
+    """CPU rehearsal of the cascade benchmark: the fused launch layouts the H200 sweep will use
+    (132 SMs, the real shape) and each sweep tile compiled for sm_90 (resources), then every
+    sweep tile run under TRITON_INTERPRET=1 at a tiny version of the shape (Hq 32 / Hkv 8 / D 128,
+    4 requests sharing 128 tokens + a request sharing nothing) against the torch reference.
+    Exits 1 if a compile or check fails."""
+    import os
+    import subprocess
+
+    from radixlm.kernels._triton import interpreting
+
+    seq = [8192 + 256] * 64
+    plan = make_cascade_plan([64], [8192], seq, "cpu")
+    if not interpreting():
+        for bm in sorted({t[0] for t in CASCADE_TILES}):
+            for w in CASCADE_WAVES:
+                cfg = cas.resolve_config(block_m=bm, shared_waves=w)
+                log(f"H200 layout block_m={bm} shared_waves={w}:", vars(cas.fused_layout(64, HQ, HKV, plan, cfg, 132)))
+        failed = 0
+        for bm, bn, nw, ns in CASCADE_TILES:
+            cfg = cas.resolve_config(block_m=bm, block_n=bn, num_warps=nw, num_stages=ns)
+            try:
+                log(f"sm_90 compile {(bm, bn, nw, ns)}:", sm90_resources(cfg, plan))
+            except Exception as exc:  # noqa: BLE001 - reported, the run goes on
+                failed += 1
+                log(f"sm_90 compile {(bm, bn, nw, ns)} FAILED: {type(exc).__name__}: {str(exc)[:800]}")
+        rc = subprocess.run([sys.executable, __file__, "--dry-run"], env=dict(os.environ, TRITON_INTERPRET="1")
+                            ).returncode
+        sys.exit(rc or int(failed > 0))
+    torch.manual_seed(0)
+    variants = cascade_sweep_variants() + [{"impl": "fused", "shared_splits": 2, "own_splits": 3, "block_n": 32}]
+    t0 = time.time()
+    recs = checks.check_cascade("cpu", DT, [4, 1], [128, 0], [16, 16, 16, 16, 40], HQ, HKV, D, variants=variants)
+    bad = [r for r in recs if not r[1] <= r[2]]
+    for r in recs:
+        log(f"{'ok ' if r[1] <= r[2] else 'BAD'} rel_err {r[1]:.2e} (bound {r[2]:.0e}) {r[0]}")
+    log(f"dry run: {len(recs) - len(bad)}/{len(recs)} ok in {time.time() - t0:.0f} s")
+    sys.exit(1 if bad else 0)
+
+
+def parse_args(argv: list[str]):
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out_dir", nargs="?", default="benchmarks/results", help="where the JSON and PNG go")
+    ap.add_argument("--sweep", action="store_true", help="also sweep tile / split knobs (adds a few minutes)")
+    ap.add_argument("--only", default="", help="comma list of decode,extend,cascade: run just those benchmarks "
+                    "(and their correctness checks); writes kernels_h200_<only>.json so a full run is not overwritten")
+    ap.add_argument("--reanalyze", nargs=4, metavar=("RUN_JSON", "OUT", "COPY_TBPS", "NOTE"),
+                    help="re-derive rooflines/ratios of a saved run with a corrected copy bandwidth (CPU is fine)")
+    ap.add_argument("--dry-run", action="store_true", help="CPU: run the cascade sweep configs under "
+                    "TRITON_INTERPRET=1 at a tiny version of the benchmark shape against the torch reference")
+    args = ap.parse_args(argv)
+    args.only = [k for k in args.only.split(",") if k]
+    if set(args.only) - {"decode", "extend", "cascade"}:
+        ap.error(f"--only: unknown {sorted(set(args.only) - {'decode', 'extend', 'cascade'})}")
+    return args
+
+
 if __name__ == "__main__":
-    if "--reanalyze" in sys.argv:  # kernels.py --reanalyze RUN.json OUT COPY_TBPS NOTE
-        i = sys.argv.index("--reanalyze")
-        reanalyze(sys.argv[i + 1], sys.argv[i + 2], float(sys.argv[i + 3]), sys.argv[i + 4])
+    ARGS = parse_args(sys.argv[1:])
+    if ARGS.reanalyze:
+        run_json, out, tbps, note = ARGS.reanalyze
+        reanalyze(run_json, out, float(tbps), note)
+    elif ARGS.dry_run:
+        dry_run()
     else:
-        main()
+        main(ARGS.out_dir, ARGS.sweep, ARGS.only)

@@ -127,18 +127,77 @@ def _attend_store(q, row_ptr, K, V, kvh, lo, hi, qk_scale, offs_d, mask_d, out_i
 
 
 @triton.jit
+def _shared_tile(t, Q, K, V, ReqToToken, ReqIdx, GroupPtr, GroupShared, SharedGroups, MidO, MidLse, qk_scale,
+                 s_div, m_blocks, num_kv_heads, num_q_heads, split_stride,
+                 stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rr,
+                 GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Shared tile t: BLOCK_M rows (member * GROUP + head) of one group and KV head against one
+    of s_div splits of the group's shared prefix (m-block fastest, so the tiles reading one
+    K/V chunk run side by side and share it through L2)."""
+    mb = t % m_blocks
+    kvh = (t // m_blocks) % num_kv_heads
+    split = (t // (m_blocks * num_kv_heads)) % s_div
+    g = tl.load(SharedGroups + t // (m_blocks * num_kv_heads * s_div))
+    r0 = tl.load(GroupPtr + g)
+    n_rows = (tl.load(GroupPtr + g + 1) - r0).to(tl.int32) * GROUP
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_r = rows < n_rows
+    reqs = r0 + rows // GROUP
+    heads = kvh * GROUP + rows % GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    shared = tl.where(mb * BLOCK_M < n_rows, tl.load(GroupShared + g).to(tl.int32), 0)
+    per_split = tl.cdiv(tl.cdiv(shared, s_div), BLOCK_N) * BLOCK_N
+    lo = split * per_split
+    q = tl.load(Q + reqs[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_r[:, None] & mask_d[None, :], other=0.0)
+    _attend_store(q, ReqToToken + tl.load(ReqIdx + r0) * stride_rr, K, V, kvh, lo,
+                  tl.minimum(lo + per_split, shared), qk_scale, offs_d, mask_d,
+                  (reqs * num_q_heads + heads) * split_stride + split, mask_r, MidO, MidLse,
+                  stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC)
+
+
+@triton.jit
+def _own_tile(t, Q, K, V, ReqToToken, ReqIdx, SeqLens, KvStart, MidO, MidLse, qk_scale,
+              s_sh, s_own, num_kv_heads, num_q_heads, split_stride,
+              stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rr,
+              GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+              BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    """Own tile t: one request's GROUP heads of one KV head against one of s_own splits of its
+    own tail (kv_start..seq_len-1); written at split index s_sh + split."""
+    split = t % s_own
+    kvh = (t // s_own) % num_kv_heads
+    b = t // (s_own * num_kv_heads)
+    local_h = tl.arange(0, BLOCK_H)
+    mask_h = local_h < GROUP
+    heads = kvh * GROUP + local_h
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    seq_len = tl.load(SeqLens + b).to(tl.int32)
+    start = tl.load(KvStart + b).to(tl.int32)
+    per_split = tl.cdiv(tl.cdiv(seq_len - start, s_own), BLOCK_N) * BLOCK_N
+    lo = start + split * per_split
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    _attend_store(q, ReqToToken + tl.load(ReqIdx + b) * stride_rr, K, V, kvh, lo,
+                  tl.minimum(lo + per_split, seq_len), qk_scale, offs_d, mask_d,
+                  (b * num_q_heads + heads) * split_stride + s_sh + split, mask_h, MidO, MidLse,
+                  stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_H, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC)
+
+
+@triton.jit
 def _cascade_fused_kernel(
     Q, K, V, ReqToToken, ReqIdx, SeqLens, KvStart, GroupPtr, GroupShared, SharedGroups, MidO, MidLse,
-    qk_scale, n_shared_tiles, n_own_tiles, s_sh, s_own, m_blocks, num_kv_heads, num_q_heads, split_stride,
+    qk_scale, n_shared_tiles, n_own_tiles, s_div, s_sh, s_own, m_blocks, num_kv_heads, num_q_heads, split_stride,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rr,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, OWN_BLOCK_N: tl.constexpr, SHARED_FIRST: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
     """Programs [0, n_shared_tiles) are shared-prefix tiles, the rest own-tail tiles (swapped
-    when not SHARED_FIRST). Shared tile: BLOCK_M rows (member * GROUP + head) of one group and KV
-    head against one split of the prefix; own tile: one request's GROUP heads of one KV head
-    against one split of its own tail. Splits s_sh.. of the buffer hold the own part."""
+    when not SHARED_FIRST). Splits 0..s_sh-1 of the buffer hold the shared part, s_sh.. the own
+    part; s_div = max(s_sh, 1) (s_sh is 0 when no group shares anything: no shared tile runs)."""
     pid = tl.program_id(0)
     if SHARED_FIRST:
         is_shared = pid < n_shared_tiles
@@ -146,46 +205,16 @@ def _cascade_fused_kernel(
     else:
         is_shared = pid >= n_own_tiles
         t = tl.where(is_shared, pid - n_own_tiles, pid)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
     if is_shared:
-        mb = t % m_blocks
-        kvh = (t // m_blocks) % num_kv_heads
-        s_div = tl.maximum(s_sh, 1)  # s_sh is 0 when no group shares anything (branch never taken)
-        split = (t // (m_blocks * num_kv_heads)) % s_div
-        g = tl.load(SharedGroups + t // (m_blocks * num_kv_heads * s_div))
-        r0 = tl.load(GroupPtr + g)
-        n_rows = (tl.load(GroupPtr + g + 1) - r0).to(tl.int32) * GROUP
-        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask_r = rows < n_rows
-        reqs = r0 + rows // GROUP
-        heads = kvh * GROUP + rows % GROUP
-        shared = tl.where(mb * BLOCK_M < n_rows, tl.load(GroupShared + g).to(tl.int32), 0)
-        per_split = tl.cdiv(tl.cdiv(shared, s_div), BLOCK_N) * BLOCK_N
-        lo = split * per_split
-        q = tl.load(Q + reqs[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=mask_r[:, None] & mask_d[None, :], other=0.0)
-        _attend_store(q, ReqToToken + tl.load(ReqIdx + r0) * stride_rr, K, V, kvh, lo,
-                      tl.minimum(lo + per_split, shared), qk_scale, offs_d, mask_d,
-                      (reqs * num_q_heads + heads) * split_stride + split, mask_r, MidO, MidLse,
-                      stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_M, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC)
+        _shared_tile(t, Q, K, V, ReqToToken, ReqIdx, GroupPtr, GroupShared, SharedGroups, MidO, MidLse, qk_scale,
+                     s_div, m_blocks, num_kv_heads, num_q_heads, split_stride,
+                     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rr,
+                     GROUP, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, DOT_PREC)
     else:
-        split = t % s_own
-        kvh = (t // s_own) % num_kv_heads
-        b = t // (s_own * num_kv_heads)
-        local_h = tl.arange(0, BLOCK_H)
-        mask_h = local_h < GROUP
-        heads = kvh * GROUP + local_h
-        seq_len = tl.load(SeqLens + b).to(tl.int32)
-        start = tl.load(KvStart + b).to(tl.int32)
-        per_split = tl.cdiv(tl.cdiv(seq_len - start, s_own), OWN_BLOCK_N) * OWN_BLOCK_N
-        lo = start + split * per_split
-        q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=mask_h[:, None] & mask_d[None, :], other=0.0)
-        _attend_store(q, ReqToToken + tl.load(ReqIdx + b) * stride_rr, K, V, kvh, lo,
-                      tl.minimum(lo + per_split, seq_len), qk_scale, offs_d, mask_d,
-                      (b * num_q_heads + heads) * split_stride + s_sh + split, mask_h, MidO, MidLse,
-                      stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_H, HEAD_DIM, BLOCK_D, OWN_BLOCK_N, DOT_PREC)
+        _own_tile(t, Q, K, V, ReqToToken, ReqIdx, SeqLens, KvStart, MidO, MidLse, qk_scale,
+                  s_sh, s_own, num_kv_heads, num_q_heads, split_stride,
+                  stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rr,
+                  GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, OWN_BLOCK_N, DOT_PREC)
 
 
 @triton.jit
@@ -271,7 +300,7 @@ def cascade_partial(
     _cascade_fused_kernel[(n_sh + n_own,)](
         q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, plan.shared_lens, plan.group_ptr,
         plan.group_shared_lens, shared_groups, mid_o, mid_lse, sm_scale * 1.4426950408889634, n_sh, n_own,
-        layout.s_sh, layout.s_own, layout.m_blocks, hkv, hq, mid_o.shape[2],
+        max(layout.s_sh, 1), layout.s_sh, layout.s_own, layout.m_blocks, hkv, hq, mid_o.shape[2],
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         req_to_token.stride(0),
         GROUP=group, HEAD_DIM=d, BLOCK_D=next_pow2(d), BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"],

@@ -25,6 +25,13 @@ CASES = {
     "extend_smollm": lambda c: c.check_extend("cuda", B16, [3, 0, 250], [100, 64, 7], 9, 3, 64),
     "cascade": lambda c: c.check_cascade("cuda", B16, [3, 1, 5], [500, 0, 130],
                                          [7, 1, 40, 3, 9, 100, 2, 2, 60], 32, 8, 128),
+    # fused impl: a group spanning several row blocks beside singletons sharing nothing, tile variants
+    "cascade_fused_mixed": lambda c: c.check_cascade(
+        "cuda", B16, [40, 1, 1, 20], [3000, 0, 0, 1000], [1 + (7 * i) % 300 for i in range(62)], 32, 8, 128,
+        variants=[{"impl": "fused"}, {"impl": "fused", "block_n": 32}, {"impl": "fused", "block_m": 128,
+                  "num_warps": 8}, {"impl": "fused", "shared_first": False, "shared_splits": 5, "own_splits": 3}]),
+    "cascade_fp32_smollm": lambda c: c.check_cascade("cuda", F32, [2, 1, 3], [300, 0, 77], [5, 9, 1, 40, 2, 3],
+                                                     9, 3, 64),
     "pointwise": lambda c: c.check_pointwise("cuda", B16, 300, 4096) + c.check_pointwise("cuda", F32, 33, 576),
     "rotary": lambda c: c.check_rotary("cuda", B16, 500, 32, 8, 128) + c.check_rotary("cuda", F32),
     "sampling": lambda c: c.check_sampling("cuda", 64, 128256, 2) + c.check_sampling_distribution("cuda", 4000),
