@@ -40,15 +40,20 @@ class TritonAttentionBackend:
             fb.extras["decode_num_splits"] = splits
         return splits
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch
-                ) -> torch.Tensor:
+    accepts_stored_kv = True  # decode may pass k/v None: the model's rope kernel stored them
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int,
+                fb: ForwardBatch) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] → [T, Hq * D] in q's dtype."""
         k_buf, v_buf = fb.kv_pool.k_buffers[layer], fb.kv_pool.v_buffers[layer]
-        kv_store(k_buf, v_buf, fb.out_cache_loc, k, v)
+        if k is not None and v is not None:
+            kv_store(k_buf, v_buf, fb.out_cache_loc, k, v)
+        elif not fb.is_decode:
+            raise ValueError("extend attention needs the new tokens' k and v")
         t, hq, d = q.shape
         dtype = q.dtype
-        q, k, v = (x.to(k_buf.dtype) if x.dtype != k_buf.dtype else x for x in (q, k, v))
-        q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+        q = q.to(k_buf.dtype) if q.dtype != k_buf.dtype else q
+        q = q if q.stride(-1) == 1 else q.contiguous()
         scale = self.sm_scale if self.sm_scale is not None else 1.0 / math.sqrt(d)
         if fb.is_decode:
             plan: CascadePlan | None = fb.extras.get("cascade_plan")
@@ -59,6 +64,9 @@ class TritonAttentionBackend:
                 out = decode_attention(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.seq_lens, scale,
                                        num_splits=self.decode_splits(fb, k_buf.shape[1], q.device))
         else:
+            assert k is not None and v is not None
+            k, v = (x.to(k_buf.dtype) if x.dtype != k_buf.dtype else x for x in (k, v))
+            k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (k, v))
             out = extend_attention(q, k, v, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.prefix_lens,
                                    fb.extend_lens, fb.extend_start_loc, max(fb.extend_lens_cpu, default=0), scale)
         return out.to(dtype).reshape(t, hq * d)

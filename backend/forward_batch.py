@@ -20,13 +20,24 @@ def to_device(values: list, device: torch.device | str, dtype: torch.dtype = tor
     return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
 
 
+def to_device_packed(parts: list[list[int] | torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
+    """Several int64 host lists/tensors as device tensors through ONE host→device copy (each copy
+    on the stream costs a few µs of device time at decode sizes); the results are views."""
+    host = [torch.tensor(p, dtype=torch.int64) if isinstance(p, list) else p.to("cpu", torch.int64).flatten() for p in parts]
+    flat = torch.cat(host) if host else torch.empty(0, dtype=torch.int64)
+    if torch.device(device).type != "cpu":
+        flat = flat.to(device, non_blocking=True)
+    return list(flat.split([h.numel() for h in host]))
+
+
 class AttentionBackend(Protocol):
     """Stores the step's new K/V into the pool and attends through the request→token table."""
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch
+        self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int, fb: ForwardBatch
     ) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] for the T new tokens → output [T, Hq * D]."""
+        """q [T, Hq, D], k/v [T, Hkv, D] for the T new tokens → output [T, Hq * D]. k/v None: the
+        caller already stored them in the pool (decode only, backends with accepts_stored_kv)."""
         ...
 
 

@@ -131,8 +131,9 @@ class ReqToTokenTable:
         c = torch.tensor(cols, dtype=torch.int64)
         self.host[r, c] = slots
         if self.table is not self.host:
-            dev = self.table.device
-            self.table[r.to(dev, non_blocking=True), c.to(dev, non_blocking=True)] = slots.to(dev, non_blocking=True)
+            packed = torch.cat([r, c, slots.to(torch.int64)]).to(self.table.device, non_blocking=True)
+            r_d, c_d, s_d = packed.split([r.numel(), c.numel(), slots.numel()])
+            self.table[r_d, c_d] = s_d  # one host→device copy for the whole scatter
 
     def clear_row(self, row: int) -> None:
         """Point a whole row at slot 0 (the padding slot)."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from radixlm.backend.attention import TorchAttentionBackend
-from radixlm.backend.forward_batch import AttentionBackend, ForwardBatch, to_device
+from radixlm.backend.forward_batch import AttentionBackend, ForwardBatch, to_device_packed
 from radixlm.backend.kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
 from radixlm.backend.loader import iter_safetensors
 from radixlm.backend.model_config import ModelConfig
@@ -146,18 +146,14 @@ class ModelRunner:
             extend.append(n)
             seq.append(it.start + n)
         dev = self.device
-
-        def t(x: list[int]) -> torch.Tensor:
-            return to_device(x, dev)
-
         rows = [it.req_pool_idx for it in items]
+        (ids_d, pos_d, loc_d, rows_d, seq_d, prefix_d, extend_d, starts_d, logit_d) = to_device_packed(
+            [ids, positions, out_cache_loc, rows, seq, prefix, extend, starts, logit_rows], dev)
         fb = ForwardBatch(
-            input_ids=self._resolve_ids(t(ids), future_tokens if ids and min(ids) < 0 else None),
-            positions=t(positions),
-            out_cache_loc=out_cache_loc.to(dev, non_blocking=True),
-            req_pool_indices=t(rows), seq_lens=t(seq), prefix_lens=t(prefix), extend_lens=t(extend),
-            extend_start_loc=t(starts), seq_lens_cpu=seq, prefix_lens_cpu=prefix, extend_lens_cpu=extend,
-            req_pool_indices_cpu=rows, extend_start_loc_cpu=starts, logits_indices=t(logit_rows),
+            input_ids=self._resolve_ids(ids_d, future_tokens if ids and min(ids) < 0 else None),
+            positions=pos_d, out_cache_loc=loc_d, req_pool_indices=rows_d, seq_lens=seq_d, prefix_lens=prefix_d,
+            extend_lens=extend_d, extend_start_loc=starts_d, seq_lens_cpu=seq, prefix_lens_cpu=prefix,
+            extend_lens_cpu=extend, req_pool_indices_cpu=rows, extend_start_loc_cpu=starts, logits_indices=logit_d,
             req_to_token=self.req_table.table, kv_pool=self.kv_pool, attn_backend=self.attn_backend,
             is_decode=all(n == 1 for n in extend),
         )

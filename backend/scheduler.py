@@ -306,8 +306,9 @@ class Scheduler:
             elif samples:  # prefill-only: scoring prompts, or pinning a prefix
                 step.prefill_only.append(req)
             row += n_rows
-        if step.gen:
-            self._launch_sampling(step, logits[to_device(picks, logits.device)])
+        if step.gen:  # decode-only steps return exactly the rows to sample: no gather
+            whole = picks[-1] == len(picks) - 1 == logits.shape[0] - 1
+            self._launch_sampling(step, logits if whole else logits[to_device(picks, logits.device)])
         step.seal()
         return step
 

@@ -1,6 +1,8 @@
 """Rotary position embedding, HF rotate-half (neox) style, from a cos/sin cache indexed by
-position: x' = x * cos + rotate_half(x) * sin, for q and k in one launch. Promises: equals
-`rotary_ref` (fp32 math, one rounding) and HF's apply_rotary_pos_emb to rounding."""
+position: x' = x * cos + rotate_half(x) * sin, for q and k in one launch; for decode the same
+launch can write the rotated k and the raw v straight into the KV pool (`rotary_and_store`),
+saving the separate store kernel. Promises: equals `rotary_ref` (fp32 math, one rounding) and
+HF's apply_rotary_pos_emb to rounding; the pool rows written equal `kv_store_ref`'s."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ def build_cos_sin_cache(inv_freq: torch.Tensor, max_position: int) -> torch.Tens
 
 
 @triton.jit
-def _rotate_heads(X, Y, tok, stride_xt, stride_xh, stride_yt, stride_yh, n_heads, cos, sin,
+def _rotate_heads(X, Y, tok, out_row, stride_xt, stride_xh, stride_yt, stride_yh, n_heads, cos, sin,
                   HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -28,50 +30,99 @@ def _rotate_heads(X, Y, tok, stride_xt, stride_xh, stride_yt, stride_yh, n_heads
         src = X + tok * stride_xt + hh[:, None] * stride_xh + offs_d[None, :]
         x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
-        dst = Y + tok * stride_yt + hh[:, None] * stride_yh + offs_d[None, :]
+        dst = Y + out_row * stride_yt + hh[:, None] * stride_yh + offs_d[None, :]
         tl.store(dst, (x1 * cos - x2 * sin).to(Y.dtype.element_ty), mask=mask)
         tl.store(dst + HALF, (x2 * cos + x1 * sin).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
+def _copy_v_row(V, Vbuf, tok, slot, stride_vt, stride_vh, stride_bt, stride_bh, n_heads,
+                HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    for h0 in range(0, n_heads, BLOCK_H):
+        hh = h0 + offs_h
+        mask = (hh[:, None] < n_heads) & (offs_d[None, :] < HEAD_DIM)
+        v = tl.load(V + tok * stride_vt + hh[:, None] * stride_vh + offs_d[None, :], mask=mask)
+        tl.store(Vbuf + slot * stride_bt + hh[:, None] * stride_bh + offs_d[None, :],
+                 v.to(Vbuf.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _rotary_kernel(Q, K, Qo, Ko, Pos, Cache, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
-                   stride_pt, stride_ph, stride_c, n_q_heads, n_k_heads,
-                   HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                   stride_pt, stride_ph, stride_c, n_q_heads, n_k_heads, V, Vbuf, Loc, stride_vt, stride_vh,
+                   stride_bt, stride_bh,
+                   HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, STORE_KV: tl.constexpr):
+    """STORE_KV: Ko is the pool's K buffer and k's output row is Loc[tok]; v is copied to Vbuf."""
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + tok)
     offs_d = tl.arange(0, BLOCK_HALF)
     cmask = offs_d < HALF
     cos = tl.load(Cache + pos * stride_c + offs_d, mask=cmask, other=0.0)[None, :]
     sin = tl.load(Cache + pos * stride_c + HALF + offs_d, mask=cmask, other=0.0)[None, :]
-    _rotate_heads(Q, Qo, tok, stride_qt, stride_qh, stride_ot, stride_oh, n_q_heads, cos, sin,
+    _rotate_heads(Q, Qo, tok, tok, stride_qt, stride_qh, stride_ot, stride_oh, n_q_heads, cos, sin,
                   HALF, BLOCK_H, BLOCK_HALF)
-    _rotate_heads(K, Ko, tok, stride_kt, stride_kh, stride_pt, stride_ph, n_k_heads, cos, sin,
+    k_row = tok
+    if STORE_KV:
+        k_row = tl.load(Loc + tok).to(tl.int64)
+        _copy_v_row(V, Vbuf, tok, k_row, stride_vt, stride_vh, stride_bt, stride_bh, n_k_heads,
+                    2 * HALF, BLOCK_H, 2 * BLOCK_HALF)
+    _rotate_heads(K, Ko, tok, k_row, stride_kt, stride_kh, stride_pt, stride_ph, n_k_heads, cos, sin,
                   HALF, BLOCK_H, BLOCK_HALF)
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, Hq, D], k [T, Hkv, D] (last dim contiguous), positions [T] → rotated (q, k), new tensors."""
+def _check(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
     if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
         raise ValueError(f"rotary wants q [T, Hq, D], k [T, Hkv, D]; got {tuple(q.shape)}, {tuple(k.shape)}")
     d = q.shape[2]
     if d % 2 or cos_sin_cache.shape[-1] != d:
         raise ValueError(f"cos/sin cache width {cos_sin_cache.shape[-1]} must equal the even head dim {d}")
-    if not use_triton(q):
-        return rotary_ref(q, k, positions, cos_sin_cache)
+
+
+def _launch(q: torch.Tensor, k: torch.Tensor, qo: torch.Tensor, ko: torch.Tensor, positions: torch.Tensor,
+            cos_sin_cache: torch.Tensor, store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> None:
     if q.stride(2) != 1 or k.stride(2) != 1:
         q, k = q.contiguous(), k.contiguous()
-    qo, ko = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
     cache = cos_sin_cache if cos_sin_cache.dtype == torch.float32 else cos_sin_cache.float()
+    v, v_buf, loc = store if store is not None else (k, ko, positions)  # unused when not storing
     if q.shape[0]:
-        half = d // 2
+        half = q.shape[2] // 2
         _rotary_kernel[(q.shape[0],)](
             q, k, qo, ko, positions, cache, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1), cache.stride(0), q.shape[1], k.shape[1],
+            v, v_buf, loc, v.stride(0), v.stride(1), v_buf.stride(0), v_buf.stride(1),
             HALF=half, BLOCK_H=min(16, next_pow2(max(q.shape[1], k.shape[1]))), BLOCK_HALF=next_pow2(half),
-            num_warps=4,
+            STORE_KV=store is not None, num_warps=4,
         )
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D], k [T, Hkv, D] (last dim contiguous), positions [T] → rotated (q, k), new tensors."""
+    _check(q, k, cos_sin_cache)
+    if not use_triton(q):
+        return rotary_ref(q, k, positions, cos_sin_cache)
+    qo, ko = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    _launch(q, k, qo, ko, positions, cos_sin_cache, None)
     return qo, ko
+
+
+def rotary_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                     cos_sin_cache: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+                     loc: torch.Tensor) -> torch.Tensor:
+    """Rotate q and k; write rotated k into k_buffer[loc] and v into v_buffer[loc] (buffers
+    [S, Hkv, D], last dim contiguous); return rotated q. One launch."""
+    _check(q, k, cos_sin_cache)
+    if k_buffer.shape[1:] != k.shape[1:] or v.shape != k.shape or v_buffer.stride() != k_buffer.stride():
+        raise ValueError(f"pool rows {tuple(k_buffer.shape[1:])} must match k/v {tuple(k.shape[1:])}")
+    if not use_triton(q):
+        qr, kr = rotary_ref(q, k, positions, cos_sin_cache)
+        k_buffer[loc], v_buffer[loc] = kr.to(k_buffer.dtype), v.to(v_buffer.dtype)
+        return qr
+    qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    v = v if v.stride(2) == 1 else v.contiguous()
+    _launch(q, k, qo, k_buffer, positions, cos_sin_cache, (v, v_buffer, loc))
+    return qo
 
 
 def rotary_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor

@@ -13,7 +13,7 @@ from torch import nn
 
 from radixlm.backend.forward_batch import ForwardBatch
 from radixlm.backend.model_config import ModelConfig
-from radixlm.backend.models.rotary import RotaryEmbedding
+from radixlm.backend.models.rotary import RotaryEmbedding, rotate_and_store
 from radixlm.kernels.rmsnorm import fused_add_rmsnorm
 from radixlm.kernels.rmsnorm import rmsnorm as fused_rmsnorm
 from radixlm.kernels.silu_and_mul import silu_mul
@@ -60,8 +60,14 @@ class LlamaAttention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        backend = fb.attn_backend
+        if fb.is_decode and q.is_cuda and getattr(backend, "accepts_stored_kv", False):
+            pool = fb.kv_pool  # decode reads all K/V from the pool: rope writes k (and v) there itself
+            q = rotate_and_store(self.rope, positions, q, k, v, pool.k_buffers[self.layer_id],
+                                 pool.v_buffers[self.layer_id], fb.out_cache_loc)
+            return self.o_proj(backend.forward(q, None, None, self.layer_id, fb))
         q, k = self.rope(positions, q, k)
-        return self.o_proj(fb.attn_backend.forward(q, k, v, self.layer_id, fb))
+        return self.o_proj(backend.forward(q, k, v, self.layer_id, fb))
 
 
 class LlamaMLP(nn.Module):

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from radixlm.kernels.rotary import apply_rotary
+from radixlm.kernels.rotary import apply_rotary, rotary_and_store
 
 
 def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -64,6 +64,13 @@ class RotaryEmbedding(torch.nn.Module):
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def rotate_and_store(rope: RotaryEmbedding, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, loc: torch.Tensor
+                     ) -> torch.Tensor:
+    """Decode on CUDA: rotated q; rotated k and v written into the pool rows loc (one launch)."""
+    return rotary_and_store(q, k, v, positions, rope.cos_sin, k_buffer, v_buffer, loc)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
