@@ -65,7 +65,11 @@ def bench_cascade(fi, bw: float, sweep: bool, bsz: int = 64, shared: int = 8192,
     log(json.dumps({k: v for k, v in row.items() if k != "sweep"}))
     if sweep:
         row["sweep"] = sweep_cascade(casc, err, n)
-        good = [r for r in row["sweep"] if "us" in r and r["rel_err"] <= 1e-2 and r.get("impl") == "fused"]
+        good = [r for r in row["sweep"] if "us" in r and r["rel_err"] <= 1e-2 and r.get("impl") == "fused"
+                and "own_splits" not in r]
+        diag = min((r for r in row["sweep"] if "us" in r and "own_splits" in r), key=lambda r: r["us"], default=None)
+        if diag is not None:
+            log("  cascade best with explicit own_splits (diagnostic, not adoptable as is):", diag)
         best = min(good, key=lambda r: r["us"], default=None)
         if best is not None:
             cfg = {k: best[k] for k in cas.FUSED_DEFAULTS}
@@ -106,8 +110,8 @@ def cascade_parts(x: dict, cfg: dict, sms: int) -> dict:
 
 
 def sweep_cascade(casc, err, n: int) -> list[dict]:
-    """Tiles x shared_waves (shared_first, own_block_n = block_n); then the 3 best retried own-first
-    and with other own_block_n; and the two-launch impl's best earlier config for reference."""
+    """Tiles x shared_waves (shared_first, own_block_n = block_n); then the 3 best retried own-first,
+    with other own_block_n and with 2 / 4 own splits; and the two-launch impl's best earlier config."""
     out: list[dict] = []
 
     def one(cfg: dict) -> None:
@@ -128,6 +132,8 @@ def sweep_cascade(casc, err, n: int) -> list[dict]:
         for obn in (32, 128):
             if obn != r["block_n"]:
                 one(base | {"own_block_n": obn})
+        for s_own in (2, 4):  # diagnostic only (no FUSED_DEFAULTS knob sets it): finer own-tail splits
+            one(base | {"own_splits": s_own})
     for ss in (None, 16):
         one({"impl": "two_launch", "block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3, "shared_splits": ss})
     return out
