@@ -154,5 +154,42 @@ def test_kernel_matches_reference(results: dict, group: str) -> None:
     assert not bad, f"seed {results['_seed']}: failed {bad}"
 
 
+def test_cascade_plan_rejects_bad_input() -> None:
+    from radixlm.kernels.cascade_attention import make_cascade_plan
+
+    for sizes, shared, seq in [([2], [3], [5]), ([1, 1], [0], [4, 4]), ([2], [-1], [3, 3]), ([2, -1], [0, 0], [4]),
+                               ([2], [6], [9, 5])]:
+        with pytest.raises(ValueError):
+            make_cascade_plan(sizes, shared, seq, "cpu")
+
+
+def test_fused_layout_gives_shared_programs_only_to_groups_with_a_shared_part() -> None:
+    """Singleton groups of shared length 0 (as the scheduler builds them) add no shared-prefix
+    program: the launch then equals plain split-K decode's own programs."""
+    from radixlm.kernels.cascade_attention import fused_layout, make_cascade_plan, resolve_config
+
+    cfg = resolve_config(block_m=16, shared_waves=1.0)
+    plain = make_cascade_plan([1] * 6, [0] * 6, [40] * 6, "cpu")
+    lay = fused_layout(6, 8, 2, plain, cfg, 132)
+    assert (lay.s_sh, lay.n_shared_tiles, plain.shared_groups.tolist()) == (0, 0, [])
+    assert lay.n_own_tiles == 6 * 2 * lay.s_own
+    mixed = make_cascade_plan([1, 5, 1, 2], [0, 900, 0, 300], [40, 950, 950, 950, 950, 950, 7, 320, 330], "cpu")
+    lay = fused_layout(9, 8, 2, mixed, cfg, 132)
+    assert mixed.shared_groups.tolist() == [1, 3] and mixed.max_shared_group_size == 5
+    m_blocks = -(-5 * 4 // 16)  # the largest shared group's rows (5 members x 4 heads) in 16-row tiles
+    assert lay.m_blocks == m_blocks and lay.n_shared_tiles == 2 * 2 * m_blocks * lay.s_sh
+    assert fused_layout(9, 8, 2, mixed, cfg, 132, shared_splits=3, own_splits=2).n_own_tiles == 9 * 2 * 2
+
+
+def test_cascade_config_rejects_unknown_knobs() -> None:
+    from radixlm.kernels.cascade_attention import resolve_config
+
+    with pytest.raises(ValueError):
+        resolve_config("two_launch", shared_waves=2.0)
+    with pytest.raises(ValueError):
+        resolve_config("three_launch")
+    assert resolve_config(block_m=128)["block_m"] == 128
+
+
 if __name__ == "__main__":
     _main()
