@@ -62,6 +62,8 @@ def bench_cascade(fi, bw: float, sweep: bool, bsz: int = 64, shared: int = 8192,
     row["cascade_two_launch_us"] = time_fn([casc(i, impl="two_launch") for i in range(n)], label="cascade two") * 1e6
     row["cascade_unfused_merge_us"] = time_fn([casc(i, impl="two_launch", fused_merge=False) for i in range(n)]) * 1e6
     row["parts"] = cascade_parts(x, cas.resolve_config(), sms)
+    row["shared_part_TFLOPs"] = row["shared_tflop"] / row["parts"]["shared_partial_us"] * 1e6
+    row["own_part_TBps"] = 2 * bsz * own * HKV * D * 2 / row["parts"]["own_partial_us"] / 1e6
     log(json.dumps({k: v for k, v in row.items() if k != "sweep"}))
     if sweep:
         row["sweep"] = sweep_cascade(casc, err, n)
