@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernels_cascade import bench_cascade, cascade_sweep_variants, dry_run  # noqa: E402
+from kernels_cascade import bench_cascade, dry_run  # noqa: E402
 from kernels_common import (  # noqa: E402
     DEV,
     DT,
@@ -181,8 +181,7 @@ def correctness(kinds: tuple[str, ...] = ("decode", "extend", "cascade", "other"
         ("cascade", lambda: c.check_cascade(DEV, DT, [3, 1, 5], [500, 0, 130], [7, 1, 40, 3, 9, 100, 2, 2, 60],
                                             HQ, HKV, D)),
         ("cascade", lambda: c.check_cascade(DEV, DT, [40, 1, 1, 20], [3000, 0, 0, 1000],
-                                            [1 + (7 * i) % 300 for i in range(62)], HQ, HKV, D,
-                                            variants=cascade_sweep_variants())),
+                                            [1 + (7 * i) % 300 for i in range(62)], HQ, HKV, D)),
         ("cascade", lambda: c.check_cascade(DEV, f32, [5, 1], [700, 0], [1, 60, 3, 9, 200, 900], HQ, HKV, D)),
         ("other", lambda: c.check_pointwise(DEV, DT, 300, 4096) + c.check_pointwise(DEV, f32, 33, 576)),
         ("other", lambda: c.check_rotary(DEV, DT, 500, HQ, HKV, D) + c.check_rotary(DEV, f32)),
