@@ -22,16 +22,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_env import environment, write_result  # noqa: E402
 
 from radixlm.kernels.checks import BOUND, rel_err  # noqa: E402
-from radixlm.kernels.gemv import DEFAULT, GemvConfig, gemv, gemv_ref  # noqa: E402
+from radixlm.kernels.gemv import GemvConfig, default_config, gemv, gemv_ref  # noqa: E402
 
 # (name, N, K, calls per decode step of llama-3.1-8b)
 SHAPES = [("qkv", 6144, 4096, 32), ("o_proj", 4096, 4096, 32), ("gate_up", 28672, 4096, 32),
           ("down", 4096, 14336, 32), ("lm_head", 128256, 4096, 1)]
-SWEEP = [DEFAULT,
-         GemvConfig("fma", 4, 1024, 4), GemvConfig("fma", 8, 1024, 4), GemvConfig("fma", 16, 512, 8),
-         GemvConfig("fma", 2, 2048, 4), GemvConfig("fma", 16, 256, 4), GemvConfig("fma", 8, 256, 2),
+SWEEP = [GemvConfig("fma", 8, 512, 4), GemvConfig("fma", 4, 1024, 4), GemvConfig("fma", 2, 2048, 4),
+         GemvConfig("fma", 2, 4096, 4), GemvConfig("fma", 4, 2048, 8), GemvConfig("fma", 8, 1024, 8),
+         GemvConfig("fma", 8, 512, 4, 3), GemvConfig("fma", 4, 1024, 4, 3),
          GemvConfig("dot", 16, 256, 4, 4), GemvConfig("dot", 16, 512, 4, 3), GemvConfig("dot", 32, 256, 4, 4),
-         GemvConfig("dot", 32, 128, 4, 6), GemvConfig("dot", 64, 128, 4, 4)]
+         GemvConfig("dot", 16, 128, 4, 6), GemvConfig("dot", 32, 128, 4, 6)]
 CALLS = {s: c for s, _, _, c in SHAPES}
 BUDGET_S = 125.0  # sweep stops (remaining rows marked skipped) so the whole run stays < 2.5 min
 L2_BYTES = 60e6
@@ -69,7 +69,8 @@ def bench_shape(name: str, n: int, k: int, m: int, weights: list[torch.Tensor], 
 
     row("cublas", "F.linear", timer([lambda i=i: F.linear(xs[i], weights[i]) for i in range(len(xs))]),
         rel_err(F.linear(xs[0], weights[0]), ref))
-    for cfg in SWEEP:
+    sweep = SWEEP + [c for c in [default_config(m)] if c not in SWEEP]
+    for cfg in sweep:
         if time.perf_counter() > deadline:
             row("gemv", cfg.label(), None, None, "skipped: time budget")
             continue
@@ -99,7 +100,7 @@ def best_rows(rows: list[dict]) -> dict[str, dict]:
             e["cublas"] = r
         elif "best" not in e or r["us"] < e["best"]["us"]:
             e["best"] = r
-        if r["impl"] == "gemv" and r["config"] == DEFAULT.label():
+        if r["impl"] == "gemv" and r["config"] == default_config(r["M"]).label():
             e["default"] = r
     return out
 
@@ -125,6 +126,24 @@ def print_table(best: dict[str, dict]) -> dict[int, dict]:
         print(f"M={m}: linear layers per decode step: cuBLAS {s['cublas_us']:.0f} us, best gemv "
               f"{s['best_us']:.0f} us, DEFAULT {s['default_us']:.0f} us" + ("" if s["complete"] else " (incomplete)"))
     return step
+
+
+def suggest(rows: list[dict]) -> dict[int, str]:
+    """Per M: the one config with the least per-decode-step time (calls x µs summed over the
+    shapes), among configs timed at every shape; printed as a DEFAULTS line for kernels/gemv.py."""
+    out: dict[int, str] = {}
+    for m in sorted({r["M"] for r in rows}):
+        mine = [r for r in rows if r["M"] == m and r["impl"] == "gemv"]
+        n_shapes = len({r["shape"] for r in mine})
+        totals = {}
+        for label in {r["config"] for r in mine}:
+            timed = [r for r in mine if r["config"] == label and r["us"] is not None]
+            if len(timed) == n_shapes:
+                totals[label] = sum(CALLS.get(r["shape"], 1) * r["us"] for r in timed)
+        if totals:
+            out[m] = min(totals, key=totals.get)
+            print(f"SUGGESTED DEFAULT M<={m}: {out[m]} ({totals[out[m]]:.0f} us per step)")
+    return out
 
 
 def main() -> None:
@@ -157,7 +176,8 @@ def main() -> None:
         print("!!", r["shape"], r["M"], r["config"], r["note"], r["rel_err"])
     from kernels_common import GRAPH_FAILURES
 
-    result = {"env": environment(), "dtype": str(dt), "default": DEFAULT.label(), "elapsed_s": time.perf_counter() - t0,
+    result = {"env": environment(), "dtype": str(dt), "defaults": {m: default_config(m).label() for m in ms},
+              "suggested_defaults": suggest(rows), "elapsed_s": time.perf_counter() - t0,
               "step_us_by_M": step, "best": best, "rows": rows, "graph_failures": GRAPH_FAILURES,
               "n_wrong_or_error": len(wrong), "dry_run": dry}
     write_result("/tmp/gemv_dry_run.json" if dry else args.out, result)

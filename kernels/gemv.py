@@ -43,6 +43,15 @@ class GemvConfig:
 
 
 DEFAULT = GemvConfig()
+# per row count M (the smallest key >= M applies); guesses until the H200 sweep (benchmarks/gemv.py)
+# prints its suggested table: CUDA cores while the FMAs per weight byte are few, tensor cores above
+DEFAULTS: dict[int, GemvConfig] = {1: GemvConfig("fma", 4, 1024, 4), 2: GemvConfig("fma", 4, 1024, 4),
+                                   4: GemvConfig("dot", 16, 256, 4, 4), 8: GemvConfig("dot", 16, 256, 4, 4)}
+
+
+def default_config(m: int) -> GemvConfig:
+    """The config `gemv` uses for m rows when none is given."""
+    return next((DEFAULTS[k] for k in sorted(DEFAULTS) if k >= m), DEFAULT)
 
 
 @triton.jit
@@ -130,8 +139,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     _validate(x, weight, bias)
     if not use_triton(x):
         return gemv_ref(x, weight, bias)
-    cfg = config or DEFAULT
     m, k = x.shape
+    cfg = config or default_config(m)
     n = weight.shape[0]
     if x.stride(1) != 1:
         x = x.contiguous()
@@ -160,4 +169,4 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     return F.linear(x.float(), weight.float(), b).to(x.dtype)
 
 
-__all__ = ["GemvConfig", "DEFAULT", "MAX_M", "gemv", "gemv_ref", "use_gemv"]
+__all__ = ["GemvConfig", "DEFAULT", "DEFAULTS", "default_config", "MAX_M", "gemv", "gemv_ref", "use_gemv"]

@@ -68,11 +68,12 @@ def test_gemv_matches_reference_interpreter() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_gemv_matches_reference_on_gpu_real_shapes(m: int) -> None:
-    from radixlm.kernels.gemv import DEFAULT
+    from radixlm.kernels.gemv import default_config
 
-    default = (DEFAULT.kind, DEFAULT.block_n, DEFAULT.block_k, DEFAULT.num_warps, DEFAULT.num_stages)
+    d = default_config(m)
+    default = (d.kind, d.block_n, d.block_k, d.num_warps, d.num_stages)
     for n, k in REAL:
-        for cfg in (default, ("dot", 32, 256, 4, 4)):
+        for cfg in (default, ("fma", 2, 4096, 4, 1), ("dot", 32, 256, 4, 4)):
             case = (B16, m, n, k, n == 6144, cfg)
             _assert_ok(case, check("cuda", *case))
     case = (F32, m, 4096 + 3, 4096 - 8, True, default)
