@@ -306,8 +306,12 @@ class Scheduler:
             elif samples:  # prefill-only: scoring prompts, or pinning a prefix
                 step.prefill_only.append(req)
             row += n_rows
-        if step.gen:  # decode-only steps return exactly the rows to sample: no gather
+        if step.gen:
+            # decode-only steps return exactly the rows to sample: no gather, unless the sampler
+            # will edit rows in place (masks, penalties), which the forward's inference-mode
+            # output does not allow (the gather makes a normal tensor)
             whole = picks[-1] == len(picks) - 1 == logits.shape[0] - 1
+            whole = whole and not any(r.needs_fresh_state for r in step.gen)
             self._launch_sampling(step, logits if whole else logits[to_device(picks, logits.device)])
         step.seal()
         return step
