@@ -59,7 +59,9 @@ class TritonAttentionBackend:
             plan: CascadePlan | None = fb.extras.get("cascade_plan")
             if plan is not None:
                 out = cascade_decode_attention(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices,
-                                               fb.seq_lens, plan, scale)
+                                               fb.seq_lens, plan, scale,
+                                               shared_splits=fb.extras.get("cascade_shared_splits"),
+                                               own_splits=fb.extras.get("cascade_own_splits"))
             else:
                 out = decode_attention(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.seq_lens, scale,
                                        num_splits=self.decode_splits(fb, k_buf.shape[1], q.device))

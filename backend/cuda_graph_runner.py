@@ -1,8 +1,10 @@
 """CudaGraphRunner: captures the model's decode forward as CUDA graphs, one per batch size of a
 bucket list (largest first, one shared memory pool), and replays the smallest graph that fits a
 decode batch; rows past the real batch are padding (token 0 at position 0 writing KV slot 0,
-attending to one slot through a reserved req_to_token row). Promises: the eager forward's logits
-up to split-K rounding, no host sync inside a replay, and never a crash: a failed capture logs a
+attending to one slot through a reserved req_to_token row). With cascade on, each size also gets a
+cascade graph whose plan lives in static buffers (up to CASCADE_GROUPS_CAP shared groups; its host
+sizes are upper bounds, extra programs exit at once). Promises: the eager forward's logits up to
+split-K rounding, no host sync inside a replay, and never a crash: a failed capture logs a
 warning and leaves the engine decoding eagerly."""
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.backend.forward_batch import ForwardBatch
+from radixlm.kernels.cascade_attention import CascadePlan, fused_layout, resolve_config
 from radixlm.kernels.decode_attention import choose_num_splits
 
 if TYPE_CHECKING:
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+CASCADE_GROUPS_CAP = 4  # shared groups one cascade graph serves; a batch with more runs eagerly
 CAPTURE_RESERVE_BYTES = 512 << 20  # cuBLAS workspaces, Triton modules, allocator slack
 ROW_SAFETY = 2  # the per-row activation estimate is doubled before it is trusted
 
@@ -123,6 +127,38 @@ class StaticDecodeInputs:
         )
 
 
+class StaticCascadePlan:
+    """A CascadePlan in fixed device buffers. Groups past the live plan are empty ([bs, bs)), and
+    unused shared-group slots name such an empty group, so their programs do nothing."""
+
+    def __init__(self, max_bs: int, device: torch.device) -> None:
+        def zeros(n: int) -> torch.Tensor:
+            return torch.zeros(n, dtype=torch.int64, device=device)
+
+        self.group_ptr, self.group_shared = zeros(max_bs + 2), zeros(max_bs + 1)
+        self.shared_lens, self.shared_groups = zeros(max_bs), zeros(CASCADE_GROUPS_CAP)
+
+    def plan(self, gbs: int, context_len: int) -> CascadePlan:
+        return CascadePlan(self.group_ptr[: gbs + 2], self.group_shared[: gbs + 1], self.shared_lens[:gbs],
+                           gbs, context_len, context_len, self.shared_groups, gbs)
+
+    @staticmethod
+    def fits(plan: CascadePlan) -> bool:
+        return plan.shared_groups is not None and int(plan.shared_groups.shape[0]) <= CASCADE_GROUPS_CAP
+
+    def load(self, plan: CascadePlan, bs: int) -> None:
+        """Copy a live plan in (device to device, no sync) and pad it with empty groups."""
+        assert plan.shared_groups is not None
+        g, n_sg = int(plan.group_shared_lens.shape[0]), int(plan.shared_groups.shape[0])
+        self.group_ptr[: g + 1].copy_(plan.group_ptr, non_blocking=True)
+        self.group_ptr[g + 1 :].fill_(bs)
+        self.group_shared[:g].copy_(plan.group_shared_lens, non_blocking=True)
+        self.shared_lens[:bs].copy_(plan.shared_lens, non_blocking=True)
+        self.shared_lens[bs:].zero_()
+        self.shared_groups[:n_sg].copy_(plan.shared_groups, non_blocking=True)
+        self.shared_groups[n_sg:].fill_(g)
+
+
 def sync_host_lists(static: ForwardBatch, fb: ForwardBatch, pad_row: int) -> None:
     """Mirror the real batch's host-side lengths into the static batch (padding past them), so
     any host reader of the static batch sees what its device tensors hold."""
@@ -166,13 +202,15 @@ class CudaGraphRunner:
     """Owns the static inputs and one graph per bucket size; ModelRunner.forward asks can_run and
     then replay for each decode batch."""
 
-    def __init__(self, runner: ModelRunner, max_bs: int, capture: CaptureFn) -> None:
+    def __init__(self, runner: ModelRunner, max_bs: int, capture: CaptureFn, cascade: bool = False) -> None:
         self.runner = runner
+        self.cascade_graphs: dict[int, CapturedGraph] = {}
         self.sizes = capture_batch_sizes(max_bs)
         self.max_bs = self.sizes[-1]
         self.backend = runner.attn_backend
         self.graphs: dict[int, CapturedGraph] = {}
         self.bucket_hits: Counter[int] = Counter()
+        self.cascade_hits = 0
         self.enabled = False
         pad_row = runner.req_table.alloc()
         if pad_row is None:
@@ -180,6 +218,7 @@ class CudaGraphRunner:
         self.pad_row = pad_row
         runner.req_table.clear_row(pad_row)  # column 0 → KV slot 0, the padding slot
         self.inputs = StaticDecodeInputs(self.max_bs, pad_row, runner.device)
+        self.cascade_inputs = StaticCascadePlan(self.max_bs, runner.device) if cascade else None
         self._capture = capture
 
     def num_splits(self, gbs: int) -> int:
@@ -198,6 +237,8 @@ class CudaGraphRunner:
                     sfb = self.inputs.forward_batch(gbs, self.runner, self.num_splits(gbs))
                     replay, out = self._capture(lambda sfb=sfb: self.runner.model(sfb))
                     self.graphs[gbs] = CapturedGraph(sfb, replay, out)
+                    if self.cascade_inputs is not None and gbs >= 2:
+                        self._try_capture_cascade(gbs)
         except Exception as e:  # OOM, an op that cannot be captured, a kernel that syncs
             logger.warning("CUDA graph capture failed at batch size %d (%s: %s); decoding eagerly",
                            gbs, type(e).__name__, e)
@@ -207,9 +248,35 @@ class CudaGraphRunner:
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
         return True
 
+    def _try_capture_cascade(self, gbs: int) -> None:
+        """A failed cascade capture drops only the cascade graphs (cascade steps then run eagerly)."""
+        try:
+            self.cascade_graphs[gbs] = self._capture_cascade(gbs)
+        except Exception as e:
+            logger.warning("cascade CUDA graph capture failed at batch size %d (%s: %s); cascade decode "
+                           "steps run eagerly", gbs, type(e).__name__, e)
+            self.cascade_graphs.clear()
+            self.cascade_inputs = None
+
+    def _capture_cascade(self, gbs: int) -> CapturedGraph:
+        """The decode graph with a static cascade plan. Its shared-prefix split count is the one an
+        eager launch would pick for a single group of gbs members (more groups add programs)."""
+        assert self.cascade_inputs is not None
+        c = self.runner.config
+        sfb = self.inputs.forward_batch(gbs, self.runner, self.num_splits(gbs))
+        plan = self.cascade_inputs.plan(gbs, c.context_len)
+        one = CascadePlan(plan.group_ptr, plan.group_shared_lens, plan.shared_lens, gbs, c.context_len,
+                          c.context_len, plan.shared_groups[:1], gbs)
+        sms = self.backend.num_sms(self.runner.device)
+        lay = fused_layout(gbs, c.num_heads, c.num_kv_heads, one, resolve_config(), sms)
+        sfb.extras.update(cascade_plan=plan, cascade_shared_splits=lay.s_sh, cascade_own_splits=lay.s_own)
+        replay, out = self._capture(lambda: self.runner.model(sfb))
+        return CapturedGraph(sfb, replay, out)
+
     def disable(self) -> None:
         self.enabled = False
         self.graphs.clear()
+        self.cascade_graphs.clear()
         if self.pad_row is not None:
             self.runner.req_table.free(self.pad_row)
             self.pad_row = None  # type: ignore[assignment]
@@ -223,9 +290,11 @@ class CudaGraphRunner:
     def can_run(self, fb: ForwardBatch) -> bool:
         """Host-side facts only (flags, lengths of host lists, identities, shapes): no sync."""
         bs = fb.batch_size
-        return (self.enabled and fb.is_decode and 0 < bs <= self.max_bs
+        plan = fb.extras.get("cascade_plan")
+        cascade_ok = plan is None or (bs >= 2 and self.cascade_inputs is not None and StaticCascadePlan.fits(plan))
+        return (self.enabled and fb.is_decode and 0 < bs <= self.max_bs and cascade_ok
                 and fb.num_tokens == bs and int(fb.logits_indices.numel()) == bs
-                and "cascade_plan" not in fb.extras and fb.attn_backend is self.backend
+                and fb.attn_backend is self.backend
                 and fb.kv_pool is self.runner.kv_pool and fb.req_to_token is self.runner.req_table.table)
 
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
@@ -234,9 +303,13 @@ class CudaGraphRunner:
         gbs = bucket_for(bs, self.sizes)
         if gbs is None or not self.enabled:
             raise ValueError(f"no captured graph for a decode batch of {bs}")
-        graph = self.graphs[gbs]
+        plan = fb.extras.get("cascade_plan")
+        graph = self.graphs[gbs] if plan is None else self.cascade_graphs[gbs]
         with torch.inference_mode():
             self.inputs.load(fb)
+            if plan is not None and self.cascade_inputs is not None:
+                self.cascade_inputs.load(plan, bs)
+                self.cascade_hits += 1
             sync_host_lists(graph.fb, fb, self.inputs.pad_row)
             graph.replay()
             out = graph.out[:bs].clone()
@@ -244,7 +317,7 @@ class CudaGraphRunner:
         return out
 
 
-def try_create(runner: ModelRunner, max_bs: int) -> CudaGraphRunner | None:
+def try_create(runner: ModelRunner, max_bs: int, cascade: bool = False) -> CudaGraphRunner | None:
     """A captured runner for a CUDA ModelRunner whose attention backend is the graph-safe Triton
     one (it reads lengths from device tensors), or None with the reason logged; never raises."""
     try:
@@ -263,7 +336,7 @@ def try_create(runner: ModelRunner, max_bs: int) -> CudaGraphRunner | None:
             logger.warning("CUDA graphs: max batch size %d -> %d to fit in %d free bytes", max_bs, fitted, free)
         if fitted < 1:
             return None
-        graphs = CudaGraphRunner(runner, fitted, CudaGraphCapture(runner.device))
+        graphs = CudaGraphRunner(runner, fitted, CudaGraphCapture(runner.device), cascade)
     except Exception as e:
         logger.warning("CUDA graphs off (%s: %s); decoding eagerly", type(e).__name__, e)
         return None

@@ -76,6 +76,7 @@ class Engine:
             config, None if model_shape else model_dir, self.device, resolve_dtype(dtype, self.device),
             max_total_tokens, mem_fraction_static, max_running_requests, random_weights or bool(model_shape), seed,
             disable_cuda_graph=disable_cuda_graph, cuda_graph_max_bs=cuda_graph_max_bs,
+            cascade_graphs=not disable_cascade,
         )
         alloc = self.runner.allocator
         self.cache = NoPrefixCache(alloc) if disable_radix_cache else RadixCache(alloc)

@@ -62,6 +62,7 @@ class ModelRunner:
         seed: int = 0,
         disable_cuda_graph: bool = False,
         cuda_graph_max_bs: int = 160,
+        cascade_graphs: bool = False,
     ) -> None:
         self.config = config
         self.device = device
@@ -77,7 +78,7 @@ class ModelRunner:
         if device.type == "cuda" and not disable_cuda_graph:
             from radixlm.backend.cuda_graph_runner import try_create
 
-            self.graph_runner = try_create(self, min(cuda_graph_max_bs, max_running_requests))
+            self.graph_runner = try_create(self, min(cuda_graph_max_bs, max_running_requests), cascade_graphs)
 
     def _load_model(self, model_dir: Path | None, random_weights: bool, seed: int) -> LlamaForCausalLM:
         with torch.device("meta"):

@@ -339,3 +339,23 @@ def test_triton_decode_with_fixed_graph_splits_interpreted():
 
 if __name__ == "__main__":
     print(json.dumps(_interp_records()))
+
+
+def test_static_cascade_plan_pads_with_empty_groups():
+    """A live plan of 3 groups over 6 requests, loaded into buffers for up to 8: the groups past
+    it are empty ([6, 6)), unused shared-group slots name one of them, padding rows share nothing."""
+    from radixlm.backend.cuda_graph_runner import CASCADE_GROUPS_CAP, StaticCascadePlan
+    from radixlm.kernels.cascade_attention import make_cascade_plan
+
+    static = StaticCascadePlan(8, torch.device("cpu"))
+    static.shared_lens.fill_(99)  # stale values from an earlier batch
+    live = make_cascade_plan([3, 1, 2], [50, 0, 20], [60, 55, 51, 7, 25, 22], "cpu")
+    static.load(live, 6)
+    plan = static.plan(8, 4096)
+    assert plan.group_ptr.tolist() == [0, 3, 4, 6, 6, 6, 6, 6, 6, 6]
+    assert plan.group_shared_lens[:3].tolist() == [50, 0, 20]
+    assert plan.shared_lens.tolist() == [50, 50, 50, 0, 20, 20, 0, 0]
+    assert plan.shared_groups.tolist() == [0, 2] + [3] * (CASCADE_GROUPS_CAP - 2)
+    assert StaticCascadePlan.fits(live)
+    many = make_cascade_plan([2] * 5, [10] * 5, [20] * 10, "cpu")
+    assert not StaticCascadePlan.fits(many)
