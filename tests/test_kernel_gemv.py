@@ -53,6 +53,8 @@ def _assert_ok(case: tuple, r: dict) -> None:
     assert r["ref"] <= tol(dtype) and r["f64"] <= tol(dtype), (case, r)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU CI check; on a GPU the compiled kernel is tested "
+                    "instead (the GPU image's Triton 3.6 interpreter cannot run this kernel's K loop)")
 def test_gemv_matches_reference_interpreter() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
