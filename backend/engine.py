@@ -299,6 +299,7 @@ class Engine:
 
         def flush() -> bool:
             s = self.scheduler
+            s.settle()
             if s.has_work() or s.pinned:
                 return False
             self.cache.reset()

@@ -103,6 +103,11 @@ class Scheduler:
             self._process_step(launched)
         return plan is not None
 
+    def settle(self) -> None:
+        """Process the in-flight step now (between steps, on the scheduler thread), so callers that
+        need an idle engine (flush_cache) do not see a step that only holds finished requests."""
+        self._process_step(self._take_inflight())
+
     def _take_inflight(self) -> LaunchedStep | None:
         step, self.inflight = self.inflight, None
         return step
