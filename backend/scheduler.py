@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from radixlm.backend import cascade_groups
 from radixlm.backend.forward_batch import to_device
 from radixlm.backend.model_runner import ModelRunner, ScheduledItem
 from radixlm.backend.request import Req
@@ -168,9 +169,7 @@ class Scheduler:
         plan.cascade; unchanged when cascade is off or would not pay."""
         if not self.cfg.enable_cascade or len(batch) < 2:
             return batch
-        from radixlm.backend.cascade_groups import find_cascade_groups
-
-        groups = find_cascade_groups(batch)
+        groups = cascade_groups.find_cascade_groups(batch)
         if groups is None:
             return batch
         plan.cascade = groups
