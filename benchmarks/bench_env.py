@@ -34,6 +34,12 @@ def environment() -> dict[str, Any]:
     return env
 
 
+def device_tag(env: dict[str, Any]) -> str:
+    """The suffix of a result file's name: cpu, h200 or gpu."""
+    gpu = env.get("gpu", "none")
+    return "cpu" if gpu == "none" else "h200" if "H200" in gpu else "gpu"
+
+
 def write_result(path: str | Path, result: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_env import environment, write_result  # noqa: E402
+from bench_env import device_tag, environment, write_result  # noqa: E402
 
 import radixlm as sgl  # noqa: E402
 from radixlm.backend.engine import Engine  # noqa: E402
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"greedy outputs identical on vs off: {result['greedy_match_on_vs_off']}")
     finally:
         engine.shutdown()
-    dev = "cpu" if engine.device.type == "cpu" else "h200" if "H200" in result["env"]["gpu"] else "gpu"
+    dev = "cpu" if engine.device.type == "cpu" else device_tag(result["env"])
     write_result(args.out or Path(__file__).parent / "results" / f"forks_{dev}.json", result)
     return result
 
