@@ -4,7 +4,7 @@ source benchmarks/h200/setup.sh
 mkdir -p .gguf_store && cp .gguf_a/* .gguf_store/
 export RADIXLM_DEFAULT_MODEL=$PWD/.smol_tok   # tokenizer only: the random shapes need no weights
 R=benchmarks/results
-t() { local lim=$1; shift; echo "=== $*"; timeout "$lim" "$@" 2>&1 | grep -v "it/s]" | tail -n 30; echo "=== rc=${PIPESTATUS[0]}"; }
+T_TAIL=30
 t 60 python3 -m pytest -q -s -p no:cacheprovider tests/test_engine_gpu.py -k "llama_8b"
 t 130 python3 benchmarks/offline_throughput.py --model-shape llama-3.1-8b --device cuda --num-prompts 128 \
   --input-len 512 --output-len 256 --range-ratio 1 --compare-hf --mem-fraction-static 0.55 --context-length 8192 --out $R/offline_throughput_h200.json

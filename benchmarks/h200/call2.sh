@@ -4,7 +4,7 @@ source benchmarks/h200/setup.sh
 cat .gguf_store/ggpart_00 .gguf_b/ggpart_01 > /tmp/smollm2.gguf && md5sum /tmp/smollm2.gguf
 export RADIXLM_DEFAULT_MODEL=/tmp/smollm2.gguf
 R=benchmarks/results
-t() { local lim=$1; shift; echo "=== $*"; timeout "$lim" "$@" 2>&1 | grep -v "it/s]" | tail -n 30; echo "=== rc=${PIPESTATUS[0]}"; }
+T_TAIL=30
 t 150 python3 -m pytest -q -s -p no:cacheprovider tests/test_engine_gpu.py tests/test_cuda_graph_gpu.py -k "not llama_8b"
 t 90 python3 benchmarks/constrained_decode.py --model-shape llama-3.1-8b --device cuda --batch 64
 t 100 python3 benchmarks/serving.py --launch --device cuda --random-weights --model-shape llama-3.1-8b \

@@ -2,11 +2,10 @@
 # cascade on vs off, batch-1 decode vs the roofline (overlap on vs off), batch 128 vs HF
 # transformers generate, and the cascade kernel at its adopted defaults vs plain decode / FlashInfer.
 source benchmarks/h200/setup.sh
-mkdir -p /tmp/site && tar -xJf .fi/fi.tar.xz -C /tmp/site && python3 -m pip install -q --no-index --no-deps --target /tmp/site .fi/*.whl
-export FLASHINFER_CUDA_ARCH_LIST=9.0a
+source benchmarks/h200/flashinfer.sh
 export RADIXLM_DEFAULT_MODEL=$PWD/.smol_tok   # tokenizer only: the random shapes need no weights
 R=benchmarks/results
-t() { local lim=$1; shift; echo "=== $*"; timeout "$lim" "$@" 2>&1 | grep -v "it/s]" | tail -n 30; echo "=== rc=${PIPESTATUS[0]}"; }
+T_TAIL=30
 t 80 python3 -m pytest -q -p no:cacheprovider tests/test_overlap_gpu.py
 t 130 python3 benchmarks/forks.py --model-shape llama-3.1-8b --device cuda --out $OUT/forks_h200.json
 t 80 python3 benchmarks/offline_throughput.py --model-shape llama-3.1-8b --device cuda --num-prompts 1 \

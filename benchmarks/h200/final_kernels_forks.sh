@@ -2,11 +2,10 @@
 # adopted defaults (ours vs FlashInfer 0.7.4 vs roofline, JSON + PNG), and the fork-heavy program
 # workload with cascade on vs off (llama-3.1-8b shape, random bf16 weights).
 source benchmarks/h200/setup.sh
-mkdir -p /tmp/site && tar -xJf .fi/fi.tar.xz -C /tmp/site && python3 -m pip install -q --no-index --no-deps --target /tmp/site .fi/*.whl
-export FLASHINFER_CUDA_ARCH_LIST=9.0a
+source benchmarks/h200/flashinfer.sh
 export RADIXLM_DEFAULT_MODEL=$PWD/.smol_tok   # tokenizer only: the random shapes need no weights
 R=benchmarks/results
-t() { local lim=$1; shift; echo "=== $*"; timeout "$lim" "$@" 2>&1 | grep -v "it/s]" | tail -n 50; echo "=== rc=${PIPESTATUS[0]}"; }
+T_TAIL=50
 t 150 python3 -m pytest -q -p no:cacheprovider tests/test_hf_parity_gpu.py tests/test_overlap_gpu.py tests/test_kernel_gemv.py \
   tests/test_kernels_gpu.py -k "not decode and not extend"
 t 260 python3 benchmarks/kernels.py "$OUT"

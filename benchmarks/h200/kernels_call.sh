@@ -1,10 +1,9 @@
 # H200: GPU correctness tests (kernels incl. cascade and GEMV, fused rope+store, whole-path HF
 # parity, overlap, the 8B shape), the decode-GEMV sweep, and the cascade benchmark with its sweep.
 source benchmarks/h200/setup.sh
-mkdir -p /tmp/site && tar -xJf .fi/fi.tar.xz -C /tmp/site && python3 -m pip install -q --no-index --no-deps --target /tmp/site .fi/*.whl
-export FLASHINFER_CUDA_ARCH_LIST=9.0a
+source benchmarks/h200/flashinfer.sh
 export RADIXLM_DEFAULT_MODEL=$PWD/.smol_tok   # tokenizer only: the random shapes need no weights
-t() { local lim=$1; shift; echo "=== $*"; timeout "$lim" "$@" 2>&1 | grep -v "it/s]" | tail -n 60; echo "=== rc=${PIPESTATUS[0]}"; }
+T_TAIL=60
 t 170 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_kernel_rope_store.py tests/test_kernel_gemv.py \
   tests/test_hf_parity_gpu.py tests/test_overlap_gpu.py tests/test_engine_gpu.py::test_llama_8b_shape_random_weights_generates
 t 150 python3 benchmarks/gemv.py --out "$OUT/gemv_h200.json"

@@ -5,7 +5,6 @@ source benchmarks/h200/setup.sh
 mkdir -p .gguf_store && cp .gguf_a/* .gguf_store/
 export RADIXLM_DEFAULT_MODEL=$PWD/.smol_tok   # tokenizer only: the random shapes need no weights
 R=benchmarks/results
-t() { local lim=$1; shift; echo "=== $*"; timeout "$lim" "$@" 2>&1 | grep -v "it/s]" | tail -n 40; echo "=== rc=${PIPESTATUS[0]}"; }
 t 150 python3 -m pytest -q -s -p no:cacheprovider tests/test_overlap_gpu.py tests/test_engine_gpu.py -k "llama_8b or overlap or sync"
 t 100 python3 benchmarks/offline_throughput.py --model-shape llama-3.1-8b --device cuda --num-prompts 1 \
   --input-len 512 --output-len 256 --range-ratio 1 --context-length 8192 --compare-overlap --out $R/offline_throughput_h200_b1.json
