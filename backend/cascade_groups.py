@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 MIN_SHARED_LEN = 512  # shorter shared prefixes save less than the shared kernel's own cost
 MIN_SAVED_FRACTION = 0.5  # at least half of the batch's KV reads avoided: attention time halves
 MIN_SAVED_TOKENS = 16384  # KV rows (per KV head) avoided; 8B shape: 2 GB, ~0.5 ms at 4.2 TB/s
+# With a measured cost model (backend/cascade_cost.py) the savings thresholds are left to it and
+# only prefixes shorter than one shared-kernel chunk stay ungrouped.
+MIN_KERNEL_SHARED_LEN = 256
 
 
 @dataclass

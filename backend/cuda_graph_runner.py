@@ -39,10 +39,12 @@ CaptureFn = Callable[[Callable[[], torch.Tensor]], tuple[Replay, torch.Tensor]]
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
-    """Ascending bucket sizes: 1, 2, 4, then multiples of 8 below max_bs, then max_bs itself."""
+    """Ascending bucket sizes: 1, 2, 4, multiples of 8 up to 256, multiples of 32 beyond (padding
+    costs little there, and each size is a capture at start-up), then max_bs itself."""
     if max_bs < 1:
         raise ValueError(f"cuda_graph_max_bs must be at least 1, got {max_bs}")
-    return [s for s in (1, 2, 4) if s < max_bs] + list(range(8, max_bs, 8)) + [max_bs]
+    steps = [s for s in (1, 2, 4) if s < max_bs] + list(range(8, min(max_bs, 257), 8))
+    return [s for s in steps if s < max_bs] + list(range(288, max_bs, 32)) + [max_bs]
 
 
 def bucket_for(bs: int, sizes: list[int]) -> int | None:

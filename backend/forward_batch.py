@@ -20,14 +20,21 @@ def to_device(values: list, device: torch.device | str, dtype: torch.dtype = tor
     return t if torch.device(device).type == "cpu" else t.to(device, non_blocking=True)
 
 
+PACK_ALIGN = 2  # int64 elements per 16 bytes
+
+
 def to_device_packed(parts: list[list[int] | torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
     """Several int64 host lists/tensors as device tensors through ONE host→device copy (each copy
     on the stream costs a few µs of device time at decode sizes); the results are views."""
     host = [torch.tensor(p, dtype=torch.int64) if isinstance(p, list) else p.to("cpu", torch.int64).flatten() for p in parts]
-    flat = torch.cat(host) if host else torch.empty(0, dtype=torch.int64)
+    # Each view starts on a 16-byte boundary: Triton specializes kernels on pointer alignment, so
+    # views at varying offsets would compile new kernel variants on the request path.
+    padded = [torch.nn.functional.pad(h, (0, -h.numel() % PACK_ALIGN)) for h in host]
+    flat = torch.cat(padded) if padded else torch.empty(0, dtype=torch.int64)
     if torch.device(device).type != "cpu":
         flat = flat.to(device, non_blocking=True)
-    return list(flat.split([h.numel() for h in host]))
+    views = flat.split([p.numel() for p in padded])
+    return [v[: h.numel()] for v, h in zip(views, host)]
 
 
 class AttentionBackend(Protocol):

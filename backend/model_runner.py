@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from radixlm.backend import limits
 from radixlm.backend.attention import TorchAttentionBackend
 from radixlm.backend.forward_batch import AttentionBackend, ForwardBatch, to_device_packed
 from radixlm.backend.kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
@@ -57,11 +58,11 @@ class ModelRunner:
         dtype: torch.dtype,
         max_total_tokens: int | None,
         mem_fraction_static: float,
-        max_running_requests: int,
+        max_running_requests: int | None,
         random_weights: bool = False,
         seed: int = 0,
         disable_cuda_graph: bool = False,
-        cuda_graph_max_bs: int = 160,
+        cuda_graph_max_bs: int | None = None,
         cascade_graphs: bool = False,
     ) -> None:
         self.config = config
@@ -71,6 +72,11 @@ class ModelRunner:
         kv_tokens = self._kv_budget(max_total_tokens, mem_fraction_static)
         self.kv_pool = KVPool(config.num_layers, kv_tokens, config.num_kv_heads, config.head_dim, dtype, device)
         self.allocator = TokenSlotAllocator(kv_tokens)
+        if max_running_requests is None:
+            max_running_requests = limits.max_running_requests(device, kv_tokens)
+        if cuda_graph_max_bs is None:
+            cuda_graph_max_bs = limits.cuda_graph_max_bs(device, max_running_requests)
+        self.max_running_requests = max_running_requests
         self.req_table = ReqToTokenTable(max_running_requests + 8, config.context_len + 8, device)
         self.attn_backend: AttentionBackend = self._attention_backend()
         logger.info("KV pool: %d token slots (%s, %s)", kv_tokens, dtype, device)

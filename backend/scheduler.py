@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from radixlm.backend import cascade_groups
+from radixlm.backend.cascade_cost import CascadeCostModel
 from radixlm.backend.forward_batch import to_device
 from radixlm.backend.model_runner import ModelRunner, ScheduledItem
 from radixlm.backend.request import Req
@@ -33,6 +34,7 @@ class SchedulerConfig:
     decode_reserve: int = 8  # slots per running request kept free before admitting new prompts
     overlap: bool = False  # process step t after launching step t+1
     enable_cascade: bool = False  # decode batches sharing long prefixes use cascade attention
+    cascade_cost: CascadeCostModel | None = None  # measured per-step decision (None: fixed thresholds)
 
 
 @dataclass
@@ -169,7 +171,16 @@ class Scheduler:
         plan.cascade; unchanged when cascade is off or would not pay."""
         if not self.cfg.enable_cascade or len(batch) < 2:
             return batch
-        groups = cascade_groups.find_cascade_groups(batch)
+        cost = self.cfg.cascade_cost
+        if cost is None:
+            groups = cascade_groups.find_cascade_groups(batch)
+        else:  # the measured cost model decides, not the fixed thresholds
+            groups = cascade_groups.find_cascade_groups(batch, min_shared_len=cascade_groups.MIN_KERNEL_SHARED_LEN,
+                                                        min_saved_fraction=0.0, min_saved_tokens=0)
+            if groups is not None and not cost.pays(groups.saved_tokens, len(batch),
+                                                    sum(1 for s in groups.shared_lens if s > 0)):
+                self.stats.extra["cascade_declined_steps"] = self.stats.extra.get("cascade_declined_steps", 0) + 1
+                groups = None
         if groups is None:
             return batch
         plan.cascade = groups
@@ -317,7 +328,7 @@ class Scheduler:
             whole = picks[-1] == len(picks) - 1 == logits.shape[0] - 1
             whole = whole and not any(r.needs_fresh_state for r in step.gen)
             self._launch_sampling(step, logits if whole else logits[to_device(picks, logits.device)])
-        step.seal()
+        step.seal(logits.device)
         return step
 
     def _launch_sampling(self, step: LaunchedStep, rows: torch.Tensor) -> None:

@@ -50,6 +50,12 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def split_block(num_splits: int) -> int:
+    """BLOCK_S for a merge over num_splits partial states: a few fixed sizes rather than every
+    power of two, so the per-step split count selects one of few compiled variants."""
+    return 16 if num_splits <= 16 else 64 if num_splits <= 64 else next_pow2(num_splits)
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """The DOT_PREC constexpr for `mma`: fp32 operands get exact products (tests); 16-bit
     operands run on tensor cores, or are upcast under the interpreter (its bf16 dot is broken:
@@ -68,4 +74,26 @@ def mma(a, b, DOT_PREC: tl.constexpr):
         return tl.dot(a, b, input_precision=DOT_PREC)
 
 
-__all__ = ["HAS_TRITON", "triton", "tl", "interpreting", "use_triton", "next_pow2", "dot_precision", "mma"]
+def compiled_kernel_count() -> int:
+    """Compiled variants of every radixlm Triton kernel loaded so far, over all devices. A kernel
+    compiles once per distinct specialization (dtypes, constexprs, alignment): a count that grows
+    while serving means compilation on the request path."""
+    if not HAS_TRITON:
+        return 0
+    import sys
+
+    from triton.runtime.jit import JITFunction
+
+    total = 0
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("radixlm.kernels") or module is None:
+            continue
+        for obj in list(vars(module).values()):
+            caches = getattr(obj, "device_caches", None) if isinstance(obj, JITFunction) else None
+            for entry in (caches or {}).values():
+                total += len(entry[0])
+    return total
+
+
+__all__ = ["HAS_TRITON", "triton", "tl", "interpreting", "use_triton", "next_pow2", "dot_precision", "mma",
+           "compiled_kernel_count", "split_block"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.kernels._attn_common import finish_state, online_update
-from radixlm.kernels._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
+from radixlm.kernels._triton import dot_precision, mma, next_pow2, split_block, tl, triton, use_triton
 from radixlm.kernels.decode_attention import (
     choose_num_splits,
     decode_attention_ref,
@@ -70,10 +70,14 @@ def make_cascade_plan(group_sizes: list[int], shared_lens: list[int], seq_lens: 
     sh = [g for g, (s, n) in enumerate(zip(shared_lens, group_sizes)) if s > 0 and n > 0]
     # one non-blocking host→device copy: a blocking torch.tensor(..., device=cuda) would wait
     # for the whole stream and stall the overlap scheduler every cascade step
-    flat = torch.tensor(ptr + shared_lens + per_req + sh, dtype=torch.int64)
+    # each segment padded to 16 bytes: Triton specializes on pointer alignment, and views at
+    # varying offsets would compile new kernel variants while serving
+    parts = [ptr, shared_lens, per_req, sh]
+    flat = torch.tensor([x for p in parts for x in p + [0] * (len(p) % 2)], dtype=torch.int64)
     if torch.device(device).type != "cpu":
         flat = flat.to(device, non_blocking=True)
-    d_ptr, d_shared, d_per_req, d_sh = flat.split([len(ptr), len(shared_lens), len(per_req), len(sh)])
+    views = flat.split([len(p) + len(p) % 2 for p in parts])
+    d_ptr, d_shared, d_per_req, d_sh = (v[: len(p)] for v, p in zip(views, parts))
     return CascadePlan(d_ptr, d_shared, d_per_req, max(group_sizes, default=0),
                        max(shared_lens, default=0), max((L - s for L, s in zip(seq_lens, per_req)), default=0),
                        d_sh, max((group_sizes[g] for g in sh), default=0))
@@ -193,7 +197,8 @@ def _own_tile(t, Q, K, V, ReqToToken, ReqIdx, SeqLens, KvStart, MidO, MidLse, qk
                   stride_kt, stride_kh, stride_vt, stride_vh, BLOCK_H, HEAD_DIM, BLOCK_D, BLOCK_N, DOT_PREC)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_shared_tiles", "n_own_tiles", "s_div", "s_sh", "s_own", "m_blocks",
+                             "split_stride"])
 def _cascade_fused_kernel(
     Q, K, V, ReqToToken, ReqIdx, SeqLens, KvStart, GroupPtr, GroupShared, SharedGroups, MidO, MidLse,
     qk_scale, n_shared_tiles, n_own_tiles, s_div, s_sh, s_own, m_blocks, num_kv_heads, num_q_heads, split_stride,
@@ -224,7 +229,7 @@ def _cascade_fused_kernel(
                   GROUP, HEAD_DIM, BLOCK_D, BLOCK_H, OWN_BLOCK_N, DOT_PREC)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "s_sh"])
 def _cascade_merge_kernel(
     MidO, MidLse, SharedLens, Out, num_splits, s_sh, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -324,7 +329,7 @@ def cascade_merge(mid_o: torch.Tensor, mid_lse: torch.Tensor, plan: CascadePlan,
         return
     _cascade_merge_kernel[(bsz, hq)](
         mid_o, mid_lse, plan.shared_lens, out, s, s_sh, out.stride(0), out.stride(1),
-        HEAD_DIM=d, BLOCK_D=next_pow2(d), BLOCK_S=max(2, next_pow2(s)), num_warps=4 if d >= 128 else 2,
+        HEAD_DIM=d, BLOCK_D=next_pow2(d), BLOCK_S=split_block(s), num_warps=4 if d >= 128 else 2,
     )
 
 

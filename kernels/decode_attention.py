@@ -11,10 +11,10 @@ import math
 import torch
 
 from radixlm.kernels._attn_common import finish_state, online_update
-from radixlm.kernels._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
+from radixlm.kernels._triton import dot_precision, mma, next_pow2, split_block, tl, triton, use_triton
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "split_stride", "split_offset"])
 def _decode_partial_kernel(
     Q, K, V, ReqToToken, ReqIdx, SeqLens, KvStart, MidO, MidLse,
     sm_scale, num_splits, num_q_heads, split_stride, split_offset,
@@ -65,7 +65,7 @@ def _decode_partial_kernel(
     tl.store(MidLse + base, lse, mask=mask_h)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _merge_splits_kernel(
     MidO, MidLse, Out, OutLse, num_splits, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, WRITE_LSE: tl.constexpr,
@@ -100,7 +100,7 @@ def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
         return
     _merge_splits_kernel[(n, h)](
         mid_o, mid_lse, out, out_lse if out_lse is not None else mid_lse, s, out.stride(0), out.stride(1),
-        HEAD_DIM=d, BLOCK_D=next_pow2(d), BLOCK_S=max(2, next_pow2(s)), WRITE_LSE=out_lse is not None,
+        HEAD_DIM=d, BLOCK_D=next_pow2(d), BLOCK_S=split_block(s), WRITE_LSE=out_lse is not None,
         num_warps=4 if d >= 128 else 2,
     )
 

@@ -1,0 +1,35 @@
+"""Engine limits that fit the machine, derived the way SGLang derives them: from the device's
+memory and the KV pool's size, unless the user set them. Promises: every limit is >= 1, and the
+CUDA-graph batch limit never exceeds the running-request limit."""
+
+from __future__ import annotations
+
+import torch
+
+GIB = 1 << 30
+
+
+def device_memory(device: torch.device) -> int:
+    """Total memory of a CUDA device in bytes (0 elsewhere)."""
+    return torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
+
+
+def chunked_prefill_size(device: torch.device) -> int:
+    """Prompt tokens per step: large GPUs fill their matrix units with bigger chunks."""
+    mem = device_memory(device)
+    return 8192 if mem >= 80 * GIB else 4096 if mem >= 40 * GIB else 2048
+
+
+def max_running_requests(device: torch.device, kv_slots: int) -> int:
+    """As many decoders as the KV pool holds at about 1,024 tokens each (256 at least, 4,096 at
+    most on a GPU; the CPU keeps 256: its steps are too slow to gain from wider batches)."""
+    if device.type != "cuda":
+        return 256
+    return max(256, min(4096, kv_slots // 1024))
+
+
+def cuda_graph_max_bs(device: torch.device, max_running: int) -> int:
+    """Largest decode batch captured as a CUDA graph: 512 on 80 GB GPUs, 256 on 40 GB, else 160."""
+    mem = device_memory(device)
+    cap = 512 if mem >= 80 * GIB else 256 if mem >= 40 * GIB else 160
+    return max(1, min(cap, max_running))

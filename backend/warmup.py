@@ -1,0 +1,138 @@
+"""Start-up warm-up: runs, once, every Triton kernel variant the engine can launch outside its
+CUDA graphs (extends of both tile configs, eager decode and cascade decode with each merge width,
+the grammar bitmask), so no kernel compiles on the request path. Promises: touches only the
+padding KV slot 0 through a padding table row, and leaves no state behind."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.backend.cascade_cost import CascadeCostModel, copy_bytes_per_s, time_cuda
+from radixlm.backend.kv_pool import KVPool
+from radixlm.backend.model_runner import ScheduledItem
+from radixlm.kernels import compiled_kernel_count
+
+if TYPE_CHECKING:
+    from radixlm.backend.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+EXTEND_LENS = (16, 2048)  # one extend per tile config of kernels.extend_attention.extend_config
+SPLIT_COUNTS = (1, 17, 65)  # one decode/cascade merge per kernels._triton.split_block width
+
+
+def warm_up(runner: ModelRunner, cascade: bool) -> dict[str, float]:
+    """Compile what eager steps use; returns {"kernels": variants compiled, "seconds": time}."""
+    if runner.device.type != "cuda":
+        return {"kernels": 0, "seconds": 0.0}
+    t0, c0 = time.perf_counter(), compiled_kernel_count()
+    row = runner.req_table.alloc()
+    if row is None:
+        return {"kernels": 0, "seconds": 0.0}
+    try:
+        runner.req_table.clear_row(row)  # every column -> slot 0
+        with torch.inference_mode():
+            _extend_and_decode(runner, row)
+            _attention_variants(runner, row, cascade)
+            _bitmask(runner)
+        torch.cuda.synchronize(runner.device)
+    finally:
+        runner.req_table.free(row)
+    out = {"kernels": compiled_kernel_count() - c0, "seconds": time.perf_counter() - t0}
+    logger.info("warm-up compiled %d kernel variants in %.1f s", out["kernels"], out["seconds"])
+    return out
+
+
+def _forward_eager(runner: ModelRunner, items: list[ScheduledItem]) -> None:
+    n = sum(len(it.token_ids) for it in items)
+    runner.model(runner.build_batch(items, torch.zeros(n, dtype=torch.int64)))
+
+
+def _extend_and_decode(runner: ModelRunner, row: int) -> None:
+    """Whole eager forwards: every non-attention kernel (norms, rope, activations, GEMV) too."""
+    limit = runner.config.context_len - 1
+    for n in EXTEND_LENS:
+        n = min(n, limit)
+        _forward_eager(runner, [ScheduledItem(row, [0] * n, 0, [n - 1])])
+    for bs in (1, 3):
+        _forward_eager(runner, [ScheduledItem(row, [0], min(64, limit), [0]) for _ in range(bs)])
+
+
+def _attention_variants(runner: ModelRunner, row: int, cascade: bool) -> None:
+    """The decode and cascade kernels at each merge width (the split count picks one)."""
+    from radixlm.kernels.cascade_attention import cascade_decode_attention, make_cascade_plan
+    from radixlm.kernels.decode_attention import decode_attention
+
+    c, dev = runner.config, runner.device
+    k_buf, v_buf = runner.kv_pool.k_buffers[0], runner.kv_pool.v_buffers[0]
+    bs, length = 4, min(4096, c.context_len)
+    q = torch.randn(bs, c.num_heads, c.head_dim, dtype=k_buf.dtype, device=dev)
+    rows = torch.full((bs,), row, dtype=torch.int64, device=dev)
+    seq = torch.full((bs,), length, dtype=torch.int64, device=dev)
+    for s in SPLIT_COUNTS[:2]:  # plain decode never exceeds 64 splits
+        decode_attention(q, k_buf, v_buf, runner.req_table.table, rows, seq, num_splits=s)
+    if not cascade:
+        return
+    plan = make_cascade_plan([bs], [length // 2], [length] * bs, dev)
+    for s in SPLIT_COUNTS:
+        half = max(1, s // 2)
+        cascade_decode_attention(q, k_buf, v_buf, runner.req_table.table, rows, seq, plan,
+                                 shared_splits=half, own_splits=max(1, s - half))
+
+
+def measure_cascade_costs(runner: ModelRunner) -> CascadeCostModel | None:
+    """The cost model's inputs, timed on this device (CUDA only; None elsewhere)."""
+    if runner.device.type != "cuda":
+        return None
+    from radixlm.backend.cuda_graph_runner import CASCADE_GROUPS_CAP
+    from radixlm.kernels.cascade_attention import cascade_decode_attention, make_cascade_plan
+    from radixlm.kernels.decode_attention import decode_attention
+
+    c, dev, graphs = runner.config, runner.device, runner.graph_runner
+    row = runner.req_table.alloc()
+    if row is None:
+        return None
+    try:
+        runner.req_table.clear_row(row)
+        with torch.inference_mode():
+            per_token = KVPool.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, runner.dtype)
+            kv_row_s = per_token / copy_bytes_per_s(dev)
+            k_buf, v_buf, table = runner.kv_pool.k_buffers[0], runner.kv_pool.v_buffers[0], runner.req_table.table
+            bs, length = 8, min(512, c.context_len)
+            q = torch.randn(bs, c.num_heads, c.head_dim, dtype=k_buf.dtype, device=dev)
+            rows = torch.full((bs,), row, dtype=torch.int64, device=dev)
+            seq = torch.full((bs,), length, dtype=torch.int64, device=dev)
+            plan = make_cascade_plan([bs], [length // 2], [length] * bs, dev)
+            plain = time_cuda(lambda: decode_attention(q, k_buf, v_buf, table, rows, seq))
+            casc = time_cuda(lambda: cascade_decode_attention(q, k_buf, v_buf, table, rows, seq, plan))
+            extra = max(0.0, casc - plain) * c.num_layers
+            penalty = 0.0
+            if graphs is not None and graphs.enabled:
+                items = [ScheduledItem(row, [0], length - 1, [0]) for _ in range(bs)]
+                fb = runner.build_batch(items, torch.zeros(bs, dtype=torch.int64))
+                penalty = max(0.0, time_cuda(lambda: runner.model(fb)) - time_cuda(lambda: graphs.replay(fb)))
+    finally:
+        runner.req_table.free(row)
+
+    def graph_fit(batch: int, shared_groups: int) -> tuple[bool, bool]:
+        if graphs is None or not graphs.enabled or batch > graphs.max_bs:
+            return False, False
+        return True, batch >= 2 and graphs.cascade_inputs is not None and shared_groups <= CASCADE_GROUPS_CAP
+
+    model = CascadeCostModel(kv_row_s, extra, penalty, graph_fit)
+    logger.info("cascade costs: %.3g s per KV row, %.3g s kernel extra, %.3g s eager penalty", kv_row_s, extra, penalty)
+    return model
+
+
+def _bitmask(runner: ModelRunner) -> None:
+    from radixlm.grammars import apply_token_bitmask_
+
+    vocab = runner.config.vocab_size
+    logits = torch.zeros(2, vocab, dtype=torch.float32, device=runner.device)
+    mask = torch.full((2, (vocab + 31) // 32), -1, dtype=torch.int32)
+    apply_token_bitmask_(logits, mask)
+    apply_token_bitmask_(logits, mask[:1], torch.tensor([1]))

@@ -1,0 +1,10 @@
+# H200: the end-to-end suite on default settings (benchmarks/suite.py), full log and results in
+# $OUT. Carry .whl (shared/tools/gpu_wheels.sh .whl jsonschema jsonschema-specifications
+# referencing rpds-py llguidance) and .smol_tok (the default model's config + tokenizer files).
+source benchmarks/h200/setup.sh
+export RADIXLM_DEFAULT_MODEL=$PWD/.smol_tok   # tokenizer only: the random shapes need no weights
+set -o pipefail
+timeout "${SUITE_LIMIT:-570}" python3 benchmarks/suite.py --device cuda --out "$OUT/suite_h200.json" ${SUITE_ARGS:-} 2>&1 \
+  | grep -v "it/s]" | tee "$OUT/suite_log.txt"
+echo "=== suite rc=$?"
+ls -la "$OUT"

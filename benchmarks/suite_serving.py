@@ -1,0 +1,120 @@
+"""The suite's serving comparison: the same requests, at the same Poisson arrival times, streamed
+through the in-process Engine (async API, no HTTP) and through a radixlm HTTP server started
+with default settings. TTFT, inter-token latency and output tok/s from the client's clock."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+import serving  # noqa: E402
+
+from radixlm.backend.engine import Engine  # noqa: E402
+
+ITEM_VOCAB = 32000  # token ids drawn below this on both sides (every supported model's vocab is larger)
+
+
+def items_for(size: dict[str, Any], seed: int) -> list[serving.Item]:
+    rng = random.Random(seed)
+    return serving.random_items(size["num_requests"], size["input_len"], size["output_len"], size["ratio"],
+                                ITEM_VOCAB, rng)
+
+
+def arrival_gaps(n: int, rate: float, seed: int) -> list[float]:
+    """Seconds between consecutive sends (all zero for rate inf); the same for both sides."""
+    rng = random.Random(seed)
+    return [rng.expovariate(rate) if math.isfinite(rate) else 0.0 for _ in range(n)]
+
+
+async def _engine_request(engine: Engine, item: serving.Item) -> serving.Result:
+    res = serving.Result(ok=False, input_len=item.input_len)
+    start = last = time.perf_counter()
+    tokens = 0
+    params = {"max_new_tokens": item.output_len, "ignore_eos": True, "temperature": 0}
+    stream = await engine.async_generate(input_ids=item.input_ids, sampling_params=params, stream=True)
+    async for chunk in stream:  # type: ignore[union-attr]
+        new = len(chunk.get("output_ids", []))
+        if new:
+            now = time.perf_counter()
+            if tokens == 0:
+                res.ttft = now - start
+            else:
+                res.itl.append(now - last)
+            last = now
+            tokens += new
+    res.e2e, res.output_len, res.ok = time.perf_counter() - start, tokens, True
+    return res
+
+
+async def _engine_rate(engine: Engine, items: list[serving.Item], gaps: list[float], rate: float) -> dict[str, Any]:
+    tasks = []
+    start = time.perf_counter()
+    for item, gap in zip(items, gaps):
+        tasks.append(asyncio.create_task(_engine_request(engine, item)))
+        if gap:
+            await asyncio.sleep(gap)
+    results = await asyncio.gather(*tasks)
+    return serving.summarize(list(results), time.perf_counter() - start, rate)
+
+
+async def _server_rate(url: str, items: list[serving.Item], gaps: list[float], rate: float) -> dict[str, Any]:
+    import httpx
+
+    limits = httpx.Limits(max_connections=len(items) + 8, max_keepalive_connections=len(items) + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as client:
+        tasks = []
+        start = time.perf_counter()
+        for item, gap in zip(items, gaps):
+            tasks.append(asyncio.create_task(serving.send(client, item)))
+            if gap:
+                await asyncio.sleep(gap)
+        results = await asyncio.gather(*tasks)
+        return serving.summarize(list(results), time.perf_counter() - start, rate)
+
+
+def _runs(size: dict[str, Any]) -> list[tuple[str, float, list[serving.Item], list[float]]]:
+    """(label, rate, items, gaps) for each rate: fresh prompts per rate (no cross-run cache hits)."""
+    out = []
+    for k, rate in enumerate(size["rates"]):
+        items = items_for(size, seed=100 + k)
+        out.append((f"rate_{rate}", float(rate), items, arrival_gaps(len(items), float(rate), seed=200 + k)))
+    return out
+
+
+def engine_side(engine: Engine, size: dict[str, Any]) -> dict[str, Any]:
+    """The anchor, in the engine worker: every rate through Engine.async_generate."""
+    out: dict[str, Any] = {}
+    for label, rate, items, gaps in _runs(size):
+        engine.flush_cache()
+        out[label] = asyncio.run(_engine_rate(engine, items, gaps, rate))
+    return out
+
+
+def server_side(size: dict[str, Any], engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A server process with default settings, then every rate over HTTP from this process."""
+    ns = argparse.Namespace(
+        model_path=engine_kwargs.get("model_path"), device=engine_kwargs.get("device"), dtype=None,
+        max_total_tokens=engine_kwargs.get("max_total_tokens"), model_shape=engine_kwargs.get("model_shape"),
+        context_length=engine_kwargs.get("context_length"), max_running_requests=None, chunked_prefill_size=None,
+        random_weights=False, disable_radix_cache=False, api_key=None, num_prompts=size["num_requests"],
+        launch_timeout=600)
+    t0 = time.perf_counter()
+    proc, url = serving.launch_server(ns)
+    out: dict[str, Any] = {"server_start_s": time.perf_counter() - t0}
+    try:
+        import httpx
+
+        for label, rate, items, gaps in _runs(size):
+            httpx.post(url + "/flush_cache", timeout=60)
+            out[label] = asyncio.run(_server_rate(url, items, gaps, rate))
+    finally:
+        proc.terminate()
+        proc.wait(120)
+    return out
