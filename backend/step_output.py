@@ -66,9 +66,12 @@ class LaunchedStep:
     out_logprobs: dict[int, LogprobRows] = field(default_factory=dict)  # by gen index
     event: torch.cuda.Event | None = None
 
-    def seal(self) -> None:
-        """Record the event behind every copy queued so far (call once, after the last copy)."""
-        if self.tokens is not None and self.tokens.is_cuda:
+    def seal(self, device: torch.device | None = None) -> None:
+        """Record the event behind every copy queued so far (call once, after the last copy).
+        `device` is the forward's device: a step that samples nothing (prompt scoring, pinning)
+        still has logprob copies in flight, and reading them before the event is a race."""
+        on_cuda = device.type == "cuda" if device is not None else False
+        if on_cuda or (self.tokens is not None and self.tokens.is_cuda):
             self.event = torch.cuda.Event()
             self.event.record()
 
