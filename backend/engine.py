@@ -5,11 +5,14 @@ blocking, streamed, or to asyncio. Bad input raises ValueError before any model 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import gc
 import itertools
 import logging
 import queue
 import threading
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -28,6 +31,20 @@ from radixlm.backend.scheduler import Scheduler, SchedulerConfig
 from radixlm.backend.tokenizer import IncrementalDetokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
+_live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _shutdown_live_engines() -> None:
+    """Runs at interpreter exit, before module teardown: a scheduler thread still freeing torch
+    tensors while the interpreter finalizes aborts the process (std::terminate, exit 134)."""
+    for engine in list(_live_engines):
+        try:
+            engine.shutdown()
+        except Exception:  # one engine's failure must not keep the others running
+            logger.exception("engine shutdown at exit failed")
+
+
+atexit.register(_shutdown_live_engines)
 
 
 class Engine:
@@ -93,8 +110,10 @@ class Engine:
         self._closed = False
         self.disable_jump_forward = disable_jump_forward  # grammar jump-forward (backend/constrained.py)
         self._grammar_backend = None  # created on the first constrained request
+        self._final_stats: dict[str, int] | None = None
         self._thread = threading.Thread(target=self._loop, name="radixlm-scheduler", daemon=True)
         self._thread.start()
+        _live_engines.add(self)
 
     @staticmethod
     def _resolve_model(model_path: str | None, model_shape: str | None) -> tuple[ModelConfig, Any]:
@@ -323,6 +342,9 @@ class Engine:
         self._call(lambda: self.scheduler.unpin(handle))
 
     def get_stats(self) -> dict[str, int]:
+        """Counters of the engine's work; after shutdown, the last counters it had."""
+        if self._final_stats is not None:
+            return dict(self._final_stats)
         s = self.scheduler
         st = s.stats
         alloc = self.runner.allocator
@@ -343,12 +365,27 @@ class Engine:
         }
 
     def shutdown(self) -> None:
+        """Abort what runs, stop and join the scheduler thread, then free the device memory the
+        engine owns (weights, KV pool, CUDA graphs) even if others still reference the engine."""
         if self._closed:
             return
         self._closed = True
+        _live_engines.discard(self)
         self._inbox.put(("stop", None))
         self._thread.join(timeout=30)
         self._refuse_inbox()  # anything queued after the loop's own final drain
+        if self._thread.is_alive():  # a step is stuck: its tensors stay where the thread uses them
+            logger.error("scheduler thread did not stop within 30 s; device memory not released")
+            return
+        self._release_device()
+
+    def _release_device(self) -> None:
+        self._final_stats = self.get_stats()
+        self.scheduler = self.cache = self.runner = self._grammar_backend = None  # type: ignore[assignment]
+        gc.collect()  # the model runner and its graph runner / attention backend form cycles
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
 
     def __enter__(self) -> Engine:
         return self

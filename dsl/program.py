@@ -5,6 +5,7 @@ batch. Promise: a program's exception reaches the caller, tagged with the progra
 from __future__ import annotations
 
 import asyncio
+import atexit
 import inspect
 import os
 import threading
@@ -18,6 +19,7 @@ from radixlm.ir import Expr
 from radixlm.state import ProgramState
 
 _default_backend: ProgramBackend | None = None
+_exit_hook_registered = False
 # Tracing pre-caches a constant prefix only when it is at least this many tokens long.
 PRECACHE_MIN_TOKENS = 32
 
@@ -29,8 +31,19 @@ _RUN_LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
 
 
 def set_default_backend(backend: ProgramBackend | None) -> None:
-    global _default_backend
+    """Programs run on `backend` unless given another. At interpreter exit the default backend
+    is shut down, before the engines under it (their own exit hook was registered earlier)."""
+    global _default_backend, _exit_hook_registered
     _default_backend = backend
+    if backend is not None and not _exit_hook_registered:
+        atexit.register(_shutdown_default_backend)
+        _exit_hook_registered = True
+
+
+def _shutdown_default_backend() -> None:
+    backend = _default_backend
+    if backend is not None:
+        backend.shutdown()
 
 
 def get_default_backend() -> ProgramBackend | None:
