@@ -1,6 +1,8 @@
-"""GrammarBackend: compiles (kind, spec) with our FSM or xgrammar, caches the results (errors too)
-and compiles off the caller's thread. Promises: thread-safe; one compile per distinct grammar even
-under concurrent requests; every bad grammar surfaces as ValueError with the reason."""
+"""GrammarBackend: compiles (kind, spec) with our FSM, llguidance or xgrammar, caches the results
+(errors too) and compiles off the caller's thread. JSON schemas pass the keyword policy first
+(schema_policy: strict refuses what the grammar cannot enforce, non-strict drops and names it).
+Promises: thread-safe; one compile per distinct grammar even under concurrent requests; every bad
+grammar surfaces as ValueError with the reason."""
 
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ from radixlm.grammars.json_schema import (
     json_schema_to_regex,
     normalize_json_schema,
 )
+from radixlm.grammars.schema_policy import PreparedSchema, prepare
 from radixlm.grammars.token_index import TokenVocab, vocab_from_tokenizer
 
 KINDS = ("regex", "json_schema", "ebnf", "json")
-ENGINES = ("fsm", "xgrammar", "auto")
+ENGINES = ("fsm", "xgrammar", "llguidance", "auto")
 
 
 class GrammarBackend:
@@ -38,10 +41,11 @@ class GrammarBackend:
         self.max_states = max_states
         self.use_disk_cache = use_disk_cache
         self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[str, str, str], Future] = OrderedDict()  # LRU of compiled grammars
+        self._cache: OrderedDict[tuple[str, str, str, bool], Future] = OrderedDict()  # LRU of grammars
         self.max_cached = max_cached
         self._vocab: TokenVocab | None = None
         self._xgr: Any = None
+        self._llg: Any = None
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="grammar-compile")
 
     @property
@@ -60,13 +64,23 @@ class GrammarBackend:
                 self._xgr = XGrammarCompiler(self.tokenizer, self.vocab_size, self.stop_token_ids)
             return self._xgr
 
-    def compile(self, kind: GrammarKind, spec: Any, engine: EngineName = "auto") -> CompiledGrammar:
-        """Compile (or fetch from cache); ValueError naming the problem."""
-        return self.compile_async(kind, spec, engine).result()
+    @property
+    def llguidance(self) -> Any:
+        with self._lock:
+            if self._llg is None:
+                from radixlm.grammars.llguidance_backend import LLGuidanceCompiler
 
-    def compile_async(self, kind: GrammarKind, spec: Any, engine: EngineName = "auto") -> Future:
+                self._llg = LLGuidanceCompiler(self.tokenizer, self.vocab_size, self.stop_token_ids)
+            return self._llg
+
+    def compile(self, kind: GrammarKind, spec: Any, engine: EngineName = "auto", strict: bool = True) -> CompiledGrammar:
+        """Compile (or fetch from cache); ValueError naming the problem. strict applies to JSON schemas:
+        False drops the assertions the grammar cannot enforce (named in .dropped_keywords)."""
+        return self.compile_async(kind, spec, engine, strict).result()
+
+    def compile_async(self, kind: GrammarKind, spec: Any, engine: EngineName = "auto", strict: bool = True) -> Future:
         """Future of a CompiledGrammar; validation errors of the arguments raise at once."""
-        key = self._key(kind, spec, engine)
+        key = (*self._key(kind, spec, engine), bool(strict))
         with self._lock:
             fut = self._cache.get(key)
             if fut is None:
@@ -96,9 +110,15 @@ class GrammarBackend:
             raise ValueError(f"{kind} must be a non-empty string")
         return kind, spec, engine
 
-    def _compile(self, kind: str, spec: str, engine: str) -> CompiledGrammar:
+    def _compile(self, kind: str, spec: str, engine: str, strict: bool = True) -> CompiledGrammar:
         if kind == "json_schema":
             check_schema(json.loads(spec))
+            prepared = prepare(json.loads(spec), strict)
+            if engine in ("auto", "llguidance"):
+                return self._llguidance_schema(prepared)
+            spec = json.dumps(prepared.schema, ensure_ascii=False)
+        if engine == "llguidance":
+            return self.llguidance.compile(kind, spec)
         if engine == "xgrammar" or (engine == "auto" and kind in ("ebnf", "json")):
             return self.xgrammar.compile(kind, spec)
         if kind in ("ebnf", "json"):
@@ -112,6 +132,15 @@ class GrammarBackend:
                 raise ValueError(f"json_schema not supported by the fsm engine: {e}") from e
             return self.xgrammar.compile(kind, spec)
         return self._fsm(regex)
+
+    def _llguidance_schema(self, prepared: PreparedSchema) -> CompiledGrammar:
+        if prepared.schema is False:
+            raise ValueError("invalid JSON schema: it matches nothing")
+        text = json.dumps(prepared.schema, ensure_ascii=False)
+        try:
+            return self.llguidance.compile("json_schema", text, prepared.dropped)
+        except ValueError as e:
+            raise ValueError(f"JSON schema not supported: {e}") from e
 
     def _fsm(self, regex: str) -> CompiledGrammar:
         """Ready once the DFA is built; the mask rows are filled on demand and by a background task."""

@@ -1,7 +1,7 @@
-"""JSON schema → regex for our FSM, plus schema normalisation and keyword checks shared by both engines.
-Promises: every string the regex matches is compact JSON (separators ", " and ": ", the same as
-xgrammar with any_whitespace=False) that validates against the schema; unsupported keywords raise
-ValueError naming the keyword; what only xgrammar can express raises NotRegularError."""
+"""JSON schema → regex for our FSM, plus schema normalisation and the structural checks shared by
+every engine. Promises: every string the regex matches is compact JSON (separators ", " and ": ",
+the same as the other engines) that validates against the schema; an assertion the regex does not
+translate raises NotRegularError (never dropped); malformed schemas raise ValueError."""
 
 from __future__ import annotations
 
@@ -10,23 +10,27 @@ import math
 import re
 from typing import Any
 
-# Keywords neither engine enforces: rejected rather than silently dropped.
-UNSUPPORTED_KEYWORDS = frozenset({
-    "if", "then", "else", "not", "uniqueItems", "patternProperties", "dependentSchemas",
-    "dependentRequired", "dependencies", "contains", "minContains", "maxContains", "propertyNames",
-    "unevaluatedProperties", "unevaluatedItems", "minProperties", "maxProperties", "$dynamicRef",
-    "$recursiveRef", "additionalItems",
-})
-ANNOTATIONS = frozenset({
-    "title", "description", "default", "examples", "$schema", "$id", "$comment", "readOnly",
-    "writeOnly", "deprecated", "discriminator", "$anchor", "contentMediaType", "contentEncoding",
-})
-STRUCTURAL = frozenset({
+import jsonschema
+
+from radixlm.grammars.json_pattern import PatternError, pattern_body_regex
+
+# Assertion keywords of every draft; a schema object using one that the regex translation does not
+# handle (TRANSLATED) goes to a grammar engine instead. Other keywords are annotations or unknown.
+ASSERTIONS = frozenset({
     "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
-    "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
-    "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "multipleOf",
+    "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength", "pattern",
+    "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "if", "then",
+    "else", "not", "uniqueItems", "patternProperties", "dependentSchemas", "dependentRequired",
+    "dependencies", "contains", "minContains", "maxContains", "propertyNames", "unevaluatedProperties",
+    "unevaluatedItems", "minProperties", "maxProperties", "$dynamicRef", "$recursiveRef", "additionalItems",
 })
+TRANSLATED = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum",
+    "const", "anyOf", "allOf", "$ref", "minLength", "maxLength", "pattern", "format", "minimum",
+    "maximum", "exclusiveMinimum", "exclusiveMaximum",
+})
+# Keywords that decide the value alone: beside other assertions they need a grammar engine.
+EXCLUSIVE = ("$ref", "anyOf", "allOf")
 JSON_TYPES = frozenset({"object", "array", "string", "integer", "number", "boolean", "null"})
 
 STRING_CHAR = r'([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
@@ -66,16 +70,12 @@ def normalize_json_schema(schema: Any) -> str:
 
 
 def check_schema(schema: Any, path: str = "#") -> None:
-    """Raise ValueError naming the first unsupported or unknown keyword or malformed value."""
+    """Raise ValueError naming the first malformed value (unknown keywords are annotations)."""
     if isinstance(schema, bool):
         return
     if not isinstance(schema, dict):
         raise ValueError(f"invalid JSON schema at {path}: expected object or boolean, got {type(schema).__name__}")
     for key, val in schema.items():
-        if key in UNSUPPORTED_KEYWORDS:
-            raise ValueError(f"unsupported JSON schema keyword {key!r} at {path}")
-        if key not in STRUCTURAL and key not in ANNOTATIONS and not key.startswith("x-"):
-            raise ValueError(f"unknown JSON schema keyword {key!r} at {path}")
         if key in ("properties", "$defs", "definitions"):
             if not isinstance(val, dict):
                 raise ValueError(f"invalid JSON schema at {path}/{key}: expected an object")
@@ -172,6 +172,7 @@ class _Converter:
             raise NotRegularError("schema allows any JSON value, which needs a grammar (xgrammar)")
         if s is False:
             raise ValueError("invalid JSON schema: 'false' schema matches nothing")
+        self.check_translated(s)
         if "$ref" in s:
             ref = s["$ref"]
             if ref in self.ref_stack:
@@ -181,10 +182,8 @@ class _Converter:
                 return self.convert(self.resolve(ref))
             finally:
                 self.ref_stack.pop()
-        if "const" in s:
-            return literal_regex(s["const"])
-        if "enum" in s:
-            return "(" + "|".join(literal_regex(v) for v in s["enum"]) + ")"
+        if "const" in s or "enum" in s:
+            return self.literals(s)
         if "anyOf" in s:
             return "(" + "|".join(self.convert(sub) for sub in s["anyOf"]) + ")"
         if "oneOf" in s:
@@ -194,6 +193,34 @@ class _Converter:
                 raise NotRegularError("'allOf' with several schemas needs xgrammar")
             return self.convert(s["allOf"][0])
         return self.typed(s)
+
+    def literals(self, s: dict) -> str:
+        """const / enum: the listed values that also satisfy the sibling keywords (checked by jsonschema)."""
+        values = [s["const"]] if "const" in s else list(s["enum"])
+        rest = {k: v for k, v in s.items() if k not in ("const", "enum")}
+        if ASSERTIONS.intersection(rest):
+            check = jsonschema.validators.validator_for(self.root)(self.root).evolve(schema=rest)
+            values = [v for v in values if check.is_valid(v)]
+        if not values:
+            raise ValueError("invalid JSON schema: no value of its const/enum satisfies the other keywords")
+        return "(" + "|".join(literal_regex(v) for v in values) + ")"
+
+    @staticmethod
+    def check_translated(s: dict) -> None:
+        """NotRegularError unless every assertion of s is one this translation enforces."""
+        used = ASSERTIONS.intersection(s)
+        if used - TRANSLATED:
+            raise NotRegularError(f"keywords {sorted(used - TRANSLATED)} need a grammar engine")
+        alone = [k for k in EXCLUSIVE if k in used]
+        if "const" in used or "enum" in used:
+            return  # literals() filters the values by the siblings
+        if alone and len(used) > 1:
+            raise NotRegularError(f"{alone[0]!r} beside other assertions needs a grammar engine")
+        for key in ("exclusiveMinimum", "exclusiveMaximum"):
+            if isinstance(s.get(key), bool):
+                raise NotRegularError(f"draft-04 boolean {key!r} needs a grammar engine")
+        if isinstance(s.get("items"), (list, bool)):
+            raise NotRegularError("tuple or boolean 'items' needs a grammar engine")
 
     def typed(self, s: dict) -> str:
         t = s.get("type")
@@ -210,16 +237,19 @@ class _Converter:
         return handler(s)
 
     def string(self, s: dict) -> str:
+        used = {"format", "pattern", "minLength", "maxLength"}.intersection(s)
+        if used & {"format", "pattern"} and len(used) > 1:
+            raise NotRegularError("a string with several of format / pattern / lengths needs a grammar engine")
         if "format" in s:
             fmt = s["format"]
             if fmt not in FORMATS:
                 raise NotRegularError(f"string format {fmt!r} is not supported by the regex engine")
             return f'"{FORMATS[fmt]}"'
         if "pattern" in s:
-            pat = s["pattern"]
-            pat = pat[1:] if pat.startswith("^") else pat
-            pat = pat[:-1] if pat.endswith("$") and not pat.endswith("\\$") else pat
-            return f'"({pat})"'
+            try:
+                return '"' + pattern_body_regex(s["pattern"], STRING_CHAR) + '"'
+            except PatternError as e:
+                raise NotRegularError(f"pattern: {e}") from e
         lo, hi = int(s.get("minLength", 0)), s.get("maxLength")
         return '"' + _repeat(STRING_CHAR, lo, None if hi is None else int(hi)) + '"'
 

@@ -1,0 +1,85 @@
+"""Walking a JSON schema: the subschemas of a schema object with their JSON pointers, local $ref
+resolution, and a walk over every reachable schema object. Promises: each object is visited once,
+parents before their children; pointers are RFC 6901 fragments ('#/properties/a~1b')."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+SCHEMA_VALUES = (
+    "additionalProperties",
+    "additionalItems",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+)
+
+
+def _escape(part: str) -> str:
+    return part.replace("~", "~0").replace("/", "~1")
+
+
+def subschemas(node: dict, ptr: str) -> Iterator[tuple[Any, str]]:
+    """(subschema, pointer) for every keyword of node whose value is a schema or holds schemas."""
+    for key in SCHEMA_MAPS:
+        val = node.get(key)
+        if isinstance(val, dict):
+            for name, sub in val.items():
+                yield sub, f"{ptr}/{key}/{_escape(name)}"
+    for key in SCHEMA_LISTS:
+        val = node.get(key)
+        if isinstance(val, list):
+            for i, sub in enumerate(val):
+                yield sub, f"{ptr}/{key}/{i}"
+    for key in SCHEMA_VALUES:
+        if key in node:
+            yield node[key], f"{ptr}/{key}"
+    items = node.get("items")
+    if isinstance(items, list):
+        for i, sub in enumerate(items):
+            yield sub, f"{ptr}/items/{i}"
+    elif items is not None:
+        yield items, f"{ptr}/items"
+    deps = node.get("dependencies")
+    if isinstance(deps, dict):
+        for name, sub in deps.items():
+            if isinstance(sub, (dict, bool)):
+                yield sub, f"{ptr}/dependencies/{_escape(name)}"
+
+
+def resolve_pointer(root: Any, ref: str) -> Any:
+    """The node a local '#/...' reference names; ValueError when it does not resolve."""
+    node = root
+    for part in [p for p in ref.split("#", 1)[1].split("/") if p]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            raise ValueError(f"invalid JSON schema: $ref {ref!r} does not resolve")
+    return node
+
+
+def walk(root: Any) -> Iterator[tuple[dict, str]]:
+    """Every schema object reachable from root through schema keywords and local $refs, once each."""
+    seen: set[int] = set()
+    stack: list[tuple[Any, str]] = [(root, "#")]
+    while stack:
+        node, ptr = stack.pop()
+        if not isinstance(node, dict) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node, ptr
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            stack.append((resolve_pointer(root, ref), ref))
+        stack.extend(reversed(list(subschemas(node, ptr))))
