@@ -1,19 +1,23 @@
 """Constrained decoding inside the engine: compiles a request's regex / json_schema / ebnf off the
 scheduler thread (the caller waits, the scheduler keeps serving), then per step: accept the sampled
 token and, when the grammar forces a string, jump forward (canonical retokenization at the boundary,
-forced tokens queued for one extend step). Promises: a bad grammar raises ValueError before the
-request reaches the scheduler; jump-forward only appends tokens whose bytes equal the forced text."""
+forced tokens queued for one extend step); at the end, a JSON-schema output is validated with
+jsonschema and the verdict goes into meta_info. Promises: a bad grammar raises ValueError before the
+request reaches the scheduler; jump-forward only appends tokens whose bytes equal the forced text and
+keeps penalty counts equal to the output's token counts."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from concurrent.futures import Future
 from typing import Any
 
+import jsonschema
 import numpy as np
 
-from radixlm.backend.sampler import record_token
+from radixlm.backend.sampler import forget_token, record_token
 from radixlm.grammars import GrammarBackend, allocate_token_bitmask
 from radixlm.grammars.base import GrammarMatcher
 
@@ -36,11 +40,30 @@ class RequestGrammar:
     """A request's grammar state: the compile future, then its matcher (set on the caller's thread
     before the request is submitted; after that only the scheduler thread touches it)."""
 
-    def __init__(self, future: Future, backend: GrammarBackend, jump_forward: bool) -> None:
+    def __init__(self, future: Future, backend: GrammarBackend, jump_forward: bool,
+                 spec: tuple[str, str] | None = None) -> None:
         self.future = future
         self.backend = backend
         self.jump_forward = jump_forward
+        self.spec = spec
         self.matcher: GrammarMatcher | None = None
+        self._report: dict[str, Any] | None = None
+
+    def report(self, req: Any) -> dict[str, Any]:
+        """meta_info entries of a finished request: keywords dropped (non-strict), and for a JSON
+        schema whether the output validates (jsonschema; a truncated output does not)."""
+        if self._report is None:
+            out: dict[str, Any] = {}
+            dropped = getattr(self.future.result(), "dropped_keywords", None) if self.future.done() else None
+            if dropped:
+                out["grammar_dropped_keywords"] = list(dropped)
+            if self.spec is not None and self.spec[0] == "json_schema":
+                error = json_schema_error(self.spec[1], req.final_text())
+                out["json_schema_valid"] = error is None
+                if error is not None:
+                    out["json_schema_error"] = error
+            self._report = out
+        return self._report
 
     def resolve(self, timeout: float | None = COMPILE_WAIT_S) -> None:
         if self.matcher is None:
@@ -83,6 +106,8 @@ class RequestGrammar:
         if stop is not None:  # the forced text ends the grammar: the stop token is forced too
             new_ids = [*new_ids, stop]
         del req.output_ids[len(req.output_ids) - replaced :]
+        if replaced:  # the sampled token is gone from the output: so is its penalty count
+            forget_token(req, tok)
         req.output_ids.extend(new_ids)
         for t in new_ids:
             record_token(req, t)
@@ -140,6 +165,23 @@ class RequestGrammar:
         return None
 
 
+def json_schema_error(schema_text: str, output: str) -> str | None:
+    """None if output is JSON that validates against the schema (formats checked), else why not."""
+    try:
+        value = json.loads(output)
+    except json.JSONDecodeError as e:
+        return f"output is not JSON: {e}"
+    schema = json.loads(schema_text)
+    cls = jsonschema.validators.validator_for(schema)
+    try:
+        err = jsonschema.exceptions.best_match(cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(value))
+    except jsonschema.exceptions.SchemaError as e:
+        return f"schema cannot be checked: {e.message}"
+    except Exception as e:  # an unresolvable $ref or a regex Python cannot compile
+        return f"schema cannot be checked: {type(e).__name__}: {e}"
+    return None if err is None else f"{err.message} (at {err.json_path}, keyword {err.validator!r})"
+
+
 def attach_grammars(engine: Any, reqs: list[Any]) -> None:
     """Start compiling each constrained request's grammar (argument errors raise here)."""
     jump = not getattr(engine, "disable_jump_forward", False)
@@ -150,8 +192,9 @@ def attach_grammars(engine: Any, reqs: list[Any]) -> None:
             kind, text = spec
             backend = grammar_backend(engine)
             # forced tokens carry no logprobs: keep one sampled token per output id when they are asked for
-            req.grammar = RequestGrammar(backend.compile_async(kind, text, which), backend,
-                                         jump and not req.return_logprob)
+            strict = getattr(req.params, "json_schema_strict", True)
+            req.grammar = RequestGrammar(backend.compile_async(kind, text, which, strict), backend,
+                                         jump and not req.return_logprob, (kind, text))
 
 
 def wait_grammars(reqs: list[Any]) -> None:

@@ -145,6 +145,8 @@ class Req:
             "cached_tokens": self.cached_tokens,
             "finish_reason": self.finished_reason,
         }
+        if self.finished and self.grammar is not None and hasattr(self.grammar, "report"):
+            m.update(self.grammar.report(self))  # dropped keywords; the JSON-schema check of the output
         if self.return_logprob:
             m["input_token_logprobs"] = self.input_token_logprobs
             m["output_token_logprobs"] = self.output_token_logprobs

@@ -50,6 +50,14 @@ def record_token(req: Req, token: int) -> None:
         req.penalty_seen[token] = True
 
 
+def forget_token(req: Req, token: int) -> None:
+    """Undo record_token for an output token that was taken back (call after removing it from
+    req.output_ids): the count drops, and 'seen' stays only if the prompt or outputs still hold it."""
+    if req.penalty_counts is not None and req.penalty_seen is not None and 0 <= token < req.penalty_counts.numel():
+        req.penalty_counts[token] -= 1
+        req.penalty_seen[token] = bool(req.penalty_counts[token] > 0) or token in req.input_ids
+
+
 def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sort [N, V] probs descending and zero what top-k / top-p / min-p exclude.
     Returns (filtered sorted probs, their token ids)."""

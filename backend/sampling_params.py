@@ -31,6 +31,7 @@ class SamplingParams:
     seed: int | None = None
     regex: str | None = None
     json_schema: Any = None  # str (JSON), dict, or pydantic model class; normalised to str
+    json_schema_strict: bool = True  # False: assertions the grammar cannot enforce are dropped and named
     ebnf: str | None = None
 
     @classmethod

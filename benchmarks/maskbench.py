@@ -46,24 +46,39 @@ def summarize(engine: str, records: list[dict], docs_by_name: dict[str, Any], ma
             if not inst["valid"] and inst["accepted"]:
                 kw = broken_keyword(docs_by_name[rec["name"]].schema, test["data"])
                 inv_kw[kw] += 1
-                accepted_invalid.append({"doc": rec["name"], "keyword": kw, "description": inst["description"]})
+                accepted_invalid.append(
+                    {"doc": rec["name"], "keyword": kw, "description": inst["description"]}
+                )
     total = sum(by_src.values(), Counter())
     compile_ms = [r["compile_ms"] for r in records if r["compiled"]]
-    errors = Counter(r["error"].split(":")[0] + ":" + r["error"].split(":")[1][:60] for r in records
-                     if not r["compiled"] and ":" in r["error"])
+    errors = Counter(
+        r["error"].split(":")[0] + ":" + r["error"].split(":")[1][:60]
+        for r in records
+        if not r["compiled"] and ":" in r["error"]
+    )
     return {
-        "engine": engine, "schemas": total["schemas"], "compiled": total["compiled"],
-        "valid_total": total["valid_total"], "valid_accepted": total["valid_accepted"],
-        "invalid_total": total["invalid_total"], "invalid_accepted": total["invalid_accepted"],
+        "engine": engine,
+        "schemas": total["schemas"],
+        "compiled": total["compiled"],
+        "valid_total": total["valid_total"],
+        "valid_accepted": total["valid_accepted"],
+        "invalid_total": total["invalid_total"],
+        "invalid_accepted": total["invalid_accepted"],
         "invalid_accepted_by_keyword": dict(inv_kw.most_common()),
         "by_source": {k: dict(v) for k, v in sorted(by_src.items())},
-        "compile_ms": {"p50": pct(compile_ms, 50), "p90": pct(compile_ms, 90), "p99": pct(compile_ms, 99),
-                       "max": pct(compile_ms, 100)},
+        "compile_ms": {
+            "p50": pct(compile_ms, 50),
+            "p90": pct(compile_ms, 90),
+            "p99": pct(compile_ms, 99),
+            "max": pct(compile_ms, 100),
+        },
         "mask_us": {"p50": pct(mask_us, 50), "p99": pct(mask_us, 99), "n": len(mask_us)},
         "compile_errors_top": dict(errors.most_common(15)),
-        "dropped_keywords": dict(Counter(d.split(" at ")[0] for r in records for d in r.get("dropped", [])
-                                         ).most_common()),
-        "rejected_valid": rejected_valid[:50], "accepted_invalid": accepted_invalid[:50],
+        "dropped_keywords": dict(
+            Counter(d.split(" at ")[0] for r in records for d in r.get("dropped", [])).most_common()
+        ),
+        "rejected_valid": rejected_valid[:50],
+        "accepted_invalid": accepted_invalid[:50],
     }
 
 
@@ -73,36 +88,55 @@ def rate(a: int, b: int) -> str:
 
 def markdown(result: dict) -> str:
     env, rows = result["environment"], result["engines"]
-    lines = [f"# MaskBench — {result['path']}", "",
-             f"{env['date']}; {env['cpu_count']} CPU cores, load {env['load_average_1_5_15']}; python "
-             f"{env['python']}; xgrammar {env.get('xgrammar')}; llguidance {env.get('llguidance')}; "
-             f"torch {env['torch']}; tokenizer SmolLM2-135M (vocab {VOCAB}). Instances are written "
-             "with separators ', ' / ': ' in their own key order.", "",
-             "| engine | compiled | valid accepted | invalid accepted | compile p50 / p99 ms | "
-             "mask p50 / p99 µs |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# MaskBench — {result['path']}",
+        "",
+        f"{env['date']}; {env['cpu_count']} CPU cores, load {env['load_average_1_5_15']}; python "
+        f"{env['python']}; xgrammar {env.get('xgrammar')}; llguidance {env.get('llguidance')}; "
+        f"torch {env['torch']}; tokenizer SmolLM2-135M (vocab {VOCAB}). Instances are written "
+        "with separators ', ' / ': ' in their own key order.",
+        "",
+        "| engine | compiled | valid accepted | invalid accepted | compile p50 / p99 ms | "
+        "mask p50 / p99 µs |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['engine']} | {rate(r['compiled'], r['schemas'])} | "
-                     f"{rate(r['valid_accepted'], r['valid_total'])} | "
-                     f"{rate(r['invalid_accepted'], r['invalid_total'])} | {r['compile_ms']['p50']} / "
-                     f"{r['compile_ms']['p99']} | {r['mask_us']['p50']} / {r['mask_us']['p99']} |")
+        lines.append(
+            f"| {r['engine']} | {rate(r['compiled'], r['schemas'])} | "
+            f"{rate(r['valid_accepted'], r['valid_total'])} | "
+            f"{rate(r['invalid_accepted'], r['invalid_total'])} | {r['compile_ms']['p50']} / "
+            f"{r['compile_ms']['p99']} | {r['mask_us']['p50']} / {r['mask_us']['p99']} |"
+        )
     sources = sorted({s for r in rows for s in r["by_source"]})
-    lines += ["", "Compiled by source:", "", "| source | " + " | ".join(r["engine"] for r in rows) + " |",
-              "|---|" + "---|" * len(rows)]
+    lines += [
+        "",
+        "Compiled by source:",
+        "",
+        "| source | " + " | ".join(r["engine"] for r in rows) + " |",
+        "|---|" + "---|" * len(rows),
+    ]
     for s in sources:
-        cells = [rate(r["by_source"].get(s, {}).get("compiled", 0), r["by_source"].get(s, {}).get("schemas", 0))
-                 for r in rows]
+        cells = [
+            rate(r["by_source"].get(s, {}).get("compiled", 0), r["by_source"].get(s, {}).get("schemas", 0))
+            for r in rows
+        ]
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     lines += ["", "Invalid instances accepted, by the keyword they break (jsonschema's best match):", ""]
     for r in rows:
         lines.append(f"- {r['engine']}: {r['invalid_accepted_by_keyword'] or 'none'}")
     lines += ["", "Keywords dropped (non-strict) / top compile refusals:", ""]
     for r in rows:
-        lines.append(f"- {r['engine']}: dropped {r['dropped_keywords'] or 'none'}; "
-                     f"refusals {r['compile_errors_top'] or 'none'}")
+        lines.append(
+            f"- {r['engine']}: dropped {r['dropped_keywords'] or 'none'}; "
+            f"refusals {r['compile_errors_top'] or 'none'}"
+        )
     if "generation" in result:
         g = result["generation"]
-        lines += ["", f"Generation (SmolLM2, T=1, {g['schemas']} schemas): {g['finished']} finished, "
-                  f"{g['finished_valid']} of them validate; {g['length']} hit max_new_tokens."]
+        lines += [
+            "",
+            f"Generation (SmolLM2, T=1, {g['schemas']} schemas): {g['finished']} finished, "
+            f"{g['finished_valid']} of them validate; {g['length']} hit max_new_tokens.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -112,7 +146,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--engine", default="all", choices=[*ENGINES, "all"])
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--compile-only", action="store_true", help="skip the instance walks")
-    ap.add_argument("--generate", type=int, default=0, help="also generate for N compiled schemas (SmolLM2, T=1)")
+    ap.add_argument(
+        "--generate", type=int, default=0, help="also generate for N compiled schemas (SmolLM2, T=1)"
+    )
     ap.add_argument("--out", default="benchmarks/results/maskbench_dev")
     args = ap.parse_args(argv)
     docs = load_docs(args.path, args.limit)
@@ -132,10 +168,14 @@ def main(argv: list[str] | None = None) -> None:
         summary = summarize(engine, records, by_name, runner.mask_us)
         summary["wall_s"] = round(time.time() - t0, 1)
         result["engines"].append(summary)
-        print(f"{engine}: compiled {summary['compiled']}/{summary['schemas']}, valid "
-              f"{rate(summary['valid_accepted'], summary['valid_total'])}, invalid "
-              f"{rate(summary['invalid_accepted'], summary['invalid_total'])}, compile {summary['compile_ms']}, "
-              f"mask {summary['mask_us']} ({summary['wall_s']} s)", file=sys.stderr, flush=True)
+        print(
+            f"{engine}: compiled {summary['compiled']}/{summary['schemas']}, valid "
+            f"{rate(summary['valid_accepted'], summary['valid_total'])}, invalid "
+            f"{rate(summary['invalid_accepted'], summary['invalid_total'])}, compile {summary['compile_ms']}, "
+            f"mask {summary['mask_us']} ({summary['wall_s']} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     if args.generate:
         from maskbench_generate import generate
 

@@ -58,7 +58,9 @@ def broken_keyword(schema: Any, data: Any) -> str:
     """The keyword jsonschema names for an invalid instance ('valid' if it finds none, 'error' if it fails)."""
     try:
         cls = jsonschema.validators.validator_for(schema)
-        err = jsonschema.exceptions.best_match(cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(data))
+        err = jsonschema.exceptions.best_match(
+            cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(data)
+        )
     except Exception:  # unresolvable refs, bad regexes: the label stays the dataset's
         return "error"
     return "valid" if err is None else str(err.validator)
@@ -111,18 +113,26 @@ class EngineRunner:
         return m.is_terminated()
 
 
-def run_engine(runner: EngineRunner, docs: list[Doc], walk: bool = True,
-               progress: Callable[[int], None] | None = None) -> Iterator[dict]:
+def run_engine(
+    runner: EngineRunner, docs: list[Doc], walk: bool = True, progress: Callable[[int], None] | None = None
+) -> Iterator[dict]:
     """One record per document: compile outcome and, when walked, each instance's verdict."""
     for i, doc in enumerate(docs):
         grammar, ms, err = runner.timed_compile(doc.schema)
-        rec: dict[str, Any] = {"source": doc.source, "name": doc.name, "compiled": grammar is not None,
-                               "compile_ms": ms, "error": err, "instances": []}
+        rec: dict[str, Any] = {
+            "source": doc.source,
+            "name": doc.name,
+            "compiled": grammar is not None,
+            "compile_ms": ms,
+            "error": err,
+            "instances": [],
+        }
         if grammar is not None and walk:
             for t in doc.tests:
                 ok = runner.accepts(grammar, t["data"], time_masks=bool(t["valid"]))
-                rec["instances"].append({"valid": bool(t["valid"]), "accepted": ok,
-                                         "description": t.get("description", "")})
+                rec["instances"].append(
+                    {"valid": bool(t["valid"]), "accepted": ok, "description": t.get("description", "")}
+                )
         if grammar is not None:
             rec["dropped"] = list(getattr(grammar, "dropped_keywords", []))
         if progress is not None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixlm.grammars.schema_rewrite import rewrite
-from radixlm.grammars.schema_walk import walk
+from radixlm.grammars.schema_walk import resolve_pointer, walk
 
 # Assertions no grammar here enforces in general (simple cases are rewritten first, schema_rewrite).
 UNENFORCEABLE = frozenset(
@@ -76,9 +76,9 @@ def prepare(schema: Any, strict: bool = True, closed_objects: bool = True) -> Pr
     closed_objects: an object schema that lists properties but says nothing about others gets
     additionalProperties false (what a generator should write; the output still validates)."""
     out = PreparedSchema(rewrite(copy.deepcopy(schema)))
+    composed = _composed(out.schema) if closed_objects else set()
     for node, ptr in list(walk(out.schema)):
-        if closed_objects and node.get("properties") and not {"additionalProperties", "patternProperties",
-                                                             "unevaluatedProperties"} & set(node):
+        if closed_objects and _closable(node) and id(node) not in composed:
             node["additionalProperties"] = False
         if closed_objects and node.get("type") == "integer":
             _bound_integer(node)
@@ -92,6 +92,39 @@ def prepare(schema: Any, strict: bool = True, closed_objects: bool = True) -> Pr
                 del node["format"]
                 out.ignored_formats.append(f"{fmt} at {ptr}")
     return out
+
+
+def _closable(node: dict) -> bool:
+    """Lists its properties (every required one among them) and says nothing about others."""
+    props = node.get("properties")
+    if not isinstance(props, dict) or not props:
+        return False
+    required = node.get("required") if isinstance(node.get("required"), list) else []
+    open_keys = {"additionalProperties", "patternProperties", "unevaluatedProperties"}
+    return not open_keys & set(node) and all(r in props for r in required)
+
+
+def _composed(root: Any) -> set[int]:
+    """ids of the schema objects combined with others (allOf/anyOf/oneOf members and owners, $ref
+    with siblings, and what they reference): closing one of them could refuse valid members."""
+    nodes = list(walk(root))
+    ids: set[int] = set()
+    for node, _ in nodes:
+        members = [m for k in ("allOf", "anyOf", "oneOf") for m in node.get(k) or [] if isinstance(m, dict)]
+        if members or ("$ref" in node and len(node) > 1):
+            ids.add(id(node))
+        ids.update(id(m) for m in members)
+    changed = True
+    while changed:
+        changed = False
+        for node, _ in nodes:
+            ref = node.get("$ref")
+            if id(node) in ids and isinstance(ref, str) and ref.startswith("#"):
+                target = resolve_pointer(root, ref)
+                if isinstance(target, dict) and id(target) not in ids:
+                    ids.add(id(target))
+                    changed = True
+    return ids
 
 
 MAX_DIGITS_INT = 10**16 - 1  # the same 16-digit bound as the FSM's integers

@@ -186,6 +186,8 @@ class _SamplingExtras(_Strict):
             if any(k in sp for k in ("regex", "json_schema", "ebnf")):
                 raise ValueError("response_format cannot be combined with regex/json_schema/ebnf")
             sp["json_schema"] = fmt.json_schema.schema_ if fmt.type == "json_schema" else {"type": "object"}
+            if fmt.type == "json_schema" and fmt.json_schema.strict is False:
+                sp["json_schema_strict"] = False
         return {k: v for k, v in sp.items() if v is not None}
 
 
