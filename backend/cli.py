@@ -10,7 +10,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from radixlm.backend.server.launch import add_engine_args, engine_kwargs, serve, serve_parser
+from radixlm.backend.server.launch import add_engine_args, engine_kwargs
+from radixlm.backend.server.serve_cmd import serve, serve_parser
+
+USAGE = "usage: radixlm {serve,run} ...  (radixlm serve --help, radixlm run --help)"
+HELP = f"""{USAGE}
+
+radixlm: structured-output and agent-program runtime for LLMs.
+
+commands:
+  serve [MODEL] [options]    serve a model over HTTP: SGLang's native API, the OpenAI API (/v1),
+                             registered programs (/programs) and API docs (/docs)
+  run FILE [args...]         run a Python program file with an in-process engine (or --url SERVER)
+                             as the default backend
+
+examples:
+  radixlm serve                                   # the default model (SmolLM2-135M) on 127.0.0.1:30000
+  radixlm serve model.gguf --port 8000 --served-model-name my-model
+  radixlm run examples/quickstart.py
+  python -m radixlm.launch_server --model-path hf_folder --port 30000   # SGLang-style
+
+The first use of a GGUF model converts it once into ~/.cache/radixlm (about 20 s)."""
 
 
 def _run_parser() -> argparse.ArgumentParser:
@@ -48,9 +68,11 @@ def run_file(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = "usage: radixlm {serve,run} ...  (radixlm serve --help, radixlm run --help)"
-    if not argv or argv[0] in ("-h", "--help"):
-        print(usage)
+    if not argv:
+        print(HELP, file=sys.stderr)
+        raise SystemExit(2)
+    if argv[0] in ("-h", "--help"):
+        print(HELP)
         return
     command, rest = argv[0], argv[1:]
     if command == "serve":
@@ -58,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     elif command == "run":
         run_file(rest)
     else:
-        raise SystemExit(f"radixlm: unknown command {command!r}\n{usage}")
+        raise SystemExit(f"radixlm: unknown command {command!r}\n{USAGE}")
 
 
 if __name__ == "__main__":

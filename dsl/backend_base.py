@@ -16,6 +16,40 @@ if TYPE_CHECKING:
     from radixlm.interpreter import Executor
 
 
+_OUT_LOGPROBS = ("output_token_logprobs", "output_top_logprobs")
+LENGTH_KEY = "output_token_logprobs_length"
+
+
+def chunk_logprobs(meta: dict[str, Any], sent: int) -> dict[str, Any]:
+    """SGLang's streaming shape: a chunk's meta holds only its own output logprobs, plus the
+    running count `output_token_logprobs_length`. Metas already in that shape (a radixlm server's)
+    pass through; cumulative lists (the engine's) are cut after the `sent` entries."""
+    if meta.get("output_token_logprobs") is None or LENGTH_KEY in meta:
+        return meta
+    total = int(meta.get("completion_tokens", 0))
+    out = dict(meta)
+    for key in _OUT_LOGPROBS:
+        if meta.get(key) is not None:
+            out[key] = list(meta[key][sent:total])
+    out[LENGTH_KEY] = sent + len(out["output_token_logprobs"])
+    return out
+
+
+class StreamedLogprobs:
+    """Joins per-chunk metas back into one meta with the whole output logprob lists."""
+
+    def __init__(self) -> None:
+        self.lists: dict[str, list[Any]] = {key: [] for key in _OUT_LOGPROBS}
+
+    def add(self, meta: dict[str, Any]) -> dict[str, Any]:
+        merged = dict(meta)
+        for key in _OUT_LOGPROBS:
+            if meta.get(key) is not None:
+                self.lists[key].extend(meta[key])
+                merged[key] = list(self.lists[key])
+        return merged
+
+
 @dataclass
 class GenOutput:
     """One generation (or, when streaming, one delta of it)."""
@@ -91,13 +125,16 @@ class TokenBackend(ProgramBackend):
 
     def generate(self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]) -> GenOutput:
         out = self._request([list(ex.ids_)], sampling, **logprob)[0]
-        return GenOutput(out["text"], list(out["output_ids"]), out["meta_info"])
+        return GenOutput(out["text"], list(out["output_ids"]), chunk_logprobs(out["meta_info"], 0))
 
     def generate_stream(
         self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]
     ) -> Iterator[GenOutput]:
+        sent = 0
         for chunk in self._request_stream(list(ex.ids_), sampling, **logprob):
-            yield GenOutput(chunk["text"], list(chunk["output_ids"]), chunk["meta_info"])
+            meta = chunk_logprobs(chunk["meta_info"], sent)
+            sent = int(meta.get(LENGTH_KEY, sent))
+            yield GenOutput(chunk["text"], list(chunk["output_ids"]), meta)
 
     def cache_prefix(self, ids: list[int]) -> None:
         if ids:

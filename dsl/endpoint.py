@@ -1,6 +1,7 @@
 """RuntimeEndpoint: the program backend for a radixlm (or SGLang-compatible) server's native
 API — POST /generate with input_ids, /flush_cache, /get_model_info. The state's token ids
-travel as input_ids, so forks and continuations hit the server's radix cache exactly."""
+travel as input_ids, so forks and continuations hit the server's radix cache exactly. The server
+tokenizes (/tokenize, /detokenize, /apply_chat_template): the client needs no model files."""
 
 from __future__ import annotations
 
@@ -11,9 +12,44 @@ from typing import Any
 from radixlm.backend_base import TokenBackend
 
 
+class RemoteTokenizer:
+    """The parts of an HF tokenizer programs use, answered by the server (cached per text/ids)."""
+
+    def __init__(self, endpoint: RuntimeEndpoint, has_chat_template: bool) -> None:
+        self._endpoint = endpoint
+        self.chat_template = "server" if has_chat_template else None
+        self._encoded: dict[tuple[str, bool], list[int]] = {}
+        self._decoded: dict[tuple[tuple[int, ...], bool], str] = {}
+        self._rendered: dict[str, str] = {}
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        key = (text, add_special_tokens)
+        if key not in self._encoded:
+            body = {"prompt": text, "add_special_tokens": add_special_tokens}
+            self._encoded[key] = list(self._endpoint._post("/tokenize", body)["tokens"])
+        return list(self._encoded[key])
+
+    def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
+        key = (tuple(int(i) for i in ids), skip_special_tokens)
+        if key not in self._decoded:
+            body = {"tokens": list(key[0]), "skip_special_tokens": skip_special_tokens}
+            self._decoded[key] = self._endpoint._post("/detokenize", body)["text"]
+        return self._decoded[key]
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool = False,
+                            add_generation_prompt: bool = False, **kwargs: Any) -> Any:
+        body = {"messages": messages, "add_generation_prompt": add_generation_prompt,
+                "chat_template_kwargs": kwargs or None}
+        key = json.dumps(body, sort_keys=True)
+        if key not in self._rendered:
+            self._rendered[key] = self._endpoint._post("/apply_chat_template", body)["text"]
+        text = self._rendered[key]
+        return self.encode(text, add_special_tokens=False) if tokenize else text
+
+
 class RuntimeEndpoint(TokenBackend):
-    """`RuntimeEndpoint("http://127.0.0.1:30000", api_key=None)`. The tokenizer is loaded
-    locally from the server's model path (or `tokenizer=` / `tokenizer_path=` if given)."""
+    """`RuntimeEndpoint("http://127.0.0.1:30000", api_key=None)`. Tokenization and the chat
+    template run on the server; `tokenizer=` / `tokenizer_path=` use a local tokenizer instead."""
 
     def __init__(self, base_url: str, api_key: str | None = None, *, tokenizer: Any = None,
                  tokenizer_path: str | None = None, timeout: float = 600.0) -> None:
@@ -25,11 +61,13 @@ class RuntimeEndpoint(TokenBackend):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
         self.model_info = self._get("/get_model_info")
-        if tokenizer is None:
+        if tokenizer is None and tokenizer_path is not None:
             from radixlm.backend.tokenizer import load_tokenizer
 
-            tokenizer = load_tokenizer(tokenizer_path or self.model_info.get("tokenizer_path")
-                                       or self.model_info.get("model_path"))
+            tokenizer = load_tokenizer(tokenizer_path)
+        if tokenizer is None:
+            info = self._get("/get_server_info")
+            tokenizer = RemoteTokenizer(self, bool(info.get("has_chat_template")))
         self.tokenizer = tokenizer
 
     # ---- HTTP -------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.backend_base import ProgramBackend
+from radixlm.backend_base import ProgramBackend, StreamedLogprobs
 from radixlm.ir import (
     Commit,
     ConcatAndAppend,
@@ -108,6 +108,8 @@ class Executor:
 
         self.stream_text_event = threading.Event() if stream else None
         self.stream_var_event: dict[str, threading.Event] = {}
+        # per streamed variable: (text delta, meta with that chunk's own output logprobs)
+        self.stream_chunks: dict[str, list[tuple[str, dict[str, Any]]]] = {}
         self._queue: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
         if not trace:
@@ -324,14 +326,17 @@ class Executor:
     def _gen_stream(self, gen: Gen, sampling: dict[str, Any], logprob: dict[str, Any]) -> tuple[str, Any]:
         name = gen.name
         text, ids, meta = "", [], {}
+        merged = StreamedLogprobs()
         if name is not None:
             self.variables[name] = ""
+            self.stream_chunks[name] = []
         for chunk in self.backend.generate_stream(self, sampling, logprob):
             text += chunk.text
             ids.extend(chunk.ids or [])
-            meta = chunk.meta
+            meta = merged.add(chunk.meta)
             self.text_ += chunk.text
             if name is not None:
+                self.stream_chunks[name].append((chunk.text, chunk.meta))  # before the text wakes readers
                 self.variables[name] = text
                 self.meta_info[name] = meta
                 self.stream_var_event[name].set()

@@ -218,4 +218,9 @@ def make_select(name: str | None, choices: Any, temperature: float, method: Any)
         method = token_length_normalized
     if not callable(method):
         raise ValueError(f"choices_method must be a ChoicesSamplingMethod, got {method!r}")
-    return Select(name, list(choices), float(temperature or 0.0), method)
+    if temperature:
+        raise ValueError(
+            f"select(temperature={temperature}) is not supported: select scores every choice and picks the "
+            "best by choices_method, nothing is sampled; leave temperature at 0"
+        )
+    return Select(name, list(choices), 0.0, method)

@@ -77,7 +77,12 @@ class Program:
         self.func = func
         self.arg_names = params[1:]
         self.bind_arguments = dict(bind_arguments or {})
-        options.pop("num_api_spec_tokens", None)  # SGLang's API speculation: accepted, unused
+        if options.get("num_api_spec_tokens"):
+            raise ValueError(
+                "num_api_spec_tokens (SGLang's speculative execution for OpenAI-API backends) is not "
+                "supported: each gen is its own request here; remove the option"
+            )
+        options.pop("num_api_spec_tokens", None)
         _split_options(options)
         self.options = options  # default sampling options given to @function(...)
         self.__name__ = getattr(func, "__name__", "program")

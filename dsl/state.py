@@ -48,6 +48,7 @@ class ProgramState:
 
     def __init__(self, executor: Executor) -> None:
         self.stream_executor = executor
+        self._chunks_sent: dict[str, int] = {}  # per variable: stream chunks already yielded
         self.ret_value: Any = None
 
     # ---- appending --------------------------------------------------------------------
@@ -193,18 +194,35 @@ class ProgramState:
     async def text_async_iter(
         self, var_name: str | None = None, return_meta_data: bool = False
     ) -> AsyncIterator[Any]:
-        """Async version of text_iter; with return_meta_data, yields (chunk, meta_info)."""
-        it = self.text_iter(var_name)
+        """Async version of text_iter. With return_meta_data and a variable, yields (chunk, meta)
+        per backend chunk as SGLang does: meta carries that chunk's own output_token_logprobs and
+        the running output_token_logprobs_length (get_meta_info(name) has the whole lists)."""
+        if return_meta_data and var_name is not None:
+            it: Iterator[Any] = self._iter_var_chunks(var_name)
+        else:
+            it = self.text_iter(var_name)
         done = object()
         while True:
-            chunk = await asyncio.to_thread(next, it, done)
-            if chunk is done:
+            item = await asyncio.to_thread(next, it, done)
+            if item is done:
                 return
-            if return_meta_data:
-                meta = self.stream_executor.meta_info.get(var_name) if var_name else None
-                yield chunk, meta
-            else:
-                yield chunk
+            yield (item, None) if return_meta_data and var_name is None else item
+
+    def _iter_var_chunks(self, name: str) -> Iterator[tuple[str, Any]]:
+        ex = self.stream_executor
+        if not ex.stream:
+            yield self.get_var(name), self.get_meta_info(name)
+            return
+        for _ in self._iter_var(ex, name):  # wakes on each new chunk; the chunks list is the record
+            yield from self._take_chunks(ex, name)
+        yield from self._take_chunks(ex, name)
+        ex.raise_error()
+
+    def _take_chunks(self, ex: Executor, name: str) -> Iterator[tuple[str, Any]]:
+        chunks = ex.stream_chunks.get(name, [])
+        start = self._chunks_sent.get(name, 0)
+        self._chunks_sent[name] = len(chunks)
+        yield from chunks[start : len(chunks)]
 
 
 class ProgramStateGroup:

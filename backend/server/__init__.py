@@ -4,8 +4,9 @@ SGLang-style API, OpenAI-compatible API, program endpoint, Prometheus metrics.""
 from __future__ import annotations
 
 from radixlm.backend.server.app import create_app
-from radixlm.backend.server.launch import ServerThread, serve, serve_parser
+from radixlm.backend.server.launch import ServerThread
 from radixlm.backend.server.programs import ProgramRegistry
 from radixlm.backend.server.runner import ServerLimits
+from radixlm.backend.server.serve_cmd import serve, serve_parser
 
 __all__ = ["ProgramRegistry", "ServerLimits", "ServerThread", "create_app", "serve", "serve_parser"]

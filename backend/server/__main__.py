@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from radixlm.backend.server.launch import serve, serve_parser
+from radixlm.backend.server.serve_cmd import serve, serve_parser
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,14 +19,20 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixlm.backend.server import native, openai_api
+from radixlm.backend.server import docs, info, native, openai_api
 from radixlm.backend.server import programs as programs_api
+from radixlm.backend.server.access_log import AccessLogMiddleware
 from radixlm.backend.server.metrics import ServerMetrics
 from radixlm.backend.server.protocol import error_body
 from radixlm.backend.server.runner import Overloaded, Runner, ServerLimits
 from radixlm.backend.server.streams import ClientGone
 
 PUBLIC_PATHS = frozenset({"/health"})
+logger = logging.getLogger("radixlm.server")
+PROGRAM_BODY_HINT = (
+    ' (POST /programs/{name} expects {"args": {<the program\'s arguments>}, "stream": false, '
+    '"max_new_tokens": ..., "temperature": ...}; GET /programs lists each program\'s arguments)'
+)
 
 
 def create_app(engine: Any, api_key: str | None = None, programs: Any = None,
@@ -42,9 +50,9 @@ def create_app(engine: Any, api_key: str | None = None, programs: Any = None,
         yield
         await drain(runner, limits.drain_timeout_s)
         if owns_engine:
-            await asyncio.to_thread(engine.shutdown)
+            await asyncio.to_thread(_shutdown_engine, engine)
 
-    app = FastAPI(title="radixlm", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="radixlm", version=info.version(), lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.state.runner = runner
     app.state.metrics = metrics
@@ -52,15 +60,28 @@ def create_app(engine: Any, api_key: str | None = None, programs: Any = None,
     app.state.model_name = served_model_name or _model_name(engine)
     _install_error_handlers(app, limits, metrics)
     app.add_middleware(_GuardMiddleware, api_key=api_key, max_body_bytes=limits.max_body_bytes)
+    app.add_middleware(AccessLogMiddleware)  # outermost: logs 401/413 answered by the guard too
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     native.register(app)
+    info.register(app)
     openai_api.register(app)
     programs_api.register(app)
+    docs.register(app)
     return app
+
+
+def _shutdown_engine(engine: Any) -> None:
+    """Empty the prefix cache and log the KV pool's free count (all slots, unless a request
+    still holds KV), then shut the engine down."""
+    flushed = engine.flush_cache()
+    stats = engine.get_stats()
+    logger.info("KV pool at exit: %d of %d slots free%s", stats["kv_free_slots"], stats["kv_total_slots"],
+                "" if flushed else " (cache not flushed: requests still running)")
+    engine.shutdown()
 
 
 async def drain(runner: Runner, timeout_s: float) -> int:
@@ -79,8 +100,12 @@ async def drain(runner: Runner, timeout_s: float) -> int:
 
 
 def _model_name(engine: Any) -> str:
+    """The model file's or folder's name (a GGUF's converted folder name carries a cache hash)."""
+    path = str(getattr(engine, "model_path", "") or "")
+    if path and not path.startswith("random:"):
+        return Path(path).stem if path.endswith(".gguf") else Path(path).name
     name = getattr(engine.model_config, "model_name", None)
-    return str(name or getattr(engine, "model_path", None) or "default")
+    return str(name or path or "default")
 
 
 def _error(status: int, message: str, err_type: str = "invalid_request_error",
@@ -133,8 +158,10 @@ def _install_error_handlers(app: FastAPI, limits: ServerLimits, metrics: ServerM
         return resp
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         status, message = _format_validation(exc)
+        if request.url.path.startswith("/programs/") and status == 422:
+            message += PROGRAM_BODY_HINT
         return counted(_error(status, message))
 
     @app.exception_handler(ValueError)

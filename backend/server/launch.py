@@ -1,10 +1,13 @@
 """Starting and stopping a server: engine/server command-line options, the uvicorn server with
-graceful shutdown (stop accepting, drain running requests up to a timeout, then abort the
-rest so every stream ends with finish_reason abort), and a background-thread launcher."""
+graceful shutdown (stop accepting; on SIGTERM drain running requests up to a timeout, on SIGINT
+not at all; then abort the rest so every stream ends with finish_reason abort, and say so in the
+log), and a background-thread launcher."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import socket
 import threading
 import time
@@ -12,22 +15,43 @@ from typing import Any
 
 import uvicorn
 
-from radixlm.backend.server.app import create_app, drain
+from radixlm.backend.server.app import drain
 from radixlm.backend.server.runner import ServerLimits
+
+logger = logging.getLogger("radixlm.server")
 
 
 class RadixServer(uvicorn.Server):
-    """uvicorn.Server whose shutdown drains the engine's requests before closing connections."""
+    """uvicorn.Server whose shutdown drains the engine's requests before closing connections:
+    up to drain_timeout_s after SIGTERM (an orchestrator's stop), none after SIGINT (Ctrl-C)."""
 
     def __init__(self, config: uvicorn.Config, runner: Any, drain_timeout_s: float) -> None:
         super().__init__(config)
         self.runner = runner
         self.drain_timeout_s = drain_timeout_s
+        self.exit_signal: int | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.exit_signal is None:
+            self.exit_signal = sig  # logged from shutdown(): a signal handler must not take log locks
+        super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
             server.close()  # stop accepting before draining
-        await drain(self.runner, self.drain_timeout_s)
+        timeout = 0.0 if self.exit_signal == signal.SIGINT else self.drain_timeout_s
+        busy = self.runner.busy()
+        name = signal.Signals(self.exit_signal).name if self.exit_signal else "stop"
+        if busy and timeout > 0:
+            logger.warning("%s: %d request(s) in flight; letting them finish for up to %.0f s (--drain-timeout), "
+                           "then aborting", name, busy, timeout)
+        elif busy:
+            logger.warning("%s: aborting %d request(s) in flight", name, busy)
+        else:
+            logger.info("%s: shutting down (no requests in flight)", name)
+        aborted = await drain(self.runner, timeout)
+        if aborted:
+            logger.warning("aborted %d request(s) at shutdown", aborted)
         await super().shutdown(sockets)
 
 
@@ -130,25 +154,3 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
                         max_new_tokens=args.max_new_tokens_limit, max_pending_requests=args.max_pending_requests,
                         drain_timeout_s=args.drain_timeout)
 
-
-def serve(args: argparse.Namespace) -> None:
-    """Build the engine and serve until SIGINT/SIGTERM (then drain, abort, shut down)."""
-    from radixlm.backend.engine import Engine
-    from radixlm.backend.server.programs import ProgramRegistry
-
-    limits = limits_from_args(args)
-    registry = ProgramRegistry.load(args.programs, limits.max_pending_requests) if args.programs else None
-    engine = Engine(**engine_kwargs(args))
-    app = create_app(engine, api_key=args.api_key, programs=registry, limits=limits,
-                     served_model_name=args.served_model_name, owns_engine=True)
-    sock = bind_socket(args.host, args.port)
-    print(f"radixlm serving {engine.model_path} on http://{args.host}:{sock.getsockname()[1]}", flush=True)
-    server = make_server(app, log_level=args.log_level, drain_timeout_s=limits.drain_timeout_s)
-    server.run(sockets=[sock])
-
-
-def serve_parser(prog: str = "radixlm serve") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Serve a model over HTTP (native + OpenAI API).")
-    add_server_args(p)
-    add_engine_args(p)
-    return p

@@ -1,6 +1,7 @@
 """Native, SGLang-compatible routes: /generate (text or input_ids, single or batch, SSE
-streaming whose events carry the cumulative text like SGLang's and end with `data: [DONE]`),
-/health, /health_generate, /model_info, /flush_cache, /abort_request."""
+streaming whose events carry the cumulative text and output_ids like SGLang's, each event's own
+output logprobs with their running count `output_token_logprobs_length`, and end with
+`data: [DONE]`), /health, /health_generate, /model_info, /flush_cache, /abort_request."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from radixlm.backend.server.streams import (
 )
 
 _LOGPROB_LISTS = ("input_token_logprobs", "output_token_logprobs")
+LENGTH_KEY = "output_token_logprobs_length"
 _TOP_LISTS = ("input_top_logprobs", "output_top_logprobs")
 
 
@@ -80,6 +82,8 @@ def add_logprob_text(meta: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
 
 def _finish(result: dict[str, Any], req: GenerateRequest, tokenizer: Any) -> dict[str, Any]:
     meta = result.get("meta_info", {})
+    if meta.get("output_token_logprobs") is not None and LENGTH_KEY not in meta:
+        meta = {**meta, LENGTH_KEY: len(meta["output_token_logprobs"])}
     if req.return_logprob and req.return_text_in_logprobs:
         meta = add_logprob_text(meta, tokenizer)
     return {"text": result.get("text", ""), "output_ids": list(result.get("output_ids", [])),
@@ -88,7 +92,7 @@ def _finish(result: dict[str, Any], req: GenerateRequest, tokenizer: Any) -> dic
 
 async def _stream_events(runner: Runner, seqs: list[Seq], req: GenerateRequest,
                          group: str | None) -> AsyncGenerator[bytes, None]:
-    """SSE events: per sequence, cumulative text/output_ids/logprobs (SGLang's convention)."""
+    """SSE events: per sequence, cumulative text/output_ids, the chunk's own output logprobs."""
     acc = [{"text": "", "output_ids": [], "meta_info": {}} for _ in seqs]
     gens = [runner.run(s, stream=True, group=group) for s in seqs]
     try:
@@ -109,10 +113,11 @@ async def _stream_events(runner: Runner, seqs: list[Seq], req: GenerateRequest,
 
 
 def _merge_meta(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The latest meta, keeping the chunk's own output logprobs (the runner cut them) and
+    counting them all in output_token_logprobs_length, as SGLang's streams do."""
     merged = {**old, **new}
-    for key in ("output_token_logprobs", "output_top_logprobs"):
-        if key in new:
-            merged[key] = list(old.get(key, [])) + list(new[key])
+    if new.get("output_token_logprobs") is not None:
+        merged[LENGTH_KEY] = old.get(LENGTH_KEY, 0) + len(new["output_token_logprobs"])
     return merged
 
 

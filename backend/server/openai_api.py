@@ -194,6 +194,7 @@ def _chat_seqs(ctx: _ChatCtx) -> list[Seq]:
     sp = dict(ctx.base_sp)
     if plan.mode in ("named", "required"):
         sp["json_schema"] = plan.call_schema()
+        sp["json_schema_strict"] = plan.strict
     elif plan.mode == "auto":
         stops = sp.get("stop") or []
         sp["stop"] = ([stops] if isinstance(stops, str) else list(stops)) + [TOOL_CALL_TAG]
@@ -237,6 +238,7 @@ async def _run_call(runner: Runner, ctx: _ChatCtx, seq: Seq, before: str) -> tup
     ids = ctx.prompt_ids + ctx.tok.tokenizer.encode(content, add_special_tokens=False)
     sp = {k: v for k, v in seq.sampling_params.items() if k != "stop"}
     sp["json_schema"] = ctx.plan.call_schema()
+    sp["json_schema_strict"] = ctx.plan.strict
     call = Seq(prompt={"input_ids": ids}, sampling_params=sp, index=seq.index)
     runner.reserve([call])
     out = await run_to_end(runner, call)
@@ -328,6 +330,12 @@ async def _chat_stream(runner: Runner, ctx: _ChatCtx, seqs: list[Seq], rid: str,
 # ---------------------------------------------------------------- routes
 
 
+def _log_user(request: Request, user: str | None) -> None:
+    """OpenAI's `user` (an end-user id for abuse monitoring) goes into this request's access-log line."""
+    if user:
+        request.state.log_extra = f"user={user!r}"
+
+
 def register(app: FastAPI) -> None:
     runner: Runner = app.state.runner
     tok = _Tok(app.state.engine.tokenizer)
@@ -341,6 +349,7 @@ def register(app: FastAPI) -> None:
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Any:
+        _log_user(request, req.user)
         seqs = _completion_seqs(req)
         runner.check(seqs)
         runner.reserve(seqs)
@@ -358,6 +367,7 @@ def register(app: FastAPI) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
+        _log_user(request, req.user)
         plan = plan_tools(req)
         ctx = _ChatCtx(req, plan, chat_prompt_ids(tok.tokenizer, req, plan),
                        req.sampling_params(req.max_new_tokens()), tok)

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from radixlm.backend.server.openai_fields import ClientFields
+
 MAX_TOP_LOGPROBS = 20
 # Hard ceiling on prompts x n per request, checked before any fan-out (a huge `n` used to build
 # that many sequences before the server's configured limit was checked: a hang, found by fuzzing).
@@ -130,7 +132,7 @@ class ResponseFormat(_Strict):
         return self
 
 
-class _SamplingExtras(_Strict):
+class _SamplingExtras(ClientFields):
     """OpenAI sampling fields plus radixlm/SGLang extras shared by completions and chat."""
 
     model: str | None = None
@@ -181,6 +183,10 @@ class _SamplingExtras(_Strict):
             value = getattr(self, ours)
             if value is not None:
                 sp[theirs] = value
+        guided = self.guided_constraints()
+        if guided and any(k in sp for k in ("regex", "json_schema", "ebnf")):
+            raise ValueError("guided_*/structured_outputs cannot be combined with regex/json_schema/ebnf")
+        sp.update(guided)
         fmt = self.response_format
         if fmt is not None and fmt.type != "text":
             if any(k in sp for k in ("regex", "json_schema", "ebnf")):
@@ -283,6 +289,7 @@ class ChatCompletionRequest(_SamplingExtras):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # passed to the chat template (e.g. enable_thinking)
 
     @model_validator(mode="after")
     def _tool_choice_valid(self) -> ChatCompletionRequest:

@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from radixlm.backend.server.info import render_chat
 from radixlm.backend.server.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice, Tool
 
 TOOL_CALL_TAG = "<tool_call>"
@@ -23,6 +24,12 @@ class ToolPlan:
     tools: list[Tool]
     parallel: bool
     named: str | None = None
+
+    @property
+    def strict(self) -> bool:
+        """Call arguments are always grammar-constrained to the schema; a tool with strict=false
+        lets the grammar drop (and name) schema keywords it cannot enforce instead of refusing."""
+        return all(t.function.strict is not False for t in self.tools)
 
     def call_schema(self) -> dict[str, Any]:
         """Schema of what follows the tag (auto) or of the whole reply (required/named)."""
@@ -130,8 +137,5 @@ def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest, plan: ToolPlan) 
             messages.insert(0, {"role": "system", "content": tool_text})
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("this model's tokenizer has no chat template; use /v1/completions")
-    try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except Exception as exc:  # jinja raises its own errors for messages a template refuses
-        raise ValueError(f"chat template rejected the messages: {exc}") from exc
+    text = render_chat(tokenizer, messages, True, req.chat_template_kwargs)
     return list(tokenizer.encode(text, add_special_tokens=False))

@@ -1,0 +1,151 @@
+"""The server's command line and its life: `radixlm` usage, `serve --help` documents every option, a
+busy port is reported before the model loads, and a server stopped by SIGINT or SIGTERM in the
+middle of a stream aborts it (SIGINT at once, SIGTERM after --drain-timeout), logs what it does and
+each request, and has every KV slot free before it exits. Servers run as real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from radixlm.backend.cli import main
+from radixlm.backend.server.serve_cmd import serve_parser
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_cli_without_arguments_fails_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([])
+    assert exc.value.code != 0
+    assert "usage: radixlm" in capsys.readouterr().err
+    main(["--help"])
+    out = capsys.readouterr().out
+    assert "serve" in out and "run" in out and "examples" in out
+
+
+def test_serve_help_documents_every_option() -> None:
+    parser = serve_parser()
+    undocumented = [a.dest for a in parser._actions if not a.help]
+    assert undocumented == []
+    text = parser.format_help()
+    assert "(default: 30000)" in text and "model" in text
+    args = parser.parse_args(["some/model.gguf", "--served-model-name", "m"])
+    assert args.model == "some/model.gguf" and args.served_model_name == "m"
+
+
+def test_busy_port_is_reported_before_the_model_loads(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        # a model path that does not exist: reaching the model would fail differently
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "radixlm.backend.cli",
+                "serve",
+                str(tmp_path / "none.gguf"),
+                "--port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode != 0
+    assert f"127.0.0.1:{port} is already in use" in proc.stderr
+    assert "Traceback" not in proc.stderr and "does not exist" not in proc.stderr
+
+
+def _start(tmp_path: Path, drain_s: float) -> tuple[subprocess.Popen, str, Path]:
+    port = _free_port()
+    log = tmp_path / f"server-{port}.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "radixlm.launch_server",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--max-total-tokens",
+        "4096",
+        "--drain-timeout",
+        str(drain_s),
+        "--log-level",
+        "info",
+    ]
+    with open(log, "w") as f:  # a file, not a pipe: a full pipe would stall the server
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url, log
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.3)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_mid_stream_aborts_and_frees_kv(tmp_path: Path, sig: signal.Signals) -> None:
+    # SIGINT must not wait for --drain-timeout (far longer than the bounded wait below); SIGTERM
+    # drains for 1 s and then aborts the stream, which asks for far more tokens than that allows
+    proc, url, log = _start(tmp_path, drain_s=600 if sig == signal.SIGINT else 1)
+    events: list[Any] = []
+    body = {
+        "text": "Tell a long story:",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True},
+    }
+
+    def stream() -> None:
+        with httpx.stream("POST", url + "/generate", json=body, timeout=120) as r:
+            events.extend(
+                json.loads(x[6:]) if x != "data: [DONE]" else "[DONE]"
+                for x in r.iter_lines()
+                if x.startswith("data: ")
+            )
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(events) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(events) >= 3, "the stream did not start"
+        proc.send_signal(sig)
+        proc.wait(timeout=120)
+        reader.join(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert events[-1] == "[DONE]"
+    assert events[-2]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert "Traceback" not in text and "terminate called" not in text
+    assert re.search(r"aborting 1 request|letting them finish", text), text[-2000:]
+    kv = re.search(r"KV pool at exit: (\d+) of (\d+) slots free", text)
+    assert kv is not None, text[-2000:]
+    assert kv.group(1) == kv.group(2)
+    assert re.search(r"GET /health 200", text)  # one access-log line per request

@@ -1,0 +1,174 @@
+"""The server's SGLang surface on real uvicorn (127.0.0.1, the session engine): streaming logprobs
+in SGLang's shape (in-process and over /generate), server-side tokenization so a RuntimeEndpoint
+with no model files runs programs exactly like the in-process Runtime, /get_server_info, /version,
+and /docs rendered from assets this server serves itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+import radixlm as sgl
+from radixlm.backend.server import ServerThread, create_app
+
+PROMPT = "Count from one to twenty: one, two, three,"
+
+
+@pytest.fixture(scope="module")
+def srv(engine) -> Iterator[ServerThread]:
+    thread = ServerThread(create_app(engine), drain_timeout_s=2.0).start()
+    yield thread
+    thread.stop()
+
+
+@sgl.function
+def counting(s):
+    s += PROMPT
+    s += sgl.gen("answer", max_tokens=12, temperature=0, return_logprob=True)
+
+
+def test_text_async_iter_meta_has_each_chunks_own_logprobs(engine) -> None:
+    rt = sgl.Runtime(engine=engine)
+    ref = counting.run(backend=rt)
+    ref_text, ref_meta = ref["answer"], ref.get_meta_info("answer")
+
+    async def consume() -> tuple[str, list[Any], Any]:
+        state = counting.run(backend=rt, stream=True)
+        text, logprobs = "", []
+        async for chunk, meta in state.text_async_iter("answer", return_meta_data=True):
+            text += chunk
+            logprobs.extend(meta["output_token_logprobs"])
+            assert meta["output_token_logprobs_length"] == len(logprobs)  # the running count
+        return text, logprobs, state.get_meta_info("answer")
+
+    text, logprobs, final = asyncio.run(consume())
+    assert text == ref_text
+    assert [e[1] for e in logprobs] == [e[1] for e in ref_meta["output_token_logprobs"]]
+    assert final["output_token_logprobs"] == logprobs  # get_meta_info keeps the whole list
+    assert final["output_token_logprobs_length"] == final["completion_tokens"] == 12
+
+
+def _sse(resp: httpx.Response) -> list[Any]:
+    return [
+        json.loads(line[6:]) if line != "data: [DONE]" else "[DONE]"
+        for line in resp.iter_lines()
+        if line.startswith("data: ")
+    ]
+
+
+def test_generate_stream_events_follow_sglang(srv: ServerThread) -> None:
+    body = {
+        "text": PROMPT,
+        "sampling_params": {"max_new_tokens": 10, "temperature": 0},
+        "return_logprob": True,
+    }
+    whole = httpx.post(srv.url + "/generate", json=body, timeout=120).json()
+    with httpx.stream("POST", srv.url + "/generate", json={**body, "stream": True}, timeout=120) as r:
+        events = _sse(r)
+    assert events[-1] == "[DONE]"
+    previous, logprobs = "", []
+    for event in events[:-1]:
+        assert event["text"].startswith(previous)  # cumulative text, as SGLang's /generate streams
+        previous = event["text"]
+        logprobs.extend(event["meta_info"]["output_token_logprobs"])  # only this event's entries
+        assert event["meta_info"]["output_token_logprobs_length"] == len(logprobs)
+    assert previous == whole["text"]
+    assert [e[1] for e in logprobs] == [e[1] for e in whole["meta_info"]["output_token_logprobs"]]
+    assert whole["meta_info"]["output_token_logprobs_length"] == 10
+
+
+def test_tokenize_detokenize_chat_template_and_info(srv: ServerThread, engine) -> None:
+    tok = engine.tokenizer
+    http = httpx.Client(base_url=srv.url, timeout=60)
+    out = http.post("/tokenize", json={"prompt": "Hello radix world"}).json()
+    assert out["tokens"] == tok.encode("Hello radix world", add_special_tokens=False)
+    assert out["count"] == len(out["tokens"])
+    batch = http.post("/tokenize", json={"prompt": ["a b", "c"]}).json()["tokens"]
+    assert batch == [tok.encode(t, add_special_tokens=False) for t in ("a b", "c")]
+    assert http.post("/detokenize", json={"tokens": out["tokens"]}).json()["text"] == "Hello radix world"
+    bad = http.post("/detokenize", json={"tokens": [10**9]})
+    assert bad.status_code == 400 and "out of range" in bad.json()["error"]["message"]
+    messages = [{"role": "user", "content": "hi"}]
+    text = http.post(
+        "/apply_chat_template", json={"messages": messages, "add_generation_prompt": True}
+    ).json()
+    assert text["text"] == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    info = http.get("/get_server_info").json()
+    assert info["version"] == http.get("/version").json()["version"] != ""
+    assert info["context_length"] == engine.model_config.context_len and info["has_chat_template"]
+    assert not re.search(r"-[0-9a-f]{16}$", info["served_model_name"])  # no conversion-cache hash
+
+
+def test_docs_page_assets_all_come_from_the_server(srv: ServerThread) -> None:
+    page = httpx.get(srv.url + "/docs", timeout=30)
+    assert page.status_code == 200
+    refs = re.findall(r'(?:src|href)="([^"]+)"', page.text) + re.findall(r"url: '([^']+)'", page.text)
+    assert refs, page.text
+    for ref in refs:
+        assert not ref.startswith(("http:", "https:", "//")), f"{ref} is not served locally"
+        got = httpx.get(srv.url + ref, timeout=30)
+        assert got.status_code == 200 and got.content, ref
+
+
+CLIENT = textwrap.dedent("""
+    import json, sys
+    sys.modules["transformers"] = None  # no local tokenizer can be loaded in this process
+    import radixlm as sgl
+
+    @sgl.function
+    def prog(s):
+        s += sgl.user("Name a colour and a number.")
+        with s.assistant():
+            s += "Colour: " + sgl.select("colour", choices=["red", "green", "blue"])
+            s += ". Number: " + sgl.gen("n", regex=r"[0-9]{1,2}", max_tokens=4)
+        forks = s.fork(2)
+        forks += lambda i: f" Fact {i}:"
+        forks += sgl.gen("fact", max_tokens=5, stop="\\n")
+        forks.join()
+
+    backend = sgl.RuntimeEndpoint(sys.argv[1])
+    st = prog.run(backend=backend, temperature=0)
+    print("RESULT " + json.dumps({"colour": st["colour"], "n": st["n"], "fact": st["fact"], "text": st.text()}))
+""")
+
+
+def test_endpoint_without_model_files_matches_runtime(srv: ServerThread, engine, tmp_path) -> None:
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT)
+    proc = subprocess.run([sys.executable, str(script), srv.url], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    remote = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+    namespace: dict[str, Any] = {}
+    exec(CLIENT.split("backend = ")[0].replace('sys.modules["transformers"] = None', ""), namespace)
+    st = namespace["prog"].run(backend=sgl.Runtime(engine=engine), temperature=0)
+    assert remote == {"colour": st["colour"], "n": st["n"], "fact": st["fact"], "text": st.text()}
+    assert re.fullmatch(r"[0-9]{1,2}", remote["n"]) and remote["colour"] in ("red", "green", "blue")
+
+
+@sgl.function
+def capital(s, country: str):
+    s += f"The capital of {country} is"
+    s += sgl.gen("city", max_tokens=3, temperature=0)
+
+
+def test_program_body_error_shows_the_expected_shape(engine) -> None:
+    from radixlm.backend.server import ProgramRegistry
+
+    thread = ServerThread(create_app(engine, programs=ProgramRegistry({"capital": capital}))).start()
+    try:
+        bad = httpx.post(thread.url + "/programs/capital", json={"country": "Japan"}, timeout=60)
+        message = bad.json()["error"]["message"]
+        assert bad.status_code == 422 and "country: unknown field" in message and '{"args": {' in message
+        good = httpx.post(thread.url + "/programs/capital", json={"args": {"country": "Japan"}}, timeout=120)
+        assert good.status_code == 200, good.text
+    finally:
+        thread.stop()
