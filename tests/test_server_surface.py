@@ -172,3 +172,17 @@ def test_program_body_error_shows_the_expected_shape(engine) -> None:
         assert good.status_code == 200, good.text
     finally:
         thread.stop()
+
+
+def test_runtime_launch_server_like_sglang(engine) -> None:
+    rt = sgl.Runtime(engine=engine, launch_server=True)
+    try:
+        assert rt.url is not None and httpx.get(rt.url + "/health", timeout=30).status_code == 200
+        direct = rt.generate(PROMPT, {"max_new_tokens": 6, "temperature": 0})
+        body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
+        over_http = httpx.post(rt.url + "/generate", json=body, timeout=120).json()
+        assert direct["text"] == over_http["text"] and direct["meta_info"]["completion_tokens"] == 6
+    finally:
+        rt.shutdown()
+    assert rt.url is None
+    assert engine.generate(PROMPT, {"max_new_tokens": 1})["meta_info"]["completion_tokens"] == 1  # still up
