@@ -67,3 +67,30 @@ def test_select_agrees_across_cache_and_overlap(reference, radix: bool, overlap:
         stats = rt.get_stats()
         assert stats["num_running"] == stats["num_waiting"] == 0
         assert stats["kv_free_slots"] + stats["kv_cached_slots"] == stats["kv_total_slots"]
+
+
+def test_scoring_only_step_on_cuda_waits_for_its_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that samples nothing (select scoring) still copies logprobs to the host
+    asynchronously on CUDA: it must record the event that process() waits on."""
+    import torch
+
+    from radixlm.backend.step_output import LaunchedStep, StepPlan
+
+    recorded: list[object] = []
+
+    class FakeEvent:
+        def record(self) -> None:
+            recorded.append(self)
+
+        def synchronize(self) -> None:
+            recorded.remove(self)
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    step = LaunchedStep(StepPlan([], [], [], []), [], None, None, [])
+    step.seal(torch.device("cuda"))
+    assert len(recorded) == 1
+    step.wait()
+    assert recorded == [] and step.event is None
+    cpu_step = LaunchedStep(StepPlan([], [], [], []), [], None, None, [])
+    cpu_step.seal(torch.device("cpu"))
+    assert cpu_step.event is None
