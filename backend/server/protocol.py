@@ -338,7 +338,26 @@ def now() -> int:
     return int(time.time())
 
 
-def error_body(message: str, status: int, err_type: str = "invalid_request_error",
+# One vocabulary for error.type, OpenAI's; a route's more specific word is kept only if it is one of these.
+ERROR_TYPES = ("invalid_request_error", "authentication_error", "permission_error", "not_found_error",
+               "rate_limit_error", "server_error")
+
+
+def error_type(status: int) -> str:
+    if status == 401:
+        return "authentication_error"
+    if status == 403:
+        return "permission_error"
+    if status == 404:
+        return "not_found_error"
+    if status == 429:
+        return "rate_limit_error"
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def error_body(message: str, status: int, err_type: str | None = None,
                param: str | None = None) -> dict[str, Any]:
-    """OpenAI-style error object (the openai client reads error.message)."""
-    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+    """OpenAI-style error object (the openai client reads error.message); `type` is always one
+    of ERROR_TYPES, derived from the status unless err_type is one of them."""
+    kind = err_type if err_type in ERROR_TYPES else error_type(status)
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
