@@ -186,3 +186,31 @@ def test_runtime_launch_server_like_sglang(engine) -> None:
         rt.shutdown()
     assert rt.url is None
     assert engine.generate(PROMPT, {"max_new_tokens": 1})["meta_info"]["completion_tokens"] == 1  # still up
+
+
+def test_error_bodies_use_one_type_vocabulary(engine) -> None:
+    from radixlm.backend.server.protocol import ERROR_TYPES
+    from radixlm.backend.server.runner import ServerLimits
+
+    thread = ServerThread(create_app(engine, api_key="k", limits=ServerLimits(max_body_bytes=2048))).start()
+    auth = {"Authorization": "Bearer k"}
+    try:
+        cases = [
+            ("GET", "/no_such_route", auth, None, 404),
+            ("POST", "/generate", auth, {"text": "x", "bogus": 1}, 422),
+            ("POST", "/generate", auth, {"text": "x", "sampling_params": {"regex": "("}}, 400),
+            ("POST", "/generate", {}, {"text": "x"}, 401),
+            ("POST", "/generate", auth, {"text": "x" * 5000}, 413),
+            ("GET", "/generate", auth, None, 405),
+        ]
+        for method, path, headers, body, status in cases:
+            r = httpx.request(method, thread.url + path, headers=headers, json=body, timeout=60)
+            assert r.status_code == status, (path, r.text)
+            kind = r.json()["error"]["type"]
+            assert kind in ERROR_TYPES, (path, kind)
+        assert {
+            httpx.get(thread.url + "/x", headers=auth).json()["error"]["type"],
+            httpx.post(thread.url + "/generate", json={"text": "x"}).json()["error"]["type"],
+        } == {"not_found_error", "authentication_error"}
+    finally:
+        thread.stop()
