@@ -19,9 +19,11 @@ from typing import Any
 
 import torch
 
+from radixlm.backend import limits
 from radixlm.backend.constrained import attach_grammars, wait_grammars, wait_grammars_async
 from radixlm.backend.engine_inputs import RequestSpec, normalize_requests
 from radixlm.backend.loader import default_model_path, load_config, resolve_model_dir
+from radixlm.backend.loop_mailbox import LoopMailbox, coalesce_chunks
 from radixlm.backend.model_config import ModelConfig, named_shape_config
 from radixlm.backend.model_runner import ModelRunner, resolve_dtype
 from radixlm.backend.radix_cache import NoPrefixCache, RadixCache
@@ -29,6 +31,8 @@ from radixlm.backend.request import Req
 from radixlm.backend.sampler import Sampler
 from radixlm.backend.scheduler import Scheduler, SchedulerConfig
 from radixlm.backend.tokenizer import IncrementalDetokenizer, load_tokenizer
+from radixlm.backend.warmup import measure_cascade_costs, warm_up
+from radixlm.kernels import compiled_kernel_count
 
 logger = logging.getLogger(__name__)
 _live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
@@ -56,8 +60,8 @@ class Engine:
         dtype: str | None = None,
         max_total_tokens: int | None = None,
         mem_fraction_static: float = 0.85,
-        chunked_prefill_size: int = 2048,
-        max_running_requests: int = 256,
+        chunked_prefill_size: int | None = None,
+        max_running_requests: int | None = None,
         disable_radix_cache: bool = False,
         random_weights: bool = False,
         model_shape: str | None = None,
@@ -66,7 +70,7 @@ class Engine:
         log_level: str = "warning",
         disable_jump_forward: bool = False,
         disable_cuda_graph: bool = False,
-        cuda_graph_max_bs: int = 160,
+        cuda_graph_max_bs: int | None = None,
         overlap_schedule: bool | None = None,
         disable_cascade: bool = False,
     ) -> None:
@@ -74,7 +78,7 @@ class Engine:
         the host's per-step work; on CPU the forward runs on the host, so there is nothing to hide).
         disable_cascade: never use cascade attention for decode batches sharing a long prefix."""
         logging.getLogger("radixlm").setLevel(log_level.upper())
-        if cuda_graph_max_bs < 1:
+        if cuda_graph_max_bs is not None and cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be at least 1, got {cuda_graph_max_bs}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         config, model_dir = self._resolve_model(model_path, model_shape)
@@ -84,7 +88,8 @@ class Engine:
             config.max_position_embeddings = context_length
         self.model_config: ModelConfig = config
         self.model_path = str(model_path or (model_shape and f"random:{model_shape}") or default_model_path())
-        self.tokenizer = load_tokenizer(tokenizer_path or model_dir)
+        self.tokenizer_source = tokenizer_path or model_dir  # None: the default model's tokenizer
+        self.tokenizer = load_tokenizer(self.tokenizer_source)
         eos = set(config.eos_token_ids)
         if self.tokenizer.eos_token_id is not None and model_shape is None:
             eos.add(self.tokenizer.eos_token_id)
@@ -97,13 +102,19 @@ class Engine:
         )
         alloc = self.runner.allocator
         self.cache = NoPrefixCache(alloc) if disable_radix_cache else RadixCache(alloc)
-        chunk = chunked_prefill_size if chunked_prefill_size > 0 else config.context_len
+        chunk = chunked_prefill_size if chunked_prefill_size is not None else limits.chunked_prefill_size(self.device)
+        chunk = chunk if chunk > 0 else config.context_len
+        max_running_requests = self.runner.max_running_requests
         overlap = self.device.type == "cuda" if overlap_schedule is None else overlap_schedule
         cascade = not disable_cascade and self.runner.supports_cascade
         self.scheduler = Scheduler(
             self.runner, self.cache, Sampler(config.vocab_size, self.device, seed),
             SchedulerConfig(config.context_len, chunk, max_running_requests, overlap=overlap, enable_cascade=cascade),
         )
+        self.warmup_stats = warm_up(self.runner, cascade)
+        if cascade:
+            self.scheduler.cfg.cascade_cost = measure_cascade_costs(self.runner)
+        self._compiles_at_start = compiled_kernel_count()
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._pin_ids = itertools.count(1)
         self._tok_lock = threading.Lock()
@@ -285,7 +296,8 @@ class Engine:
         )
         loop = asyncio.get_running_loop()
         queues: list[asyncio.Queue] = [asyncio.Queue() for _ in specs]
-        reqs = self._make_reqs(specs, lambda k: lambda item: loop.call_soon_threadsafe(queues[k].put_nowait, item))
+        box = LoopMailbox.for_loop(loop)  # one wake-up of the loop per batch of results
+        reqs = self._make_reqs(specs, lambda k: lambda item: box.post(queues[k], item))
         await wait_grammars_async(reqs)
         self._submit(reqs)
         if stream:
@@ -302,7 +314,7 @@ class Engine:
         done = False
         try:
             while not done:
-                chunk = await q.get()
+                chunk = coalesce_chunks(await q.get(), q)
                 done = chunk["meta_info"]["finish_reason"] is not None
                 yield chunk
         finally:
@@ -361,6 +373,7 @@ class Engine:
             "forward_passes": st.forward_passes,
             "num_finished": st.num_finished,
             "num_aborted": st.num_aborted,
+            "kernel_compiles_since_start": compiled_kernel_count() - self._compiles_at_start,
             **st.extra,
         }
 

@@ -8,6 +8,7 @@ behind the GPU. It owns every Req's state; no request is ever dropped."""
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,11 +91,15 @@ class Scheduler:
         next call, after that call has launched its own step."""
         if self.inflight is not None and any(r.needs_fresh_state for r in self.inflight.gen):
             self._process_step(self._take_inflight())  # their next sampling needs this token first
+        t0 = time.perf_counter()
         plan = self.schedule()
+        t1 = time.perf_counter()
+        self._add_time("host_schedule_us", t1 - t0)
         launched = None
         if plan is not None:
             try:
                 launched = self.launch(plan)
+                self._add_time("host_launch_us", time.perf_counter() - t1)
             except Exception as e:
                 self.fail_plan(plan, f"internal error: {type(e).__name__}: {e}")
                 raise
@@ -115,11 +120,20 @@ class Scheduler:
         step, self.inflight = self.inflight, None
         return step
 
+    def _add_time(self, key: str, seconds: float) -> None:
+        """Host time per phase, in the engine stats (where a step's time goes, at no cost)."""
+        self.stats.extra[key] = self.stats.extra.get(key, 0) + int(seconds * 1e6)
+
     def _process_step(self, step: LaunchedStep | None) -> None:
         if step is None:
             return
         try:
+            t0 = time.perf_counter()
+            step.wait()  # the step's one host sync
+            t1 = time.perf_counter()
             self.process(step)
+            self._add_time("wait_device_us", t1 - t0)
+            self._add_time("host_process_us", time.perf_counter() - t1)
         except Exception as e:
             self.fail_plan(step.plan, f"internal error: {type(e).__name__}: {e}")
             raise

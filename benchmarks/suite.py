@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,11 @@ def worker_engine(sizes: dict[str, Any], device: str) -> dict[str, Any]:
         ]
         for name, fn in steps:
             t = time.perf_counter()
-            out[name] = fn()
+            try:
+                out[name] = fn()
+            except Exception as e:  # one broken workload must not hide the others' results
+                traceback.print_exc()
+                out[name] = {"error": f"{type(e).__name__}: {e}"}
             print(f"[engine] {name} done in {time.perf_counter() - t:.1f} s", flush=True)
             yield_partial(out)
     finally:

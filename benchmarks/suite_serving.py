@@ -79,6 +79,14 @@ async def _server_rate(url: str, items: list[serving.Item], gaps: list[float], r
         return serving.summarize(list(results), time.perf_counter() - start, rate)
 
 
+def _server_stats(url: str) -> dict[str, Any]:
+    """The server engine's counters (empty when the server does not report them)."""
+    import httpx
+
+    resp = httpx.get(url + "/get_server_info", timeout=30)
+    return resp.json().get("engine_stats", {}) if resp.status_code == 200 else {}
+
+
 def _runs(size: dict[str, Any]) -> list[tuple[str, float, list[serving.Item], list[float]]]:
     """(label, rate, items, gaps) for each rate: fresh prompts per rate (no cross-run cache hits)."""
     out = []
@@ -93,7 +101,10 @@ def engine_side(engine: Engine, size: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for label, rate, items, gaps in _runs(size):
         engine.flush_cache()
+        before = engine.get_stats()
         out[label] = asyncio.run(_engine_rate(engine, items, gaps, rate))
+        out[label]["engine_stats_delta"] = {k: v - before[k] for k, v in engine.get_stats().items()
+                                            if isinstance(v, int) and k in before}
     return out
 
 
@@ -113,7 +124,11 @@ def server_side(size: dict[str, Any], engine_kwargs: dict[str, Any]) -> dict[str
 
         for label, rate, items, gaps in _runs(size):
             httpx.post(url + "/flush_cache", timeout=60)
+            before = _server_stats(url)
             out[label] = asyncio.run(_server_rate(url, items, gaps, rate))
+            after = _server_stats(url)
+            out[label]["engine_stats_delta"] = {k: v - before[k] for k, v in after.items()
+                                                if isinstance(v, int) and k in before}
     finally:
         proc.terminate()
         proc.wait(120)

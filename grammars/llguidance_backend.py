@@ -123,9 +123,10 @@ class LLGuidanceCompiler:
     """One llguidance tokenizer (built once, ~0.5 s) shared by every grammar."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
-        self.tokenizer = llguidance.hf.from_tokenizer(
-            tokenizer, n_vocab=vocab_size, eos_token=list(stop_token_ids)
-        )
+        # llguidance only knows ids of the tokenizer's own vocabulary; stop ids beyond it (a model
+        # whose config names an EOS its tokenizer lacks) are handled here, through eos_mask
+        known = [t for t in stop_token_ids if t < len(tokenizer)] or [tokenizer.eos_token_id]
+        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=known)
         self.vocab_size = vocab_size
         self.stop_token_ids = list(stop_token_ids)
         self.eos_mask = stop_mask(vocab_size, self.stop_token_ids)

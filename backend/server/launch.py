@@ -9,6 +9,7 @@ import argparse
 import logging
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any
@@ -65,7 +66,13 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
+# The event loop and the engine's scheduler thread share one GIL: at Python's default 5 ms switch
+# interval a busy loop keeps the scheduler from launching the next GPU step for up to 5 ms.
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
 def make_server(app: Any, log_level: str = "warning", drain_timeout_s: float = 30.0) -> RadixServer:
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=int(drain_timeout_s) + 10,
                             lifespan="on", access_log=False)
     return RadixServer(config, app.state.runner, drain_timeout_s)
@@ -110,8 +117,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=None)
     g.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens")
     g.add_argument("--mem-fraction-static", type=float, default=0.85)
-    g.add_argument("--chunked-prefill-size", type=int, default=2048)
-    g.add_argument("--max-running-requests", type=int, default=256)
+    g.add_argument("--chunked-prefill-size", type=int, default=None,
+                   help="prompt tokens per step (default: from GPU memory, 2048 on CPU)")
+    g.add_argument("--max-running-requests", type=int, default=None,
+                   help="decoding requests at once (default: from the KV pool size, 256 on CPU)")
+    g.add_argument("--cuda-graph-max-bs", type=int, default=None,
+                   help="largest decode batch run as a CUDA graph (default: from GPU memory)")
     g.add_argument("--disable-radix-cache", action="store_true")
     g.add_argument("--random-weights", action="store_true")
     g.add_argument("--model-shape", default=None, help="e.g. llama-3.1-8b (with --random-weights)")
@@ -121,12 +132,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--disable-overlap-schedule", action="store_true",
                    help="process each step before launching the next (overlap is on by default on CUDA)")
     g.add_argument("--disable-cascade", action="store_true", help="no cascade attention for shared prefixes")
+    g.add_argument("--engine-in-process", action="store_true",
+                   help="run the scheduler in the server's process (default: its own process, so the HTTP "
+                        "event loop and the scheduler never share a GIL)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     keys = ("model_path", "device", "dtype", "max_total_tokens", "mem_fraction_static", "chunked_prefill_size",
             "max_running_requests", "disable_radix_cache", "random_weights", "model_shape", "context_length",
-            "seed", "disable_cuda_graph", "disable_cascade")
+            "seed", "disable_cuda_graph", "disable_cascade", "cuda_graph_max_bs")
     kw = {k: getattr(args, k) for k in keys}
     if args.disable_overlap_schedule:
         kw["overlap_schedule"] = False

@@ -98,6 +98,7 @@ def open_port(host: str, port: int) -> socket.socket:
 def serve(args: argparse.Namespace) -> None:
     """Build the engine and serve until SIGINT/SIGTERM (then drain or abort, shut down)."""
     from radixlm.backend.engine import Engine
+    from radixlm.backend.engine_process import EngineProcess
     from radixlm.backend.server.app import create_app
     from radixlm.backend.server.launch import limits_from_args, make_server
     from radixlm.backend.server.programs import ProgramRegistry
@@ -111,7 +112,10 @@ def serve(args: argparse.Namespace) -> None:
     limits: ServerLimits = limits_from_args(args)
     registry = ProgramRegistry.load(args.programs, limits.max_pending_requests) if args.programs else None
     logger.info("loading the model (%s)", args.model_path or args.model_shape or "default: SmolLM2-135M")
-    engine: Any = Engine(**engine_kwargs(args), log_level=args.log_level)
+    if args.engine_in_process:
+        engine: Any = Engine(**engine_kwargs(args), log_level=args.log_level)
+    else:  # the scheduler in its own process: no GIL shared with the HTTP event loop
+        engine = EngineProcess(**engine_kwargs(args), log_level=args.log_level)
     app = create_app(
         engine,
         api_key=args.api_key,

@@ -1,0 +1,238 @@
+"""EngineProcess: the Engine in a child process, behind the Engine API the server and programs use
+(generate, async_generate, abort_request, flush_cache, get_stats, pin/unpin_prefix, shutdown).
+The scheduler then never competes for a GIL with the HTTP event loop. Results cross the pipe in
+one message per batch of chunks. Promises: bad input raises ValueError in the caller exactly as
+in-process; every request gets its final chunk or an error; the child never outlives the parent."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing as mp
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from radixlm.backend.engine_child import child_main
+from radixlm.backend.loop_mailbox import LoopMailbox, coalesce_chunks
+from radixlm.backend.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class _Waiter:
+    """Where one generate call's messages go: per-request queues (asyncio or thread) and the ack."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.loop = loop
+        self.box = LoopMailbox.for_loop(loop) if loop is not None else None
+        self.queues: dict[int, Any] = {}
+        self.ack: Future = Future()
+        self.lock = threading.Lock()
+
+    def queue(self, k: int) -> Any:
+        with self.lock:
+            q = self.queues.get(k)
+            if q is None:
+                q = self.queues[k] = asyncio.Queue() if self.loop is not None else queue.Queue()
+            return q
+
+    def deliver(self, k: int, item: dict[str, Any]) -> None:
+        q = self.queue(k)
+        if self.box is not None:
+            self.box.post(q, item)
+        else:
+            q.put(item)
+
+
+class EngineProcess:
+    def __init__(self, start_timeout_s: float = 1800.0, **engine_kwargs: Any) -> None:
+        ctx = mp.get_context("spawn")  # CUDA cannot be forked
+        self._conn, child_conn = ctx.Pipe()
+        self._proc = ctx.Process(target=child_main, args=(child_conn, engine_kwargs), name="radixlm-engine",
+                                 daemon=True)
+        self._proc.start()
+        child_conn.close()
+        if not self._conn.poll(start_timeout_s):
+            self._proc.kill()
+            raise RuntimeError(f"the engine process did not start within {start_timeout_s:.0f} s")
+        kind, info = self._conn.recv()
+        if kind != "ready":
+            self._proc.join(10)
+            raise RuntimeError(f"the engine process failed to start: {info}")
+        self.model_config = info["model_config"]
+        self.model_path: str = info["model_path"]
+        self.device = torch.device(info["device"])
+        self.eos_token_ids = info["eos_token_ids"]
+        self.tokenizer = load_tokenizer(info["tokenizer_source"])
+        self._ids = itertools.count()
+        self._waiters: dict[int, _Waiter] = {}
+        self._send_lock = threading.Lock()
+        self._closed = False
+        self._reader = threading.Thread(target=self._read, name="radixlm-engine-reader", daemon=True)
+        self._reader.start()
+
+    # ---- the pipe ------------------------------------------------------------------------
+    def _send(self, msg: tuple) -> None:
+        if self._closed:
+            raise RuntimeError("engine is shut down")
+        with self._send_lock:
+            self._conn.send(msg)
+
+    def _read(self) -> None:
+        try:
+            while True:
+                for msg in self._conn.recv():
+                    self._dispatch(msg)
+        except (EOFError, OSError):
+            pass
+        self._fail_all("the engine process exited")
+
+    def _dispatch(self, msg: tuple) -> None:
+        kind, call_id = msg[0], msg[1]
+        waiter = self._waiters.get(call_id)
+        if waiter is None:
+            return
+        if kind == "chunk":
+            waiter.deliver(msg[2], msg[3])
+        elif kind == "ack":
+            waiter.ack.set_result(msg[2])
+        elif kind == "error":
+            waiter.ack.set_exception(_rebuild(msg[2]))
+            self._waiters.pop(call_id, None)
+        elif kind == "reply":
+            self._waiters.pop(call_id, None)
+            waiter.ack.set_result(msg[2])
+
+    def _fail_all(self, why: str) -> None:
+        self._closed = True
+        for call_id, waiter in list(self._waiters.items()):
+            if not waiter.ack.done():
+                waiter.ack.set_exception(RuntimeError(why))
+            for k in list(waiter.queues):
+                waiter.deliver(k, {"text": "", "output_ids": [],
+                                   "meta_info": {"finish_reason": {"type": "abort", "message": why}}})
+            self._waiters.pop(call_id, None)
+
+    def _start(self, loop: asyncio.AbstractEventLoop | None, kwargs: dict[str, Any]) -> tuple[int, _Waiter]:
+        call_id = next(self._ids)
+        waiter = _Waiter(loop)
+        self._waiters[call_id] = waiter
+        try:
+            self._send(("generate", call_id, kwargs))
+        except Exception:
+            self._waiters.pop(call_id, None)
+            raise
+        return call_id, waiter
+
+    def _call(self, method: str, *args: Any) -> Any:
+        call_id = next(self._ids)
+        waiter = _Waiter(None)
+        self._waiters[call_id] = waiter
+        self._send(("call", call_id, method, args))
+        return waiter.ack.result()
+
+    # ---- the Engine API ------------------------------------------------------------------
+    def generate(self, prompt: Any = None, sampling_params: Any = None, input_ids: Any = None,
+                 stream: bool = False, **kw: Any) -> dict | list[dict] | Iterator[dict]:
+        call_id, waiter = self._start(None, dict(prompt=prompt, sampling_params=sampling_params,
+                                                 input_ids=input_ids, stream=stream, **kw))
+        rids, single = waiter.ack.result()  # raises the child's ValueError as is
+        if stream:
+            return self._stream_sync(call_id, waiter, rids[0])
+        outs = [waiter.queue(k).get() for k in range(len(rids))]
+        self._waiters.pop(call_id, None)
+        return outs[0] if single else outs
+
+    def _stream_sync(self, call_id: int, waiter: _Waiter, rid: str) -> Iterator[dict]:
+        done = False
+        try:
+            while not done:
+                chunk = waiter.queue(0).get()
+                done = chunk["meta_info"].get("finish_reason") is not None
+                yield chunk
+        finally:
+            self._waiters.pop(call_id, None)
+            if not done:
+                self.abort_request(rid)
+
+    async def async_generate(self, prompt: Any = None, sampling_params: Any = None, input_ids: Any = None,
+                             stream: bool = False, **kw: Any) -> dict | list[dict] | AsyncIterator[dict]:
+        call_id, waiter = self._start(asyncio.get_running_loop(), dict(
+            prompt=prompt, sampling_params=sampling_params, input_ids=input_ids, stream=stream, **kw))
+        try:
+            rids, single = await asyncio.wrap_future(waiter.ack)
+        except asyncio.CancelledError:
+            self._waiters.pop(call_id, None)
+            raise
+        if stream:
+            return self._stream_async(call_id, waiter, rids[0])
+        try:
+            outs = [await waiter.queue(k).get() for k in range(len(rids))]
+        except asyncio.CancelledError:
+            for rid in rids:
+                self.abort_request(rid)
+            raise
+        finally:
+            self._waiters.pop(call_id, None)
+        return outs[0] if single else outs
+
+    async def _stream_async(self, call_id: int, waiter: _Waiter, rid: str) -> AsyncIterator[dict]:
+        done = False
+        q = waiter.queue(0)
+        try:
+            while not done:
+                chunk = coalesce_chunks(await q.get(), q)
+                done = chunk["meta_info"].get("finish_reason") is not None
+                yield chunk
+        finally:
+            self._waiters.pop(call_id, None)
+            if not done:
+                self.abort_request(rid)
+
+    def abort_request(self, rid: str) -> None:
+        if not self._closed:
+            self._send(("abort", rid))
+
+    def flush_cache(self) -> bool:
+        return bool(self._call("flush_cache"))
+
+    def get_stats(self) -> dict[str, int]:
+        return self._call("get_stats")
+
+    def pin_prefix(self, input_ids: list[int]) -> int:
+        return self._call("pin_prefix", list(input_ids))
+
+    def unpin_prefix(self, handle: int) -> None:
+        self._call("unpin_prefix", handle)
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._send(("shutdown",))
+        except (OSError, RuntimeError):
+            pass
+        self._closed = True
+        self._proc.join(60)
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._fail_all("engine is shut down")
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _rebuild(err: tuple[str, str]) -> Exception:
+    """The child's exception as the same built-in type where it is one (ValueError stays ValueError)."""
+    kind, message = err
+    cls = {"ValueError": ValueError, "RuntimeError": RuntimeError, "TypeError": TypeError}.get(kind, RuntimeError)
+    return cls(message)
