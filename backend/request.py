@@ -4,6 +4,7 @@ outputs stream to. The scheduler owns Req objects; nothing else mutates them."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +45,7 @@ class Req:
     pending_step: Any = None  # that in-flight step (a LaunchedStep)
 
     finished_reason: dict[str, Any] | None = None
-    generator: torch.Generator | None = None
+    rng: random.Random | None = None  # a seeded request's own sampling RNG
     penalty_counts: torch.Tensor | None = None  # [V] float: output-token counts
     penalty_seen: torch.Tensor | None = None  # [V] bool: tokens in prompt or output
     grammar: Any = None  # a radixlm.grammars matcher, when constrained

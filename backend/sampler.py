@@ -4,6 +4,7 @@ min-p sampling with per-request seeds. One host sync per step: the final token l
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import torch
@@ -81,9 +82,8 @@ class Sampler:
         """Per-request state, once at first admission."""
         if req.params.has_penalties and req.penalty_counts is None:
             init_penalty_state(req, self.vocab_size, self.device)
-        if req.params.seed is not None and req.generator is None:
-            req.generator = torch.Generator(device=self.device)
-            req.generator.manual_seed(req.params.seed)
+        if req.params.seed is not None and req.rng is None:
+            req.rng = random.Random(req.params.seed)
 
     def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
         """[N, V] float32 logits (one row per request, in order) → [N] int64 tokens (device).
@@ -133,15 +133,27 @@ class Sampler:
         probs = torch.softmax(logits / temps.unsqueeze(1), dim=-1)
         kept, ids = filter_probs(probs, top_k, top_p, min_p)
         choice = torch.empty(len(reqs), dtype=torch.int64, device=logits.device)
-        shared = [i for i, r in enumerate(reqs) if r.generator is None]
+        shared = [i for i, r in enumerate(reqs) if r.rng is None]
         if shared:
             idx = to_device(shared, dev)
             choice[idx] = torch.multinomial(kept[idx], 1, generator=self.generator).squeeze(1)
-        for i, r in enumerate(reqs):
-            if r.generator is not None:
-                choice[i] = torch.multinomial(kept[i], 1, generator=r.generator).squeeze(0)
+        if len(shared) < len(reqs):
+            self._sample_seeded(kept, reqs, choice)
         tokens = ids.gather(1, choice.unsqueeze(1)).squeeze(1)
         if any(greedy):
             g = to_device(greedy, dev, torch.bool)
             tokens = torch.where(g, logits.argmax(dim=-1), tokens)
         return tokens
+
+    @staticmethod
+    def _sample_seeded(kept: torch.Tensor, reqs: Sequence[Req], choice: torch.Tensor) -> None:
+        """Rows of seeded requests, all at once: one uniform draw per token from each request's
+        own host RNG (so its samples never depend on the batch it runs in), inverted through the
+        row's cumulative distribution on the device."""
+        rows = [i for i, r in enumerate(reqs) if r.rng is not None]
+        dev = kept.device
+        u = to_device([reqs[i].rng.random() for i in rows], dev, torch.float32)  # type: ignore[union-attr]
+        idx = to_device(rows, dev)
+        cdf = kept[idx].cumsum(dim=-1)
+        target = (u * cdf[:, -1]).unsqueeze(1)
+        choice[idx] = torch.searchsorted(cdf, target).squeeze(1).clamp(max=kept.shape[1] - 1)

@@ -30,7 +30,7 @@ SCHEMA = {
         "skills": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3},
         "address": {
             "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 16}, "zip": {"type": "string", "pattern": "[0-9]{5}"}},
+            "properties": {"city": {"type": "string", "maxLength": 16}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
             "required": ["city", "zip"],
         },
     },

@@ -91,7 +91,10 @@ def worker_engine(sizes: dict[str, Any], device: str) -> dict[str, Any]:
             ("mixed", lambda: w.batch_throughput(engine, **sizes["mixed"])),
             ("programs", lambda: programs_overhead(engine, sizes["programs"])),
         ]
+        only = _PARTIAL.get("engine_steps")
         for name, fn in steps:
+            if only and name not in only.split(","):
+                continue
             t = time.perf_counter()
             try:
                 out[name] = fn()
@@ -193,6 +196,8 @@ def run_worker(name: str, args: argparse.Namespace, timeout: float) -> dict[str,
     fd, path = tempfile.mkstemp(suffix=f"_{name}.json")
     os.close(fd)
     cmd = [sys.executable, __file__, "--worker", name, "--partial-out", path, "--device", args.device]
+    if args.engine_steps:
+        cmd += ["--engine-steps", args.engine_steps]
     if args.small:
         cmd.append("--small")
     t0 = time.perf_counter()
@@ -217,6 +222,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/suite_<device>.json)")
     p.add_argument("--compare", default=None, help="an earlier suite JSON: exit 1 if any ratio fell by > 5%%")
     p.add_argument("--readme", default=None, help="write README.md's Measured section from this suite JSON")
+    p.add_argument("--engine-steps", default=None,
+                   help="comma list: run only these workloads in the engine worker (a partial run)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--partial-out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -239,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = SMALL if args.small else FULL
     if args.worker:
         _PARTIAL["path"] = args.partial_out
+        _PARTIAL["engine_steps"] = args.engine_steps or ""
         fn = {"engine": worker_engine, "radix_off": worker_radix_off, "hf": worker_hf, "server": worker_server}
         yield_partial(fn[args.worker](sizes, args.device))
         return 0
