@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from concurrent.futures import Future
 from typing import Any
 
@@ -24,16 +25,18 @@ from radixlm.grammars.base import GrammarMatcher
 logger = logging.getLogger(__name__)
 
 COMPILE_WAIT_S = 120.0
+_BACKEND_LOCK = threading.Lock()
 
 
 def grammar_backend(engine: Any) -> GrammarBackend:
     """The engine's GrammarBackend, created on first use (the tokenizer's vocabulary is indexed once)."""
-    backend = getattr(engine, "_grammar_backend", None)
-    if backend is None:
-        backend = GrammarBackend(engine.tokenizer, engine.model_config.vocab_size,
-                                 stop_token_ids=sorted(engine.eos_token_ids))
-        engine._grammar_backend = backend
-    return backend
+    with _BACKEND_LOCK:  # the start-up warm-up thread and a first request may both get here
+        backend = getattr(engine, "_grammar_backend", None)
+        if backend is None:
+            backend = GrammarBackend(engine.tokenizer, engine.model_config.vocab_size,
+                                     stop_token_ids=sorted(engine.eos_token_ids))
+            engine._grammar_backend = backend
+        return backend
 
 
 class RequestGrammar:

@@ -186,16 +186,19 @@ def fork_program(engine: Engine, shared_len: int, forks: int, output_len: int) -
 
 
 def json_decoding(engine: Engine, batch: int, max_new_tokens: int) -> dict[str, Any]:
-    """JSON-schema decoding at batch B: jump-forward on (the engine's first constrained batch,
-    then again), off, then free decoding of exactly the token counts the no-jump-forward run
-    produced per request (same work, no grammar); every constrained output is validated."""
+    """JSON-schema decoding at batch B: the engine's first constrained batch on its default
+    settings, then jump-forward on and off, then free decoding of exactly the token counts the
+    no-jump-forward run produced per request (same work, no grammar); every finished
+    constrained output is validated."""
     tok = engine.tokenizer
     prompt = tok.encode("Generate a JSON record of a fictional employee:\n")
     prompts = [prompt + tok.encode(f" #{i}\n") for i in range(batch)]
     base = {"max_new_tokens": max_new_tokens, "temperature": 0.7, "seed": 1, "json_schema": SCHEMA}
     res: dict[str, Any] = {}
     lengths: list[int] = []
-    for name, jf in (("jump_forward_first", True), ("jump_forward", True), ("no_jump_forward", False)):
+    default_jf = not engine.disable_jump_forward
+    res["default_jump_forward"] = default_jf
+    for name, jf in (("default_first", default_jf), ("jump_forward", True), ("no_jump_forward", False)):
         engine.disable_jump_forward = not jf
         engine.flush_cache()
         with Timed(engine) as r:
@@ -207,7 +210,7 @@ def json_decoding(engine: Engine, batch: int, max_new_tokens: int) -> dict[str, 
         r["finished"] = len(finished)  # the rest hit max_new_tokens: cut JSON, not judged
         r["valid_fraction"] = sum(_validates(o["text"]) for o in finished) / max(len(finished), 1)
         res[name] = r
-    engine.disable_jump_forward = False
+    engine.disable_jump_forward = not default_jf
     engine.flush_cache()
     free = generate_ids(engine, prompts, [{"max_new_tokens": n, "temperature": 0.7, "seed": 1, "ignore_eos": True}
                                           for n in lengths])
