@@ -6,7 +6,7 @@ the default engine, a radix-off engine, the HF transformers anchor, and the HTTP
     python benchmarks/suite.py --device cuda                  # H200: Llama-3.1-8B shape, random bf16
     python benchmarks/suite.py --small --device cpu           # default model, a few minutes
     python benchmarks/suite.py --device cuda --compare benchmarks/results/suite_h200.json
-    python benchmarks/suite.py --readme benchmarks/results/suite_h200.json   # README's Measured
+    python benchmarks/suite.py --readme benchmarks/results/suite_h200.json   # README's Measured section
 
 Writes benchmarks/results/suite_<device>.json, .md and (with matplotlib) .png; --compare exits 1
 when any ratio fell by more than 5% against the given result."""
@@ -221,7 +221,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", default=",".join(WORKERS), help=f"comma list of {WORKERS}")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/suite_<device>.json)")
     p.add_argument("--compare", default=None, help="an earlier suite JSON: exit 1 if any ratio fell by > 5%%")
-    p.add_argument("--readme", default=None, help="write README.md's Measured section from this suite JSON")
+    p.add_argument("--readme", default=None,
+                   help="write README.md's Measured section from these suite JSONs (comma list: a full run, "
+                        "then partial runs whose rows replace its rows)")
     p.add_argument("--engine-steps", default=None,
                    help="comma list: run only these workloads in the engine worker (a partial run)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -241,7 +243,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.readme:
-        suite_report.write_readme(json.loads(Path(args.readme).read_text()), Path(__file__).parent.parent / "README.md")
+        paths = args.readme.split(",")
+        suite_report.write_readme([(p, json.loads(Path(p).read_text())) for p in paths],
+                                  Path(__file__).parent.parent / "README.md")
         return 0
     sizes = SMALL if args.small else FULL
     if args.worker:

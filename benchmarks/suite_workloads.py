@@ -208,7 +208,7 @@ def json_decoding(engine: Engine, batch: int, max_new_tokens: int) -> dict[str, 
         r["output_tok_s"] = r["output_tokens"] / r["duration_s"]
         finished = [o for o in outs if (o["meta_info"]["finish_reason"] or {}).get("type") == "stop"]
         r["finished"] = len(finished)  # the rest hit max_new_tokens: cut JSON, not judged
-        r["valid_fraction"] = sum(_validates(o["text"]) for o in finished) / max(len(finished), 1)
+        r["valid_fraction"] = sum(_validates(o["text"]) for o in finished) / len(finished) if finished else None
         res[name] = r
     engine.disable_jump_forward = not default_jf
     engine.flush_cache()
