@@ -79,8 +79,14 @@ class Req:
     @property
     def needs_fresh_state(self) -> bool:
         """Its next sampling reads state that the previous token changes (grammar, penalty counts,
-        the min_new_tokens EOS mask), so it cannot be scheduled while that token is in flight."""
+        the min_new_tokens EOS mask): its step samples only after the previous step is processed."""
         return self.grammar is not None or self.penalty_counts is not None or self.params.min_new_tokens > 0
+
+    @property
+    def rewrites_on_accept(self) -> bool:
+        """Accepting its next token may append forced tokens or replace the token (jump-forward),
+        so it cannot be scheduled while that token is in flight."""
+        return self.grammar is not None and self.grammar.jump_forward
 
     def max_prefix_len(self) -> int:
         """How much of the prompt may come from the cache: prompt logprobs need logits from

@@ -89,8 +89,8 @@ class Scheduler:
     def step(self) -> bool:
         """schedule → launch → process. With overlap, what is launched here is processed by the
         next call, after that call has launched its own step."""
-        if self.inflight is not None and any(r.needs_fresh_state for r in self.inflight.gen):
-            self._process_step(self._take_inflight())  # their next sampling needs this token first
+        if self.inflight is not None and any(r.rewrites_on_accept for r in self.inflight.gen):
+            self._process_step(self._take_inflight())  # its token may add forced tokens: not schedulable yet
         t0 = time.perf_counter()
         plan = self.schedule()
         t1 = time.perf_counter()
@@ -106,10 +106,26 @@ class Scheduler:
         previous = self._take_inflight()
         if self.cfg.overlap:
             self.inflight = launched
-        self._process_step(previous)
+        try:
+            self._process_step(previous)
+        finally:
+            if launched is not None and launched.deferred_rows is not None:
+                self._launch_deferred_sampling(launched)
         if not self.cfg.overlap:
             self._process_step(launched)
         return plan is not None
+
+    def _launch_deferred_sampling(self, step: LaunchedStep) -> None:
+        """Sample a step whose requests read state the previous step's tokens change (grammar
+        masks, penalty counts, min_new_tokens): now that those tokens are processed, while the
+        device still runs this step's forward."""
+        rows, step.deferred_rows = step.deferred_rows, None
+        assert rows is not None
+        self.stats.extra["deferred_sampling_steps"] = self.stats.extra.get("deferred_sampling_steps", 0) + 1
+        t0 = time.perf_counter()
+        self._launch_sampling(step, rows)
+        step.seal(rows.device)
+        self._add_time("host_launch_us", time.perf_counter() - t0)
 
     def settle(self) -> None:
         """Process the in-flight step now (between steps, on the scheduler thread), so callers that
@@ -335,12 +351,13 @@ class Scheduler:
             elif samples:  # prefill-only: scoring prompts, or pinning a prefix
                 step.prefill_only.append(req)
             row += n_rows
-        if step.gen:
-            # decode-only steps return exactly the rows to sample: no gather, unless the sampler
-            # will edit rows in place (masks, penalties), which the forward's inference-mode
-            # output does not allow (the gather makes a normal tensor)
+        if step.gen and any(r.needs_fresh_state for r in step.gen):
+            # sampled after the previous step is processed (step()); the gather makes a normal
+            # tensor the sampler may edit in place (the forward's output is inference-mode)
+            step.deferred_rows = logits[to_device(picks, logits.device)]
+            return step
+        if step.gen:  # decode-only steps return exactly the rows to sample: no gather
             whole = picks[-1] == len(picks) - 1 == logits.shape[0] - 1
-            whole = whole and not any(r.needs_fresh_state for r in step.gen)
             self._launch_sampling(step, logits if whole else logits[to_device(picks, logits.device)])
         step.seal(logits.device)
         return step
@@ -354,7 +371,7 @@ class Scheduler:
                 step.out_logprobs[k] = LogprobRows.launch(raw[k : k + 1], tokens[k : k + 1], req.top_logprobs_num)
             if self.cfg.overlap:  # it decodes next step from this token, read on the device
                 req.pending, req.pending_step = k, step
-                if k >= step.plan.num_decode:  # a prompt that just finished joins the decoders
+                if k >= step.plan.num_decode and not req.finished:  # a prompt that just finished joins the decoders
                     self.running.append(req)
 
     def _launch_input_logprobs(self, step: LaunchedStep, i: int, req: Req, item: ScheduledItem,

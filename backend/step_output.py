@@ -65,6 +65,7 @@ class LaunchedStep:
     in_logprobs: dict[int, LogprobRows] = field(default_factory=dict)  # by plan item index
     out_logprobs: dict[int, LogprobRows] = field(default_factory=dict)  # by gen index
     event: torch.cuda.Event | None = None
+    deferred_rows: torch.Tensor | None = None  # logits rows to sample once the previous step is processed
 
     def seal(self, device: torch.device | None = None) -> None:
         """Record the event behind every copy queued so far (call once, after the last copy).

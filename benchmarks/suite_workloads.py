@@ -68,6 +68,7 @@ class Timed:
         after = self.engine.get_stats()
         keys = ("forward_passes", "generated_tokens", "cascade_steps", "cached_prompt_tokens",
                 "computed_prompt_tokens", "jump_forward_passes_saved", "num_retractions", "cascade_declined_steps",
+                "deferred_sampling_steps",
                 "host_schedule_us", "host_launch_us", "host_process_us", "wait_device_us")
         self.out.update({k: after.get(k, 0) - self.stats0.get(k, 0) for k in keys})
         self.out["kernel_compiles"] = compiled_kernel_count() - self.compiles0

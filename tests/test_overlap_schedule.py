@@ -60,8 +60,10 @@ def test_mixed_batch_matches_plain(engine, overlap_engine):
     assert not engine.scheduler.cfg.overlap
     engine.flush_cache()
     plain = [summary(o) for o in engine.generate(ps, qs)]
+    before = overlap_engine.get_stats().get("deferred_sampling_steps", 0)
     overlapped = [summary(o) for o in overlap_engine.generate(ps, qs)]
     assert overlapped == plain
+    assert overlap_engine.get_stats().get("deferred_sampling_steps", 0) > before  # the deferred path ran
     assert {f["type"] for _, _, f in plain} >= {"length", "stop"}
     pool_restored(overlap_engine)
 
@@ -87,9 +89,20 @@ def test_logprobs_and_seeded_sampling_match(engine, overlap_engine):
 
 
 @pytest.mark.slow
-def test_fresh_state_requests_mixed_in_match(engine, overlap_engine):
-    """Grammar, penalties and min_new_tokens read the previous token: the scheduler processes
-    the in-flight step before scheduling them, and their outputs stay the plain loop's."""
+@pytest.mark.parametrize("jump_forward", [True, False])
+def test_fresh_state_requests_mixed_in_match(engine, overlap_engine, jump_forward):
+    """Grammar, penalties and min_new_tokens read the previous token: their step samples only
+    after the in-flight step is processed (with jump-forward, a grammar request is not even
+    scheduled while its token is in flight), and their outputs stay the plain loop's."""
+    saved = engine.disable_jump_forward, overlap_engine.disable_jump_forward
+    engine.disable_jump_forward = overlap_engine.disable_jump_forward = not jump_forward
+    try:
+        _fresh_state_match(engine, overlap_engine)
+    finally:
+        engine.disable_jump_forward, overlap_engine.disable_jump_forward = saved
+
+
+def _fresh_state_match(engine, overlap_engine):
     ps = prompts(6, 3)
     qs = [{"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
           {"max_new_tokens": 12, "temperature": 0, "regex": "[0-9]{3}-[a-z]{2,4}"},
@@ -99,8 +112,10 @@ def test_fresh_state_requests_mixed_in_match(engine, overlap_engine):
           {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}]
     engine.flush_cache()
     plain = [summary(o) for o in engine.generate(ps, qs)]
+    before = overlap_engine.get_stats().get("deferred_sampling_steps", 0)
     overlapped = [summary(o) for o in overlap_engine.generate(ps, qs)]
     assert overlapped == plain
+    assert overlap_engine.get_stats().get("deferred_sampling_steps", 0) > before  # the deferred path ran
     pool_restored(overlap_engine)
 
 
