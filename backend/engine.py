@@ -21,6 +21,7 @@ import torch
 
 from radixlm.backend import limits
 from radixlm.backend.constrained import attach_grammars, grammar_backend, wait_grammars, wait_grammars_async
+from radixlm.backend.embeddings import check_inputs, embed, embedding_inputs
 from radixlm.backend.engine_inputs import RequestSpec, normalize_requests
 from radixlm.backend.loader import default_model_path, load_config, resolve_model_dir
 from radixlm.backend.loop_mailbox import LoopMailbox, coalesce_chunks
@@ -352,6 +353,15 @@ class Engine:
             return True
 
         return self._call(flush)
+
+    def encode(self, prompt: str | list[str] | None = None, input_ids: list[int] | list[list[int]] | None = None,
+               pooling: str = "last") -> list[list[float]]:
+        """Embeddings of each input: the final normalized hidden state of its last token (or the
+        mean over its tokens), L2-normalized (backend/embeddings.py)."""
+        with self._tok_lock:
+            id_lists = embedding_inputs(self.tokenizer, prompt, input_ids)
+        check_inputs(id_lists, pooling, self.model_config.context_len, self.model_config.vocab_size)
+        return self._call(lambda: [embed(self.runner, self.cache, ids, pooling) for ids in id_lists])
 
     def pin_prefix(self, input_ids: list[int]) -> int:
         """Prefill input_ids into the cache and keep them locked until unpin_prefix(handle)."""

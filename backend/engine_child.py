@@ -15,7 +15,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-CALLS = ("flush_cache", "get_stats", "pin_prefix", "unpin_prefix")
+CALLS = ("flush_cache", "get_stats", "pin_prefix", "unpin_prefix", "encode")
 
 
 class Outbox:
@@ -110,6 +110,6 @@ def _call(engine: Any, outbox: Outbox, call_id: int, method: str, args: tuple) -
     try:
         if method not in CALLS:
             raise ValueError(f"unknown engine call {method!r}")
-        outbox.put(("reply", call_id, getattr(engine, method)(*args)))
+        outbox.put(("reply", call_id, getattr(engine, method)(*args[0], **args[1])))
     except Exception as e:  # noqa: BLE001 - the caller gets it
         outbox.put(("error", call_id, (type(e).__name__, str(e))))

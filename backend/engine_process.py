@@ -130,11 +130,11 @@ class EngineProcess:
             raise
         return call_id, waiter
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         call_id = next(self._ids)
         waiter = _Waiter(None)
         self._waiters[call_id] = waiter
-        self._send(("call", call_id, method, args))
+        self._send(("call", call_id, method, (args, kwargs)))
         return waiter.ack.result()
 
     # ---- the Engine API ------------------------------------------------------------------
@@ -204,6 +204,9 @@ class EngineProcess:
 
     def get_stats(self) -> dict[str, int]:
         return self._call("get_stats")
+
+    def encode(self, prompt: Any = None, input_ids: Any = None, pooling: str = "last") -> list[list[float]]:
+        return self._call("encode", prompt=prompt, input_ids=input_ids, pooling=pooling)
 
     def pin_prefix(self, input_ids: list[int]) -> int:
         return self._call("pin_prefix", list(input_ids))

@@ -140,12 +140,17 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits (float32) for the rows fb.logits_indices of the step's tokens."""
+        return linear(self.lm_head, self.hidden_states(fb)).float()
+
+    @torch.inference_mode()
+    def hidden_states(self, fb: ForwardBatch) -> torch.Tensor:
+        """The final normalized hidden states (model dtype) of the rows fb.logits_indices."""
         h, residual = self.model.embed_tokens(fb.input_ids), None
         for layer in self.model.layers:
             h, residual = layer(fb.positions, h, residual, fb)
         rows = fb.logits_indices
         h, _ = self.model.norm.add_forward(h[rows], residual[rows])  # type: ignore[index]
-        return linear(self.lm_head, h).float()
+        return h
 
     def _stacked(self) -> dict[str, tuple[str, int, int]]:
         """HF weight name part → (our fused parameter's name part, row offset, rows)."""

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixlm.backend.server import docs, info, native, openai_api
+from radixlm.backend.server import docs, embeddings_api, info, native, openai_api
 from radixlm.backend.server import programs as programs_api
 from radixlm.backend.server.access_log import AccessLogMiddleware
 from radixlm.backend.server.metrics import ServerMetrics
@@ -69,6 +69,7 @@ def create_app(engine: Any, api_key: str | None = None, programs: Any = None,
     native.register(app)
     info.register(app)
     openai_api.register(app)
+    embeddings_api.register(app)
     programs_api.register(app)
     docs.register(app)
     return app

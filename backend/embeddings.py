@@ -1,0 +1,74 @@
+"""Embeddings from a generation model: one prompt at a time through the model's prefill, on the
+scheduler thread between steps, pooled from the final normalized hidden states (the last token's,
+or the mean over tokens) and L2-normalized. Promises: the KV slots and the table row it borrows are
+back in the pool when it returns; bad input raises ValueError."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.backend.model_runner import ScheduledItem
+
+if TYPE_CHECKING:
+    from radixlm.backend.model_runner import ModelRunner
+    from radixlm.backend.radix_cache import BasePrefixCache
+
+POOLINGS = ("last", "mean")
+
+
+def check_inputs(id_lists: list[list[int]], pooling: str, context_len: int, vocab_size: int) -> None:
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {POOLINGS}, not {pooling!r}")
+    if not id_lists:
+        raise ValueError("no input to embed")
+    for ids in id_lists:
+        if not ids:
+            raise ValueError("an input to embed is empty")
+        if len(ids) > context_len:
+            raise ValueError(f"an input has {len(ids)} tokens; the context length is {context_len}")
+        if min(ids) < 0 or max(ids) >= vocab_size:
+            raise ValueError(f"token ids must be in [0, {vocab_size})")
+
+
+def embed(runner: ModelRunner, cache: BasePrefixCache, ids: list[int], pooling: str) -> list[float]:
+    """One prompt's embedding (call on the scheduler thread, between steps)."""
+    row = runner.req_table.alloc()
+    if row is None:
+        raise RuntimeError("no free request row to embed with (too many running requests)")
+    slots = None
+    try:
+        short = len(ids) - runner.allocator.available_size()
+        if short > 0:
+            cache.evict(short)
+        slots = runner.allocator.alloc(len(ids))
+        if slots is None:
+            raise RuntimeError(f"no room in the KV pool for {len(ids)} tokens to embed")
+        runner.req_table.write(row, 0, slots)
+        offsets = [len(ids) - 1] if pooling == "last" else list(range(len(ids)))
+        fb = runner.build_batch([ScheduledItem(row, list(ids), 0, offsets)], slots)
+        h = runner.model.hidden_states(fb).float()
+        vec = h[-1] if pooling == "last" else h.mean(dim=0)
+        return torch.nn.functional.normalize(vec, dim=0).cpu().tolist()
+    finally:
+        if slots is not None:
+            runner.allocator.free(slots)
+        runner.req_table.free(row)
+
+
+def embedding_inputs(tokenizer: object, prompt: str | list[str] | None,
+                     input_ids: list[int] | list[list[int]] | None) -> list[list[int]]:
+    """Token id lists from exactly one of prompt (a string or strings) and input_ids (a list or lists)."""
+    if (prompt is None) == (input_ids is None):
+        raise ValueError("give exactly one of prompt and input_ids")
+    if prompt is not None:
+        texts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if not all(isinstance(t, str) for t in texts):
+            raise ValueError("prompt must be a string or a list of strings")
+        return [tokenizer.encode(t) for t in texts]  # type: ignore[attr-defined]
+    assert input_ids is not None
+    lists = [input_ids] if input_ids and isinstance(input_ids[0], int) else input_ids
+    if not all(isinstance(x, list) and all(isinstance(i, int) for i in x) for x in lists):
+        raise ValueError("input_ids must be a list of ints or a list of lists of ints")
+    return [list(x) for x in lists]  # type: ignore[arg-type]

@@ -1,0 +1,67 @@
+"""Embeddings of a generation model: Engine.encode against HF transformers' final hidden state
+(last token, and the mean over tokens), the KV pool untouched afterwards, bad input refused, and
+/v1/embeddings through the official openai client (float and base64)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import openai
+import pytest
+import torch
+
+from radixlm.backend.server import ServerThread, create_app
+
+TEXTS = ["The cat sat on the mat.", "Rivers run to the sea, and the sea is never full."]
+
+
+def hf_embedding(hf_model, ids: list[int], pooling: str) -> torch.Tensor:
+    with torch.no_grad():
+        h = hf_model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]  # after the final norm
+    return torch.nn.functional.normalize(h[-1] if pooling == "last" else h.mean(dim=0), dim=0)
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+def test_encode_matches_hf_hidden_states(engine, hf_model, pooling) -> None:
+    vectors = engine.encode(TEXTS, pooling=pooling)
+    for text, vec in zip(TEXTS, vectors):
+        ref = hf_embedding(hf_model, engine.tokenizer.encode(text), pooling)
+        assert float(torch.dot(ref, torch.tensor(vec))) > 0.9999
+    stats = engine.get_stats()
+    assert stats["kv_free_slots"] + stats["kv_cached_slots"] == stats["kv_total_slots"]
+
+
+def test_encode_refuses_bad_input(engine) -> None:
+    with pytest.raises(ValueError, match="pooling"):
+        engine.encode("x", pooling="max")
+    with pytest.raises(ValueError, match="exactly one"):
+        engine.encode()
+    with pytest.raises(ValueError, match="empty"):
+        engine.encode(input_ids=[[]])
+    with pytest.raises(ValueError, match="token ids"):
+        engine.encode(input_ids=[10**9])
+
+
+@pytest.fixture(scope="module")
+def client(engine) -> Iterator[openai.OpenAI]:
+    thread = ServerThread(create_app(engine), drain_timeout_s=2.0).start()
+    try:
+        yield openai.OpenAI(base_url=thread.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    finally:
+        thread.stop()
+
+
+def test_v1_embeddings_with_the_openai_client(client, engine) -> None:
+    model = client.models.list().data[0].id
+    got = client.embeddings.create(model=model, input=TEXTS)
+    direct = engine.encode(TEXTS)
+    assert [d.index for d in got.data] == [0, 1]
+    assert np.allclose([d.embedding for d in got.data], direct, atol=1e-6)
+    assert got.usage.prompt_tokens == sum(len(engine.tokenizer.encode(t)) for t in TEXTS)
+    packed = client.embeddings.create(model=model, input=TEXTS[0])  # the client asks for base64 by default
+    assert np.allclose(packed.data[0].embedding, direct[0], atol=1e-6)
+    with pytest.raises(openai.BadRequestError, match="dimensions"):
+        client.embeddings.create(model=model, input="x", dimensions=7)
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model=model, input=[])
