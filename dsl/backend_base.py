@@ -6,14 +6,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from radixlm.chat_template import ChatTemplate
 from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod
 from radixlm.tokens import TokenCodec
 
-if TYPE_CHECKING:
-    from radixlm.interpreter import Executor
+
+class ProgramView(Protocol):
+    """What a backend reads of the running program; the interpreter's Executor provides it
+    (a protocol here, so this module and the interpreter do not import each other)."""
+
+    text_: str
+    ids_: list[int]
+    messages_: list[dict[str, Any]]
+    cur_role: str | None
+    cur_role_begin_pos: int
+    codec: TokenCodec | None
 
 
 _OUT_LOGPROBS = ("output_token_logprobs", "output_top_logprobs")
@@ -79,17 +88,17 @@ class ProgramBackend:
             self._template = ChatTemplate.from_tokenizer(self.tokenizer)
         return self._template
 
-    def generate(self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]) -> GenOutput:
+    def generate(self, ex: ProgramView, sampling: dict[str, Any], logprob: dict[str, Any]) -> GenOutput:
         raise NotImplementedError
 
     def generate_stream(
-        self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]
+        self, ex: ProgramView, sampling: dict[str, Any], logprob: dict[str, Any]
     ) -> Iterator[GenOutput]:
         """Default: one chunk holding the whole generation."""
         yield self.generate(ex, sampling, logprob)
 
     def select(
-        self, ex: Executor, choices: list[str], temperature: float, method: ChoicesSamplingMethod
+        self, ex: ProgramView, choices: list[str], temperature: float, method: ChoicesSamplingMethod
     ) -> ChoicesDecision:
         raise NotImplementedError
 
@@ -123,12 +132,12 @@ class TokenBackend(ProgramBackend):
     ) -> Iterator[dict[str, Any]]:
         raise NotImplementedError
 
-    def generate(self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]) -> GenOutput:
+    def generate(self, ex: ProgramView, sampling: dict[str, Any], logprob: dict[str, Any]) -> GenOutput:
         out = self._request([list(ex.ids_)], sampling, **logprob)[0]
         return GenOutput(out["text"], list(out["output_ids"]), chunk_logprobs(out["meta_info"], 0))
 
     def generate_stream(
-        self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]
+        self, ex: ProgramView, sampling: dict[str, Any], logprob: dict[str, Any]
     ) -> Iterator[GenOutput]:
         sent = 0
         for chunk in self._request_stream(list(ex.ids_), sampling, **logprob):
@@ -157,7 +166,7 @@ class TokenBackend(ProgramBackend):
         return result
 
     def select(
-        self, ex: Executor, choices: list[str], temperature: float, method: ChoicesSamplingMethod
+        self, ex: ProgramView, choices: list[str], temperature: float, method: ChoicesSamplingMethod
     ) -> ChoicesDecision:
         prefix = list(ex.ids_)
         if not prefix:

@@ -1,6 +1,7 @@
 """The `radixlm` command: `radixlm serve [options]` starts the HTTP server; `radixlm run FILE
 [args...]` runs a program file as __main__ with the default backend set to an in-process
-engine (or to a running server with --url)."""
+engine (or to a running server with --url). It lives with the language because it composes
+both: the server, and the programs it serves or runs."""
 
 from __future__ import annotations
 
@@ -66,6 +67,13 @@ def run_file(argv: list[str]) -> None:
         backend.shutdown()
 
 
+def serve_with_programs(args: argparse.Namespace) -> None:
+    """`radixlm serve`: the server, with --programs loaded by the language side."""
+    from radixlm.program_host import ProgramsHost
+
+    serve(args, load_programs=ProgramsHost.load)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
@@ -76,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     command, rest = argv[0], argv[1:]
     if command == "serve":
-        serve(serve_parser().parse_args(rest))
+        serve_with_programs(serve_parser().parse_args(rest))
     elif command == "run":
         run_file(rest)
     else:

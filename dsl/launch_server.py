@@ -3,11 +3,12 @@ options as `radixlm serve`; `--model-path` and `--port` as in SGLang)."""
 
 from __future__ import annotations
 
-from radixlm.backend.server.serve_cmd import serve, serve_parser
+from radixlm.backend.server.serve_cmd import serve_parser
+from radixlm.cli import serve_with_programs
 
 
 def main(argv: list[str] | None = None) -> None:
-    serve(serve_parser("python -m radixlm.launch_server").parse_args(argv))
+    serve_with_programs(serve_parser("python -m radixlm.launch_server").parse_args(argv))
 
 
 if __name__ == "__main__":

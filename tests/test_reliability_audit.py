@@ -23,9 +23,9 @@ DANGEROUS = {
 # (file, kind) -> why it cannot be reached with data from an HTTP request.
 EXPLAINED = {
     ("backend/server/programs.py", "pickle"): "docstring only: says no pickle is ever executed",
-    ("backend/server/programs.py", "dynamic import"): "--programs MODULE_OR_FILE is imported once at "
+    ("dsl/program_host.py", "dynamic import"): "--programs MODULE_OR_FILE is imported once at "
     "start-up from the command line; requests only name an already registered program",
-    ("backend/cli.py", "dynamic import"): "`radixlm run FILE` runs a file named on the command line",
+    ("dsl/cli.py", "dynamic import"): "`radixlm run FILE` runs a file named on the command line",
     ("dsl/__init__.py", "dynamic import"): "lazy attribute import of fixed radixlm module names",
     ("dsl/interpreter.py", "dynamic import"): "__import__('contextlib') of a constant name",
 }

@@ -48,11 +48,11 @@ def show(name: str, figures: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from radixlm.backend.server.programs import ProgramRegistry
+    from radixlm.program_host import program_registry
 
     f = tmp_path_factory.mktemp("rel_progs") / "rel_programs.py"
     f.write_text(PROGRAMS)
-    return ProgramRegistry.load([str(f)])
+    return program_registry([str(f)])
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""End-to-end tests of the HTTP server: a real `python -m radixlm.backend.server` process with
+"""End-to-end tests of the HTTP server: a real `python -m radixlm.launch_server` process with
 the real Engine (default model, CPU) on a free 127.0.0.1 port, driven by the official openai
 client and httpx. References are independent: greedy outputs must agree across single/batch/
 stream/input_ids forms, constrained outputs are checked with re.fullmatch and jsonschema,
@@ -91,7 +91,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     progs = tmp_path_factory.mktemp("progs") / "programs.py"
     progs.write_text(PROGRAMS)
     port = _free_port()
-    cmd = [sys.executable, "-m", "radixlm.backend.server", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "radixlm.launch_server", "--host", "127.0.0.1", "--port", str(port),
            "--api-key", KEY, "--programs", str(progs), "--max-prompt-tokens", str(MAX_PROMPT_TOKENS),
            "--max-body-bytes", "65536", "--max-pending-requests", str(MAX_PENDING), "--drain-timeout", "3",
            "--log-level", "warning", "--device", "cpu"]
@@ -579,7 +579,7 @@ def test_abort_request_by_rid(server: Server) -> None:
 
 def test_cli_run_program_file(server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`radixlm run FILE --url URL`: the file runs as __main__ with the server as default backend."""
-    from radixlm.backend.cli import main
+    from radixlm.cli import main
 
     f = tmp_path / "hello.py"
     f.write_text(RUN_FILE)

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from radixlm.backend.cli import main
+from radixlm.cli import main
 from radixlm.backend.server.serve_cmd import serve_parser
 
 
@@ -59,7 +59,7 @@ def test_busy_port_is_reported_before_the_model_loads(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "radixlm.backend.cli",
+                "radixlm.cli",
                 "serve",
                 str(tmp_path / "none.gguf"),
                 "--port",

@@ -161,9 +161,9 @@ def capital(s, country: str):
 
 
 def test_program_body_error_shows_the_expected_shape(engine) -> None:
-    from radixlm.backend.server import ProgramRegistry
+    from radixlm.program_host import program_registry
 
-    thread = ServerThread(create_app(engine, programs=ProgramRegistry({"capital": capital}))).start()
+    thread = ServerThread(create_app(engine, programs=program_registry({"capital": capital}))).start()
     try:
         bad = httpx.post(thread.url + "/programs/capital", json={"country": "Japan"}, timeout=60)
         message = bad.json()["error"]["message"]

@@ -3,10 +3,10 @@ SGLang-style API, OpenAI-compatible API, program endpoint, Prometheus metrics.""
 
 from __future__ import annotations
 
-from radixlm.backend.server.app import create_app
-from radixlm.backend.server.launch import ServerThread
-from radixlm.backend.server.programs import ProgramRegistry
-from radixlm.backend.server.runner import ServerLimits
-from radixlm.backend.server.serve_cmd import serve, serve_parser
+from .app import create_app
+from .launch import ServerThread
+from .programs import ProgramHost, ProgramRegistry
+from .runner import ServerLimits
+from .serve_cmd import serve, serve_parser
 
-__all__ = ["ProgramRegistry", "ServerLimits", "ServerThread", "create_app", "serve", "serve_parser"]
+__all__ = ["ProgramHost", "ProgramRegistry", "ServerLimits", "ServerThread", "create_app", "serve", "serve_parser"]

@@ -1,8 +1,9 @@
-"""`python -m radixlm.backend.server [options]`: the same as `radixlm serve`."""
+"""`python -m radixlm.backend.server [options]`: the same as `radixlm serve`, without --programs
+(programs need the language side: `radixlm serve` or `python -m radixlm.launch_server`)."""
 
 from __future__ import annotations
 
-from radixlm.backend.server.serve_cmd import serve, serve_parser
+from .serve_cmd import serve, serve_parser
 
 
 def main(argv: list[str] | None = None) -> None:

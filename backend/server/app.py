@@ -23,6 +23,7 @@ from radixlm.backend.server import docs, embeddings_api, info, native, openai_ap
 from radixlm.backend.server import programs as programs_api
 from radixlm.backend.server.access_log import AccessLogMiddleware
 from radixlm.backend.server.metrics import ServerMetrics
+from radixlm.backend.server.programs import ProgramRegistry
 from radixlm.backend.server.protocol import error_body
 from radixlm.backend.server.runner import Overloaded, Runner, ServerLimits
 from radixlm.backend.server.streams import ClientGone
@@ -35,7 +36,7 @@ PROGRAM_BODY_HINT = (
 )
 
 
-def create_app(engine: Any, api_key: str | None = None, programs: Any = None,
+def create_app(engine: Any, api_key: str | None = None, programs: ProgramRegistry | None = None,
                limits: ServerLimits | None = None, served_model_name: str | None = None,
                owns_engine: bool = False) -> FastAPI:
     """Build the app around `engine`. `programs` is a ProgramRegistry (or None); with

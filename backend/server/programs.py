@@ -1,46 +1,89 @@
-"""Program endpoint: `@function` programs registered at start-up (from a module or a file the
-operator names) are listed at GET /programs and run by POST /programs/{name} with JSON
-arguments validated against the function's signature. Requests only pick a registered program
-by name and pass JSON values: no code, path or pickle from a request is ever executed."""
+"""Program endpoint: programs registered at start-up are listed at GET /programs and run by
+POST /programs/{name} with JSON arguments validated against the program's signature. Requests
+only pick a registered program by name and pass JSON values: no code, path or pickle from a
+request is ever executed. The server never imports the language: a `ProgramHost` (provided by
+the language side, `radixlm.program_host`) says which programs there are and runs one."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import inspect
-import sys
 import threading
 import typing
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from radixlm.backend.server.protocol import ProgramRunRequest, error_body
-from radixlm.backend.server.streams import SSE_DONE, sse, sse_response, until_disconnect
+from .protocol import ProgramRunRequest, error_body
+from .streams import SSE_DONE, sse, sse_response, until_disconnect
 
 _POLL_S = 0.05
 
 
 @dataclass
+class ProgramSignature:
+    """A program as the server sees it: the function whose parameters after the first (the
+    program state) are the JSON arguments, and any arguments already bound."""
+
+    func: Callable[..., Any]
+    bound: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ProgramResult:
+    text: str
+    variables: dict[str, Any]
+    meta_info: dict[str, Any]
+    return_value: Any
+
+
+class ProgramRun(Protocol):
+    """A started program: polled while it streams, then asked for its result."""
+
+    @property
+    def is_finished(self) -> bool: ...
+
+    def variables(self) -> dict[str, Any]:
+        """The variables set so far (strings grow while a generation streams)."""
+        ...
+
+    def result(self) -> ProgramResult:
+        """Waits for the end; raises what the program raised."""
+        ...
+
+
+class ProgramHost(Protocol):
+    """The language side of the endpoint: which programs there are, and how to run one on an
+    engine (the engine passed is a view that records what the run submits)."""
+
+    def programs(self) -> dict[str, ProgramSignature]: ...
+
+    def run(self, name: str, engine: Any, *, stream: bool, options: dict[str, Any],
+            args: dict[str, Any]) -> ProgramRun: ...
+
+
+# `--programs MODULE_OR_FILE ...` → the host that serves them (given by the language side).
+ProgramLoader = Callable[[list[str]], ProgramHost]
+
+
+@dataclass
 class RegisteredProgram:
     name: str
-    program: Any
+    signature: ProgramSignature
     args_model: type[BaseModel]
 
     def describe(self) -> dict[str, Any]:
         args = []
-        for name, field in self.args_model.model_fields.items():
-            args.append({"name": name, "required": field.is_required(),
-                         "default": None if field.is_required() else jsonable_encoder(field.default),
-                         "annotation": _annotation_name(field.annotation)})
-        return {"name": self.name, "doc": inspect.getdoc(self.program.func) or "",
+        for name, field_info in self.args_model.model_fields.items():
+            args.append({"name": name, "required": field_info.is_required(),
+                         "default": None if field_info.is_required() else jsonable_encoder(field_info.default),
+                         "annotation": _annotation_name(field_info.annotation)})
+        return {"name": self.name, "doc": inspect.getdoc(self.signature.func) or "",
                 "arguments": args, "schema": self.args_model.model_json_schema()}
 
 
@@ -50,39 +93,31 @@ def _annotation_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", None) or str(annotation)
 
 
-def _args_model(name: str, program: Any) -> type[BaseModel]:
+def _args_model(name: str, sig: ProgramSignature) -> type[BaseModel]:
     """A pydantic model of the program's arguments (all but the state), extra fields forbidden."""
     try:
-        hints = typing.get_type_hints(program.func)
+        hints = typing.get_type_hints(sig.func)
     except Exception:  # noqa: BLE001 - unresolvable annotations: accept any JSON value
         hints = {}
-    params = list(inspect.signature(program.func).parameters.values())[1:]
-    bound = getattr(program, "bind_arguments", {}) or {}
+    params = list(inspect.signature(sig.func).parameters.values())[1:]
     fields: dict[str, Any] = {}
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        default = bound.get(p.name, p.default)
+        default = sig.bound.get(p.name, p.default)
         fields[p.name] = (hints.get(p.name, Any), ... if default is p.empty else default)
     return create_model(f"{name}_args", __config__=ConfigDict(extra="forbid"), **fields)
 
 
 class ProgramRegistry:
-    """Named programs, and the runs in progress (each with its own engine view)."""
+    """The host's programs, and the runs in progress (each with its own engine view)."""
 
-    def __init__(self, programs: dict[str, Any], max_concurrent: int = 64) -> None:
-        self.programs = {name: RegisteredProgram(name, p, _args_model(name, p)) for name, p in programs.items()}
+    def __init__(self, host: ProgramHost, max_concurrent: int = 64) -> None:
+        self.host = host
+        self.programs = {name: RegisteredProgram(name, sig, _args_model(name, sig))
+                         for name, sig in host.programs().items()}
         self.max_concurrent = max_concurrent
         self.active: set[_Run] = set()
-
-    @classmethod
-    def load(cls, specs: list[str], max_concurrent: int = 64) -> ProgramRegistry:
-        found: dict[str, Any] = {}
-        for spec in specs:
-            found.update(find_programs(_import(spec)))
-        if not found:
-            raise ValueError(f"no @function programs found in {specs}")
-        return cls(found, max_concurrent)
 
     def admit(self, engine: Any) -> _Run:
         if len(self.active) >= self.max_concurrent:
@@ -110,16 +145,16 @@ class _Run:
     aborts them, and refuses new requests once cancelled, so the program stops."""
 
     def __init__(self, reg: ProgramRegistry, engine: Any) -> None:
-        from radixlm.runtime import Runtime
-
         self.reg = reg
         self.engine = engine
         self.rids: list[str] = []
         self.cancelled = False
         self.handed_over = False
         self._lock = threading.Lock()
-        self.backend = Runtime(engine=_EngineView(self))
+        self.view = _EngineView(self)
 
+    def start(self, name: str, stream: bool, options: dict[str, Any], args: dict[str, Any]) -> ProgramRun:
+        return self.reg.host.run(name, self.view, stream=stream, options=options, args=args)
     def submit(self, sampling_params: Any, batch_size: int | None, rid: Any) -> Any:
         """Request ids for a generate call (made here when the program gave none), recorded."""
         with self._lock:
@@ -167,29 +202,6 @@ class _EngineView:
                                          rid=rid, **kwargs)
 
 
-def find_programs(module: Any) -> dict[str, Any]:
-    from radixlm.program import Program
-
-    return {name: obj for name, obj in vars(module).items() if isinstance(obj, Program)}
-
-
-def _import(spec: str) -> Any:
-    """A module by dotted name, or a .py file by path (given by the operator at start-up)."""
-    path = Path(spec)
-    if spec.endswith(".py") or path.is_file():
-        if not path.is_file():
-            raise ValueError(f"program file {spec!r} does not exist")
-        mod_name = f"radixlm_programs_{abs(hash(str(path.resolve())))}"
-        loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-        if loader_spec is None or loader_spec.loader is None:
-            raise ValueError(f"cannot import {spec!r}")
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[mod_name] = module
-        loader_spec.loader.exec_module(module)
-        return module
-    return importlib.import_module(spec)
-
-
 def _jsonable(value: Any) -> Any:
     try:
         return jsonable_encoder(value)
@@ -197,12 +209,12 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
 
 
-def _state_result(name: str, state: Any) -> dict[str, Any]:
-    names = list(state.stream_executor.variables)
-    return {"program": name, "text": state.text(),
-            "variables": {v: _jsonable(state.get_var(v)) for v in names},
-            "meta_info": {v: _jsonable(state.get_meta_info(v)) for v in names},
-            "return_value": _jsonable(state.ret_value)}
+def _result_body(name: str, run: ProgramRun) -> dict[str, Any]:
+    result = run.result()
+    return {"program": name, "text": result.text,
+            "variables": {v: _jsonable(x) for v, x in result.variables.items()},
+            "meta_info": {v: _jsonable(x) for v, x in result.meta_info.items()},
+            "return_value": _jsonable(result.return_value)}
 
 
 def _validated_args(entry: RegisteredProgram, args: dict[str, Any]) -> dict[str, Any]:
@@ -214,13 +226,12 @@ def _validated_args(entry: RegisteredProgram, args: dict[str, Any]) -> dict[str,
         raise HTTPException(422, f"invalid arguments for {entry.name}: " + "; ".join(parts)) from exc
 
 
-async def _stream_program(entry: RegisteredProgram, state: Any) -> AsyncIterator[bytes]:
+async def _stream_program(entry: RegisteredProgram, state: ProgramRun) -> AsyncIterator[bytes]:
     """Variable deltas while the program runs, then the final result (or an error)."""
-    ex = state.stream_executor
     seen: dict[str, str] = {}
     while True:
-        done = ex.is_finished
-        for var, value in list(ex.variables.items()):
+        done = state.is_finished
+        for var, value in list(state.variables().items()):
             if isinstance(value, str):
                 old = seen.get(var, "")
                 if value != old and value.startswith(old):
@@ -230,7 +241,7 @@ async def _stream_program(entry: RegisteredProgram, state: Any) -> AsyncIterator
             break
         await asyncio.sleep(_POLL_S)
     try:
-        result = await asyncio.to_thread(_state_result, entry.name, state)
+        result = await asyncio.to_thread(_result_body, entry.name, state)
         yield sse({**result, "done": True})
     except Exception as exc:  # noqa: BLE001 - reported to the client as an error event
         yield sse(error_body(f"program {entry.name} failed: {exc}", 400))
@@ -263,10 +274,10 @@ def register(app: FastAPI) -> None:
         run = reg.admit(app.state.engine)
         try:
             state = await until_disconnect(request, asyncio.to_thread(
-                entry.program.run, backend=run.backend, stream=req.stream, **options, **kwargs))
+                run.start, name, req.stream, options, kwargs))
             if req.stream:
                 return await sse_response(request, _run_events(run, _stream_program(entry, state)))
-            return await until_disconnect(request, asyncio.to_thread(_state_result, name, state))
+            return await until_disconnect(request, asyncio.to_thread(_result_body, name, state))
         except ValueError as exc:
             raise ValueError(f"program {name} failed: {exc}") from exc
         except BaseException:

@@ -10,8 +10,9 @@ import logging
 import socket
 from typing import Any
 
-from radixlm.backend.server.launch import add_engine_args, add_server_args, bind_socket, engine_kwargs
-from radixlm.backend.server.runner import ServerLimits
+from .launch import add_engine_args, add_server_args, bind_socket, engine_kwargs
+from .programs import ProgramLoader
+from .runner import ServerLimits
 
 logger = logging.getLogger("radixlm.server")
 
@@ -95,13 +96,15 @@ def open_port(host: str, port: int) -> socket.socket:
         raise SystemExit(f"radixlm serve: cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
-def serve(args: argparse.Namespace) -> None:
-    """Build the engine and serve until SIGINT/SIGTERM (then drain or abort, shut down)."""
-    from radixlm.backend.engine import Engine
-    from radixlm.backend.engine_process import EngineProcess
-    from radixlm.backend.server.app import create_app
-    from radixlm.backend.server.launch import limits_from_args, make_server
-    from radixlm.backend.server.programs import ProgramRegistry
+def serve(args: argparse.Namespace, load_programs: ProgramLoader | None = None) -> None:
+    """Build the engine and serve until SIGINT/SIGTERM (then drain or abort, shut down).
+    `load_programs` turns --programs into a program host; the language side passes it
+    (`radixlm serve`, `python -m radixlm.launch_server`), since the server never imports it."""
+    from ..engine import Engine
+    from ..engine_process import EngineProcess
+    from .app import create_app
+    from .launch import limits_from_args, make_server
+    from .programs import ProgramRegistry
 
     if args.model is not None:
         if args.model_path not in (None, args.model):
@@ -110,7 +113,12 @@ def serve(args: argparse.Namespace) -> None:
     setup_logging(args.log_level)
     sock = open_port(args.host, args.port)
     limits: ServerLimits = limits_from_args(args)
-    registry = ProgramRegistry.load(args.programs, limits.max_pending_requests) if args.programs else None
+    registry = None
+    if args.programs:
+        if load_programs is None:
+            raise SystemExit("--programs needs the language side: start the server with `radixlm serve` "
+                             "or `python -m radixlm.launch_server`")
+        registry = ProgramRegistry(load_programs(args.programs), limits.max_pending_requests)
     logger.info("loading the model (%s)", args.model_path or args.model_shape or "default: SmolLM2-135M")
     if args.engine_in_process:
         engine: Any = Engine(**engine_kwargs(args), log_level=args.log_level)
