@@ -1,6 +1,7 @@
 """MaskBench checks for one engine: compile a document's schema, then walk every test instance token by
 token through the matcher (mask, accept), requiring termination on EOS. Promises: an instance counts
-as accepted only if every token was in the mask, was accepted, and EOS then terminated the matcher."""
+as accepted only if every token was accepted and EOS then terminated the matcher; whether every token
+was also inside the mask (what generation would write) is reported beside it."""
 
 from __future__ import annotations
 
@@ -97,20 +98,22 @@ class EngineRunner:
             return None, (time.perf_counter() - t0) * 1e3, f"{type(e).__name__}: {str(e)[:200]}"
         return grammar, (time.perf_counter() - t0) * 1e3, ""
 
-    def accepts(self, grammar: CompiledGrammar, data: Any, time_masks: bool) -> bool:
+    def accepts(self, grammar: CompiledGrammar, data: Any, time_masks: bool) -> tuple[bool, bool]:
+        """(accepted, every token inside the mask): the grammar's language, and the generation mask
+        (the same thing for single-grammar engines; llguidance via ours may prefer a narrower mask)."""
         ids = self.tokenizer.encode(instance_text(data), add_special_tokens=False)
         m = grammar.new_matcher()
+        in_mask = True
         for tok in [*ids, self.eos]:
+            t0 = time.perf_counter()
+            m.fill_next_token_bitmask(self.bitmask, 0)
             if time_masks:
-                t0 = time.perf_counter()
-                m.fill_next_token_bitmask(self.bitmask, 0)
                 self.mask_us.append((time.perf_counter() - t0) * 1e6)
-                word = int(self.bitmask[0, tok // 32])
-                if not (word >> (tok % 32)) & 1:
-                    return False
+            word = int(self.bitmask[0, tok // 32])
+            in_mask = in_mask and bool((word >> (tok % 32)) & 1)
             if not m.accept_token(tok):
-                return False
-        return m.is_terminated()
+                return False, in_mask
+        return m.is_terminated(), in_mask
 
 
 def run_engine(
@@ -129,9 +132,14 @@ def run_engine(
         }
         if grammar is not None and walk:
             for t in doc.tests:
-                ok = runner.accepts(grammar, t["data"], time_masks=bool(t["valid"]))
+                ok, in_mask = runner.accepts(grammar, t["data"], time_masks=bool(t["valid"]))
                 rec["instances"].append(
-                    {"valid": bool(t["valid"]), "accepted": ok, "description": t.get("description", "")}
+                    {
+                        "valid": bool(t["valid"]),
+                        "accepted": ok,
+                        "in_mask": in_mask,
+                        "description": t.get("description", ""),
+                    }
                 )
         if grammar is not None:
             rec["dropped"] = list(getattr(grammar, "dropped_keywords", []))

@@ -20,7 +20,7 @@ from radixlm.grammars.json_schema import (
     json_schema_to_regex,
     normalize_json_schema,
 )
-from radixlm.grammars.schema_policy import PreparedSchema, prepare
+from radixlm.grammars.schema_policy import PreparedSchema, generation_policy, prepare
 from radixlm.grammars.token_index import TokenVocab, vocab_from_tokenizer
 
 KINDS = ("regex", "json_schema", "ebnf", "json")
@@ -116,7 +116,8 @@ class GrammarBackend:
             prepared = prepare(json.loads(spec), strict)
             if engine in ("auto", "llguidance"):
                 return self._llguidance_schema(prepared)
-            spec = json.dumps(prepared.schema, ensure_ascii=False)
+            # one grammar only: these engines accept what generation should write
+            spec = json.dumps(generation_policy(prepared.schema), ensure_ascii=False)
         if engine == "llguidance":
             return self.llguidance.compile(kind, spec)
         if engine == "xgrammar" or (engine == "auto" and kind in ("ebnf", "json")):
@@ -136,9 +137,12 @@ class GrammarBackend:
     def _llguidance_schema(self, prepared: PreparedSchema) -> CompiledGrammar:
         if prepared.schema is False:
             raise ValueError("invalid JSON schema: it matches nothing")
-        text = json.dumps(prepared.schema, ensure_ascii=False)
+        from radixlm.grammars.schema_matcher import SchemaGrammar
+
         try:
-            return self.llguidance.compile("json_schema", text, prepared.dropped)
+            return SchemaGrammar(
+                self.llguidance, prepared.schema, generation_policy(prepared.schema), prepared.dropped
+            )
         except ValueError as e:
             raise ValueError(f"JSON schema not supported: {e}") from e
 

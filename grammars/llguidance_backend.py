@@ -131,6 +131,13 @@ class LLGuidanceCompiler:
         self.stop_token_ids = list(stop_token_ids)
         self.eos_mask = stop_mask(vocab_size, self.stop_token_ids)
         self.limits = llg.LLParserLimits(max_grammar_size=MAX_GRAMMAR_SIZE)
+        self._any_json: LLGuidanceCompiled | None = None
+
+    def any_json(self) -> LLGuidanceCompiled:
+        """Any JSON value in the whitespace policy, compiled once."""
+        if self._any_json is None:
+            self._any_json = self.compile("json", "")
+        return self._any_json
 
     def compile(self, kind: str, spec: str, dropped: list[str] | None = None) -> LLGuidanceCompiled:
         if kind == "json_schema":

@@ -1,7 +1,8 @@
 """The JSON-Schema keyword policy shared by every engine: unknown and annotation keywords are ignored;
 an assertion keyword the grammar cannot enforce is refused (strict) or dropped and named (non-strict).
 Promises: prepare() returns a schema whose every remaining assertion the grammar enforces, plus the
-JSON pointers of what it dropped; in strict mode it never drops an assertion, it raises ValueError."""
+JSON pointers of what it dropped (strict mode never drops, it raises ValueError); generation_policy()
+narrows a prepared schema to what generation should write, never widening it."""
 
 from __future__ import annotations
 
@@ -71,17 +72,11 @@ class PreparedSchema:
     ignored_formats: list[str] = field(default_factory=list)
 
 
-def prepare(schema: Any, strict: bool = True, closed_objects: bool = True) -> PreparedSchema:
+def prepare(schema: Any, strict: bool = True) -> PreparedSchema:
     """Rewrite what can be enforced another way, ignore unknown formats, then refuse or drop the rest.
-    closed_objects: an object schema that lists properties but says nothing about others gets
-    additionalProperties false (what a generator should write; the output still validates)."""
+    The result keeps the schema's semantics (open objects stay open, integers unbounded)."""
     out = PreparedSchema(rewrite(copy.deepcopy(schema)))
-    composed = _composed(out.schema) if closed_objects else set()
     for node, ptr in list(walk(out.schema)):
-        if closed_objects and _closable(node) and id(node) not in composed:
-            node["additionalProperties"] = False
-        if closed_objects and node.get("type") == "integer":
-            _bound_integer(node)
         for key in [k for k in node if k in UNENFORCEABLE]:
             _refuse_or_drop(out, node, key, ptr, strict)
         fmt = node.get("format")
@@ -91,6 +86,21 @@ def prepare(schema: Any, strict: bool = True, closed_objects: bool = True) -> Pr
             else:  # not a format of the specification: an annotation
                 del node["format"]
                 out.ignored_formats.append(f"{fmt} at {ptr}")
+    return out
+
+
+def generation_policy(schema: Any) -> Any:
+    """A copy of a prepared schema that accepts a subset of its instances, the ones a small model
+    should write: an object that lists properties and says nothing about others gets
+    additionalProperties false (not inside allOf/anyOf/oneOf, where closing one member could refuse
+    what another allows), and an unbounded integer gets 16 digits at most."""
+    out = copy.deepcopy(schema)
+    composed = _composed(out)
+    for node, _ in list(walk(out)):
+        if _closable(node) and id(node) not in composed:
+            node["additionalProperties"] = False
+        if node.get("type") == "integer":
+            _bound_integer(node)
     return out
 
 

@@ -1,0 +1,102 @@
+"""JSON-schema acceptance follows the schema's semantics while the generation mask follows the generation
+policy: extra properties where the schema allows them, any property order, unbounded integers are
+accepted; the mask writes declared order, no undeclared keys; invalid documents are refused either way."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from test_grammar_cases import default_tokenizer
+
+from radixlm.grammars import GrammarBackend, allocate_token_bitmask
+from radixlm.grammars.testing import random_walk
+
+
+@pytest.fixture(scope="module")
+def backend() -> GrammarBackend:
+    return GrammarBackend(default_tokenizer(), 49152, use_disk_cache=False)
+
+
+def walk(backend: GrammarBackend, grammar, value) -> tuple[bool, bool]:
+    """(accepted with EOS terminating, every token inside the mask)."""
+    m = grammar.new_matcher()
+    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    bitmask = allocate_token_bitmask(1, 49152)
+    in_mask = True
+    for tok in [*backend.tokenizer.encode(text, add_special_tokens=False), backend.stop_token_ids[0]]:
+        m.fill_next_token_bitmask(bitmask, 0)
+        in_mask = in_mask and bool((int(bitmask[0, tok // 32]) >> (tok % 32)) & 1)
+        if not m.accept_token(tok):
+            return False, in_mask
+    return m.is_terminated(), in_mask
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "host": {"type": "string", "format": "hostname"},
+    },
+    "required": ["name", "age"],
+}
+
+
+@pytest.mark.parametrize(
+    "value,accepted,in_mask",
+    [
+        ({"name": "a", "age": 3}, True, True),
+        ({"name": "a", "age": 3, "extra": [1]}, True, False),  # open object: extra keys are valid
+        ({"age": 3, "name": "a"}, True, False),  # any property order
+        ({"host": "example.com", "age": 3, "name": "a"}, True, False),
+        ({"name": "a", "age": 10**20}, True, False),  # integers are unbounded in the schema
+        ({"age": 3}, False, False),
+        ({"age": "3", "name": "a"}, False, False),
+        ({"host": "-bad-", "age": 3, "name": "a"}, False, False),  # formats hold in any order
+        ({"extra": 1, "age": 3.5, "name": "a"}, False, False),
+    ],
+)
+def test_acceptance_is_the_schema_mask_is_the_policy(
+    backend: GrammarBackend, value, accepted: bool, in_mask: bool
+) -> None:
+    g = backend.compile("json_schema", PERSON)
+    if "host" not in value:  # jsonschema checks hostnames only with the optional fqdn package
+        assert jsonschema.Draft202012Validator(PERSON).is_valid(value) == accepted
+    got_accepted, got_in_mask = walk(backend, g, value)
+    assert got_accepted == accepted
+    if accepted:
+        assert got_in_mask == in_mask
+
+
+def test_closed_objects_stay_closed_in_any_order(backend: GrammarBackend) -> None:
+    closed = {**PERSON, "additionalProperties": False}
+    g = backend.compile("json_schema", closed)
+    assert walk(backend, g, {"age": 3, "name": "a"})[0]
+    assert not walk(backend, g, {"age": 3, "name": "a", "x": 1})[0]
+    assert not walk(backend, g, {"name": "a", "age": 3, "x": 1})[0]
+
+
+def test_generation_mask_writes_declared_order_without_extras(backend: GrammarBackend) -> None:
+    g = backend.compile("json_schema", PERSON)
+    for seed in range(4):
+        ids, done = random_walk(
+            [g.new_matcher()], 49152, backend.vocab.token_bytes, backend.vocab.eos_ids, seed, max_steps=300
+        )
+        if done:
+            doc = json.loads(backend.tokenizer.decode(ids))
+            assert list(doc) == [k for k in PERSON["properties"] if k in doc]
+            jsonschema.validate(doc, PERSON)
+
+
+def test_rollback_and_reset_across_readings(backend: GrammarBackend) -> None:
+    g = backend.compile("json_schema", PERSON)
+    m = g.new_matcher()
+    ids = backend.tokenizer.encode('{"age": 3, "name": "a"}', add_special_tokens=False)
+    assert all(m.accept_token(t) for t in ids)
+    m.rollback(2)
+    assert m.accept_string('"}')
+    assert m.accept_token(backend.stop_token_ids[0]) and m.is_terminated()
+    m.reset()
+    assert not m.is_terminated() and m.accept_string('{"name": "b", "age": 1}')
