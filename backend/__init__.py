@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from radixlm.backend.engine import Engine
+    from .engine import Engine
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: importing radixlm.backend must not pull in torch-heavy modules until needed.
     if name == "Engine":
-        from radixlm.backend.engine import Engine
+        from .engine import Engine
 
         return Engine
     raise AttributeError(name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from radixlm.backend.forward_batch import ForwardBatch
+from .forward_batch import ForwardBatch
 
 
 class TorchAttentionBackend:

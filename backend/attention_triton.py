@@ -10,11 +10,12 @@ from typing import Any
 
 import torch
 
-from radixlm.backend.forward_batch import ForwardBatch
 from radixlm.kernels.cascade_attention import CascadePlan, cascade_decode_attention
 from radixlm.kernels.decode_attention import choose_num_splits, decode_attention
 from radixlm.kernels.extend_attention import extend_attention
 from radixlm.kernels.kv_store import kv_store
+
+from .forward_batch import ForwardBatch
 
 
 class TritonAttentionBackend:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from radixlm.backend.request import Req
+    from .request import Req
 
 # Defaults (each a keyword argument of find_cascade_groups, so tests can lower them). A cascade
 # step runs eagerly (no CUDA graph: its plan changes shape every step), which costs the launch

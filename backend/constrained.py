@@ -18,9 +18,10 @@ from typing import Any
 import jsonschema
 import numpy as np
 
-from radixlm.backend.sampler import forget_token, record_token
 from radixlm.grammars import GrammarBackend, allocate_token_bitmask
 from radixlm.grammars.base import GrammarMatcher
+
+from .sampler import forget_token, record_token
 
 logger = logging.getLogger(__name__)
 

@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.backend.forward_batch import ForwardBatch
 from radixlm.kernels.cascade_attention import CascadePlan, fused_layout, resolve_config
 from radixlm.kernels.decode_attention import choose_num_splits
 
+from .forward_batch import ForwardBatch
+
 if TYPE_CHECKING:
-    from radixlm.backend.model_config import ModelConfig
-    from radixlm.backend.model_runner import ModelRunner
+    from .model_config import ModelConfig
+    from .model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -323,7 +324,7 @@ def try_create(runner: ModelRunner, max_bs: int, cascade: bool = False) -> CudaG
     """A captured runner for a CUDA ModelRunner whose attention backend is the graph-safe Triton
     one (it reads lengths from device tensors), or None with the reason logged; never raises."""
     try:
-        from radixlm.backend.attention_triton import TritonAttentionBackend
+        from .attention_triton import TritonAttentionBackend
     except ImportError:
         logger.info("CUDA graphs off: Triton attention is unavailable")
         return None

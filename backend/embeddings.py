@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.backend.model_runner import ScheduledItem
+from .model_runner import ScheduledItem
 
 if TYPE_CHECKING:
-    from radixlm.backend.model_runner import ModelRunner
-    from radixlm.backend.radix_cache import BasePrefixCache
+    from .model_runner import ModelRunner
+    from .radix_cache import BasePrefixCache
 
 POOLINGS = ("last", "mean")
 

@@ -19,21 +19,22 @@ from typing import Any
 
 import torch
 
-from radixlm.backend import limits
-from radixlm.backend.constrained import attach_grammars, grammar_backend, wait_grammars, wait_grammars_async
-from radixlm.backend.embeddings import check_inputs, embed, embedding_inputs
-from radixlm.backend.engine_inputs import RequestSpec, normalize_requests
-from radixlm.backend.loader import default_model_path, load_config, resolve_model_dir
-from radixlm.backend.loop_mailbox import LoopMailbox, coalesce_chunks
-from radixlm.backend.model_config import ModelConfig, named_shape_config
-from radixlm.backend.model_runner import ModelRunner, resolve_dtype
-from radixlm.backend.radix_cache import NoPrefixCache, RadixCache
-from radixlm.backend.request import Req
-from radixlm.backend.sampler import Sampler
-from radixlm.backend.scheduler import Scheduler, SchedulerConfig
-from radixlm.backend.tokenizer import IncrementalDetokenizer, load_tokenizer
-from radixlm.backend.warmup import measure_cascade_costs, warm_up
 from radixlm.kernels import compiled_kernel_count
+
+from . import limits
+from .constrained import attach_grammars, grammar_backend, wait_grammars, wait_grammars_async
+from .embeddings import check_inputs, embed, embedding_inputs
+from .engine_inputs import RequestSpec, normalize_requests
+from .loader import default_model_path, load_config, resolve_model_dir
+from .loop_mailbox import LoopMailbox, coalesce_chunks
+from .model_config import ModelConfig, named_shape_config
+from .model_runner import ModelRunner, resolve_dtype
+from .radix_cache import NoPrefixCache, RadixCache
+from .request import Req
+from .sampler import Sampler
+from .scheduler import Scheduler, SchedulerConfig
+from .tokenizer import IncrementalDetokenizer, load_tokenizer
+from .warmup import measure_cascade_costs, warm_up
 
 logger = logging.getLogger(__name__)
 _live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()

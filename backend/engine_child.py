@@ -59,7 +59,7 @@ class Outbox:
 def child_main(conn: Connection, engine_kwargs: dict[str, Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us, after draining its requests
     try:
-        from radixlm.backend.engine import Engine
+        from .engine import Engine
 
         engine = Engine(**engine_kwargs)
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it

@@ -8,8 +8,8 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
-from radixlm.backend.model_config import ModelConfig
-from radixlm.backend.sampling_params import SamplingParams
+from .model_config import ModelConfig
+from .sampling_params import SamplingParams
 
 
 @dataclass

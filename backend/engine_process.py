@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from radixlm.backend.engine_child import child_main
-from radixlm.backend.loop_mailbox import LoopMailbox, coalesce_chunks
-from radixlm.backend.tokenizer import load_tokenizer
+from .engine_child import child_main
+from .loop_mailbox import LoopMailbox, coalesce_chunks
+from .tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from radixlm.backend.kv_pool import KVPool
+    from .kv_pool import KVPool
 
 
 def to_device(values: list, device: torch.device | str, dtype: torch.dtype = torch.int64) -> torch.Tensor:

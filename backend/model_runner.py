@@ -10,17 +10,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from radixlm.backend import limits
-from radixlm.backend.attention import TorchAttentionBackend
-from radixlm.backend.forward_batch import AttentionBackend, ForwardBatch, to_device_packed
-from radixlm.backend.kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
-from radixlm.backend.loader import iter_safetensors
-from radixlm.backend.model_config import ModelConfig
-from radixlm.backend.models.llama import LlamaForCausalLM
 from radixlm.kernels.cascade_attention import make_cascade_plan
 
+from . import limits
+from .attention import TorchAttentionBackend
+from .forward_batch import AttentionBackend, ForwardBatch, to_device_packed
+from .kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
+from .loader import iter_safetensors
+from .model_config import ModelConfig
+from .models.llama import LlamaForCausalLM
+
 if TYPE_CHECKING:
-    from radixlm.backend.cuda_graph_runner import CudaGraphRunner
+    from .cuda_graph_runner import CudaGraphRunner
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class ModelRunner:
         logger.info("KV pool: %d token slots (%s, %s)", kv_tokens, dtype, device)
         self.graph_runner: CudaGraphRunner | None = None  # decode CUDA graphs (CUDA only)
         if device.type == "cuda" and not disable_cuda_graph:
-            from radixlm.backend.cuda_graph_runner import try_create
+            from .cuda_graph_runner import try_create
 
             self.graph_runner = try_create(self, min(cuda_graph_max_bs, max_running_requests), cascade_graphs)
 
@@ -121,7 +122,7 @@ class ModelRunner:
     def _attention_backend(self) -> AttentionBackend:
         if self.device.type == "cuda":
             try:
-                from radixlm.backend.attention_triton import TritonAttentionBackend
+                from .attention_triton import TritonAttentionBackend
 
                 return TritonAttentionBackend(self)
             except ImportError:

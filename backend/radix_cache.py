@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from radixlm.backend.kv_pool import TokenSlotAllocator
+from .kv_pool import TokenSlotAllocator
 
 _node_ids = itertools.count()
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from radixlm.backend.sampling_params import SamplingParams
-from radixlm.backend.tokenizer import IncrementalDetokenizer
+from .sampling_params import SamplingParams
+from .tokenizer import IncrementalDetokenizer
 
 OutputSink = Callable[[dict[str, Any]], None]
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import torch
 
-from radixlm.backend.forward_batch import to_device
-from radixlm.backend.request import Req
+from .forward_batch import to_device
+from .request import Req
 
 
 def apply_penalties_(

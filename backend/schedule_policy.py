@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from radixlm.backend.radix_cache import BasePrefixCache, RadixCache
+from .radix_cache import BasePrefixCache, RadixCache
 
 
 class _NullAllocator:

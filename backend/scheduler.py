@@ -15,14 +15,14 @@ from typing import Any
 
 import torch
 
-from radixlm.backend import cascade_groups
-from radixlm.backend.cascade_cost import CascadeCostModel
-from radixlm.backend.forward_batch import to_device
-from radixlm.backend.model_runner import ModelRunner, ScheduledItem
-from radixlm.backend.request import Req
-from radixlm.backend.sampler import Sampler, record_token
-from radixlm.backend.schedule_policy import SchedulePolicy
-from radixlm.backend.step_output import LaunchedStep, LogprobRows, StepPlan, to_host
+from . import cascade_groups
+from .cascade_cost import CascadeCostModel
+from .forward_batch import to_device
+from .model_runner import ModelRunner, ScheduledItem
+from .request import Req
+from .sampler import Sampler, record_token
+from .schedule_policy import SchedulePolicy
+from .step_output import LaunchedStep, LogprobRows, StepPlan, to_host
 
 logger = logging.getLogger(__name__)
 

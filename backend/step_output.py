@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from radixlm.backend.model_runner import ScheduledItem
-    from radixlm.backend.request import Req
+    from .model_runner import ScheduledItem
+    from .request import Req
 
 
 @dataclass

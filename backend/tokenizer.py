@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from radixlm.backend.loader import resolve_model_dir
+from .loader import resolve_model_dir
 
 
 def load_tokenizer(model_path: str | Path | None = None) -> Any:

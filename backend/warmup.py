@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.backend.cascade_cost import CascadeCostModel, copy_bytes_per_s, time_cuda
-from radixlm.backend.kv_pool import KVPool
-from radixlm.backend.model_runner import ScheduledItem
 from radixlm.kernels import compiled_kernel_count
 
+from .cascade_cost import CascadeCostModel, copy_bytes_per_s, time_cuda
+from .kv_pool import KVPool
+from .model_runner import ScheduledItem
+
 if TYPE_CHECKING:
-    from radixlm.backend.model_runner import ModelRunner
+    from .model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -88,9 +89,10 @@ def measure_cascade_costs(runner: ModelRunner) -> CascadeCostModel | None:
     """The cost model's inputs, timed on this device (CUDA only; None elsewhere)."""
     if runner.device.type != "cuda":
         return None
-    from radixlm.backend.cuda_graph_runner import CASCADE_GROUPS_CAP
     from radixlm.kernels.cascade_attention import cascade_decode_attention, make_cascade_plan
     from radixlm.kernels.decode_attention import decode_attention
+
+    from .cuda_graph_runner import CASCADE_GROUPS_CAP
 
     c, dev, graphs = runner.config, runner.device, runner.graph_runner
     row = runner.req_table.alloc()

@@ -1,6 +1,6 @@
 """radixlm.kernels: Triton kernels, one op per file, each with a plain-torch reference that is
 also the CPU path."""
 
-from radixlm.kernels._triton import compiled_kernel_count
+from ._triton import compiled_kernel_count
 
 __all__ = ["compiled_kernel_count"]

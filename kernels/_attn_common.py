@@ -4,7 +4,7 @@ key keep m = -inf, l = 0 and finish as out = 0, lse = -inf (never NaN)."""
 
 from __future__ import annotations
 
-from radixlm.kernels._triton import mma, tl, triton
+from ._triton import mma, tl, triton
 
 
 @triton.jit

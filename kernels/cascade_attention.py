@@ -15,15 +15,15 @@ from dataclasses import dataclass
 
 import torch
 
-from radixlm.kernels._attn_common import finish_state, online_update
-from radixlm.kernels._triton import dot_precision, mma, next_pow2, split_block, tl, triton, use_triton
-from radixlm.kernels.decode_attention import (
+from ._attn_common import finish_state, online_update
+from ._triton import dot_precision, mma, next_pow2, split_block, tl, triton, use_triton
+from .decode_attention import (
     choose_num_splits,
     decode_attention_ref,
     decode_partial,
     merge_splits,
 )
-from radixlm.kernels.merge_state import merge_state, merge_state_ref
+from .merge_state import merge_state, merge_state_ref
 
 # Tile/split defaults per impl. FUSED_DEFAULTS is what benchmarks/kernels.py --sweep prints as
 # "adopt:"; paste its best line here. shared_waves: shared-prefix programs per SM (the split count

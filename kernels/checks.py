@@ -10,15 +10,15 @@ from collections.abc import Callable
 
 import torch
 
-from radixlm.kernels.cascade_attention import cascade_decode_attention, make_cascade_plan
-from radixlm.kernels.decode_attention import decode_attention, decode_attention_ref
-from radixlm.kernels.extend_attention import extend_attention, extend_attention_ref
-from radixlm.kernels.kv_store import kv_store, kv_store_ref
-from radixlm.kernels.merge_state import merge_state, merge_state_ref
-from radixlm.kernels.rmsnorm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
-from radixlm.kernels.rotary import apply_rotary, build_cos_sin_cache, rotary_ref
-from radixlm.kernels.sampling import sample, sample_ref
-from radixlm.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
+from .cascade_attention import cascade_decode_attention, make_cascade_plan
+from .decode_attention import decode_attention, decode_attention_ref
+from .extend_attention import extend_attention, extend_attention_ref
+from .kv_store import kv_store, kv_store_ref
+from .merge_state import merge_state, merge_state_ref
+from .rmsnorm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
+from .rotary import apply_rotary, build_cos_sin_cache, rotary_ref
+from .sampling import sample, sample_ref
+from .silu_and_mul import silu_and_mul, silu_and_mul_ref
 
 Record = tuple[str, float, float]
 BOUND = {torch.float32: 1e-4, torch.bfloat16: 1e-2}

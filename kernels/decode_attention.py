@@ -10,8 +10,8 @@ import math
 
 import torch
 
-from radixlm.kernels._attn_common import finish_state, online_update
-from radixlm.kernels._triton import dot_precision, mma, next_pow2, split_block, tl, triton, use_triton
+from ._attn_common import finish_state, online_update
+from ._triton import dot_precision, mma, next_pow2, split_block, tl, triton, use_triton
 
 
 @triton.jit(do_not_specialize=["num_splits", "split_stride", "split_offset"])

@@ -9,8 +9,8 @@ import math
 
 import torch
 
-from radixlm.kernels._attn_common import finish_state, online_update
-from radixlm.kernels._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
+from ._attn_common import finish_state, online_update
+from ._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
 
 
 @triton.jit

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
+from ._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
 
 MAX_M = 8
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.kernels._triton import next_pow2, tl, triton, use_triton
+from ._triton import next_pow2, tl, triton, use_triton
 
 
 @triton.jit

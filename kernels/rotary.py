@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.kernels._triton import next_pow2, tl, triton, use_triton
+from ._triton import next_pow2, tl, triton, use_triton
 
 
 def build_cos_sin_cache(inv_freq: torch.Tensor, max_position: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.kernels._triton import tl, triton, use_triton
+from ._triton import tl, triton, use_triton
 
 _ONE_BITS = 0x3F800000  # bit pattern of 1.0f: every scaled probability e_i = exp((x_i - max) / T) <= 1
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels._triton import tl, triton, use_triton
+from ._triton import tl, triton, use_triton
 
 
 @triton.jit

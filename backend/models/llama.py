@@ -11,13 +11,14 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from radixlm.backend.forward_batch import ForwardBatch
-from radixlm.backend.model_config import ModelConfig
-from radixlm.backend.models.rotary import RotaryEmbedding, rotate_and_store
 from radixlm.kernels.gemv import gemv, use_gemv
 from radixlm.kernels.rmsnorm import fused_add_rmsnorm
 from radixlm.kernels.rmsnorm import rmsnorm as fused_rmsnorm
 from radixlm.kernels.silu_and_mul import silu_mul
+
+from ..forward_batch import ForwardBatch
+from ..model_config import ModelConfig
+from .rotary import RotaryEmbedding, rotate_and_store
 
 
 class RMSNorm(nn.Module):

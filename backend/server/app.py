@@ -19,14 +19,14 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixlm.backend.server import docs, embeddings_api, info, native, openai_api
-from radixlm.backend.server import programs as programs_api
-from radixlm.backend.server.access_log import AccessLogMiddleware
-from radixlm.backend.server.metrics import ServerMetrics
-from radixlm.backend.server.programs import ProgramRegistry
-from radixlm.backend.server.protocol import error_body
-from radixlm.backend.server.runner import Overloaded, Runner, ServerLimits
-from radixlm.backend.server.streams import ClientGone
+from . import docs, embeddings_api, info, native, openai_api
+from . import programs as programs_api
+from .access_log import AccessLogMiddleware
+from .metrics import ServerMetrics
+from .programs import ProgramRegistry
+from .protocol import error_body
+from .runner import Overloaded, Runner, ServerLimits
+from .streams import ClientGone
 
 PUBLIC_PATHS = frozenset({"/health"})
 logger = logging.getLogger("radixlm.server")

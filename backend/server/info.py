@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import Field
 
-from radixlm.backend.server.protocol import _Strict
+from .protocol import _Strict
 
 
 def version() -> str:

@@ -16,8 +16,8 @@ from typing import Any
 
 import uvicorn
 
-from radixlm.backend.server.app import drain
-from radixlm.backend.server.runner import ServerLimits
+from .app import drain
+from .runner import ServerLimits
 
 logger = logging.getLogger("radixlm.server")
 

@@ -13,9 +13,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixlm.backend.server.protocol import AbortRequest, GenerateRequest, SamplingParams, error_body
-from radixlm.backend.server.runner import Runner, Seq, run_to_end
-from radixlm.backend.server.streams import (
+from .protocol import AbortRequest, GenerateRequest, SamplingParams, error_body
+from .runner import Runner, Seq, run_to_end
+from .streams import (
     SSE_DONE,
     gather_all,
     merge_streams,

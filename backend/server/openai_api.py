@@ -12,15 +12,15 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from radixlm.backend.server.protocol import (
+from .protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     error_body,
     new_id,
     now,
 )
-from radixlm.backend.server.runner import Runner, Seq, run_to_end
-from radixlm.backend.server.streams import (
+from .runner import Runner, Seq, run_to_end
+from .streams import (
     SSE_DONE,
     gather_all,
     merge_streams,
@@ -28,7 +28,7 @@ from radixlm.backend.server.streams import (
     sse_response,
     until_disconnect,
 )
-from radixlm.backend.server.tools import TOOL_CALL_TAG, ToolPlan, chat_prompt_ids, plan_tools
+from .tools import TOOL_CALL_TAG, ToolPlan, chat_prompt_ids, plan_tools
 
 
 def finish_reason(meta: dict[str, Any]) -> str | None:

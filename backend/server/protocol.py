@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from radixlm.backend.server.openai_fields import ClientFields
+from .openai_fields import ClientFields
 
 MAX_TOP_LOGPROBS = 20
 # Hard ceiling on prompts x n per request, checked before any fan-out (a huge `n` used to build

@@ -12,7 +12,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.backend.server.metrics import ServerMetrics
+from .metrics import ServerMetrics
 
 _LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs")
 ENGINE_DEFAULT_MAX_NEW_TOKENS = 128

@@ -9,8 +9,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from radixlm.backend.server.info import render_chat
-from radixlm.backend.server.protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice, Tool
+from .info import render_chat
+from .protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice, Tool
 
 TOOL_CALL_TAG = "<tool_call>"
 ToolMode = Literal["none", "auto", "required", "named"]
