@@ -29,8 +29,8 @@ from .merge_state import merge_state, merge_state_ref
 # "adopt:"; paste its best line here. shared_waves: shared-prefix programs per SM (the split count
 # of the shared prefix follows from it); own programs follow choose_num_splits (as plain decode);
 # own_block_n None = block_n.
-# H200 sweep of 2026-11-30 (64 reqs, shared 8192 + own 256): 60.0 us vs 68.1 us for the previous
-# default (block_n 64 own tiles, 1 shared wave); results/kernels_h200_cascade.json.
+# Own tails take 128-key tiles and the shared prefix 1.5 programs per SM: the fastest line for 64
+# requests sharing 8192 tokens with 256 of their own (benchmarks/results/kernels_h200_cascade.json).
 FUSED_DEFAULTS: dict = {"block_m": 64, "block_n": 64, "own_block_n": 128, "num_warps": 4, "num_stages": 3,
                         "shared_waves": 1.5, "shared_first": True}
 TWO_LAUNCH_DEFAULTS: dict = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3}
@@ -370,7 +370,7 @@ def cascade_decode_attention(
     return out
 
 
-# --------------------------------------------------------------------------- two launches (earlier impl)
+# --------------------------------------------------------------------------- two launches and a merge
 
 @triton.jit
 def _shared_prefix_kernel(
@@ -443,7 +443,7 @@ def _shared_launch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, plan, 
 
 def _two_launch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, plan, sm_scale, fused_merge,
                 shared_splits, own_splits, cfg, sms, out) -> torch.Tensor:
-    """The earlier impl: shared kernel over every group, split-K decode for the own tails, merge."""
+    """Shared-prefix kernel over every group, split-K decode for the own tails, then a merge."""
     bsz, hq, d = q.shape
     hkv = k_buffer.shape[1]
     bm, bn, nw, ns = cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["num_stages"]

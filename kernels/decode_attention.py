@@ -113,9 +113,9 @@ def merge_splits_ref(mid_o: torch.Tensor, mid_lse: torch.Tensor) -> tuple[torch.
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int = 132,
                       block_n: int = 64, min_per_split: int = 128, max_splits: int = 64) -> int:
-    """Enough programs to fill the GPU about twice over, no split shorter than min_per_split
-    (H200 sweep, Hq 32 / Hkv 8 / D 128: B=1 L=4096 ran 11% faster with 32 splits than with 16;
-    batches >= 64 want 1 split, B=32 L=16384 wants 2)."""
+    """Enough programs to fill the GPU about twice over, no split shorter than min_per_split: a
+    lone long sequence needs many splits to occupy the SMs, a batch of 64 or more fills them with
+    one (figures for Hq 32 / Hkv 8 / D 128: benchmarks/results/kernels_h200.json)."""
     if batch <= 0 or max_len <= 0:
         return 1
     want = math.ceil(2 * num_sms / (batch * num_kv_heads))

@@ -116,8 +116,9 @@ def _extend_kernel(
 
 
 def extend_config(max_extend_len: int) -> dict[str, int]:
-    """Default tiles (H200 sweep, Hq 32 / Hkv 8 / D 128 bf16, GQA packed): long causal extends
-    run best on 128x64 tiles with 8 warps; prefix-heavy batches of short extends on 128x32, 4 warps."""
+    """Default tiles for Hq 32 / Hkv 8 / D 128 bf16, GQA packed: long causal extends run best on
+    128x64 tiles with 8 warps; prefix-heavy batches of short extends on 128x32, 4 warps (figures:
+    benchmarks/results/kernels_h200.json)."""
     if max_extend_len >= 2048:
         return {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
     return {"block_m": 128, "block_n": 32, "num_warps": 4, "num_stages": 3}

@@ -45,9 +45,10 @@ class GemvConfig:
 DEFAULT = GemvConfig()
 # per row count M (the smallest key >= M applies): CUDA cores while the FMAs per weight byte are
 # few, tensor cores above.
-# M 1/2 from the H200 sweep of 2026-11-30 (results/gemv_h200.json: fma n2 k4096 best at every
-# llama-3.1-8b shape for M=1, 3640 vs cuBLAS 4071 us of linear layers per step); at M >= 4 cuBLAS
-# won every shape, so the model only calls gemv for one row (`use_gemv_for_decode`).
+# M 1/2: fma n2 k4096 is the fastest config at every llama-3.1-8b shape for one row, and beats
+# cuBLAS there; from M = 4 cuBLAS is faster at every shape, so the model calls gemv for one row
+# only (`radixlm.backend.models.llama.linear`, through `use_gemv` below). Figures:
+# benchmarks/results/gemv_h200.json.
 DEFAULTS: dict[int, GemvConfig] = {1: GemvConfig("fma", 2, 4096, 4), 2: GemvConfig("fma", 2, 4096, 4),
                                    4: GemvConfig("dot", 32, 256, 4, 4), 8: GemvConfig("dot", 32, 256, 4, 4)}
 

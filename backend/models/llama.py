@@ -43,9 +43,9 @@ class RMSNorm(nn.Module):
 
 
 def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """layer(x); one row on CUDA goes to radixlm.kernels.gemv, which beat cuBLAS at every
-    llama-3.1-8b projection for M=1 on the H200 (3.64 vs 4.07 ms per decode step); cuBLAS won
-    from M=4 up (results/gemv_h200.json)."""
+    """layer(x); one row on CUDA goes to radixlm.kernels.gemv, which streams the weight once
+    and beats cuBLAS for a single row; from a few rows up cuBLAS is faster, so it keeps those
+    (figures: benchmarks/results/gemv_h200.json)."""
     if x.shape[0] == 1 and use_gemv(x, layer.weight):
         return gemv(x, layer.weight, layer.bias)
     return layer(x)

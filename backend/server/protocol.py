@@ -13,8 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .openai_fields import ClientFields
 
 MAX_TOP_LOGPROBS = 20
-# Hard ceiling on prompts x n per request, checked before any fan-out (a huge `n` used to build
-# that many sequences before the server's configured limit was checked: a hang, found by fuzzing).
+# Hard ceiling on prompts x n per request, checked before any fan-out: otherwise a huge `n` would
+# build that many sequences before the server's configured limit is checked, and hang the server.
 MAX_SEQUENCES = 1024
 
 
