@@ -19,9 +19,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # kernel_checks, grammar_helpers
 from bench_env import environment, write_result  # noqa: E402
+from kernel_checks import BOUND, rel_err  # noqa: E402
 
-from radixlm.kernels.checks import BOUND, rel_err  # noqa: E402
 from radixlm.kernels.gemv import GemvConfig, default_config, gemv, gemv_ref  # noqa: E402
 
 # (name, N, K, calls per decode step of llama-3.1-8b)

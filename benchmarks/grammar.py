@@ -12,6 +12,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +22,9 @@ import torch
 
 from radixlm.grammars import GrammarBackend, allocate_token_bitmask, json_schema_to_regex
 from radixlm.grammars.fsm import compile_regex
-from radixlm.grammars.testing import allowed_ids, load_default_tokenizer, pick_token
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from grammar_helpers import allowed_ids, load_default_tokenizer, pick_token  # noqa: E402
 
 REGEXES = {
     "date": r"(19|20)\d\d-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])",

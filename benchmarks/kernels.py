@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # kernel_checks, grammar_helpers
+import kernel_checks as checks  # noqa: E402
 from kernels_cascade import bench_cascade, dry_run  # noqa: E402
 from kernels_common import (  # noqa: E402
     DEV,
@@ -37,7 +39,6 @@ from kernels_common import (  # noqa: E402
     time_fn,
 )
 
-from radixlm.kernels import checks  # noqa: E402
 from radixlm.kernels.decode_attention import choose_num_splits, decode_attention  # noqa: E402
 from radixlm.kernels.extend_attention import extend_attention, extend_config  # noqa: E402
 
@@ -185,7 +186,6 @@ def correctness(kinds: tuple[str, ...] = ("decode", "extend", "cascade", "other"
         ("cascade", lambda: c.check_cascade(DEV, f32, [5, 1], [700, 0], [1, 60, 3, 9, 200, 900], HQ, HKV, D)),
         ("other", lambda: c.check_pointwise(DEV, DT, 300, 4096) + c.check_pointwise(DEV, f32, 33, 576)),
         ("other", lambda: c.check_rotary(DEV, DT, 500, HQ, HKV, D) + c.check_rotary(DEV, f32)),
-        ("other", lambda: c.check_sampling(DEV, 64, 128256, 2) + c.check_sampling_distribution(DEV, 4000)),
     ]
     recs = []
     for i, (kind, fn) in enumerate(todo):

@@ -12,11 +12,11 @@ import sys
 import time
 from collections.abc import Callable
 
+import kernel_checks as checks
 import torch
 from kernels_common import DEV, DT, HKV, HQ, PAGE, D, fi_decode, kv_sets, log, n_sets, paged_table, time_fn
 
 from radixlm.kernels import cascade_attention as cas
-from radixlm.kernels import checks
 from radixlm.kernels.cascade_attention import cascade_decode_attention, make_cascade_plan
 from radixlm.kernels.decode_attention import choose_num_splits, decode_attention
 

@@ -20,7 +20,9 @@ from bench_env import environment, write_result
 from maskbench_core import ENGINES, EngineRunner, broken_keyword, load_docs, run_engine
 
 from radixlm.grammars import GrammarBackend
-from radixlm.grammars.testing import load_default_tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from grammar_helpers import load_default_tokenizer  # noqa: E402
 
 VOCAB = 49152
 

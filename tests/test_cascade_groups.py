@@ -331,7 +331,7 @@ def test_groups_drive_cascade_attention_like_plain_decode() -> None:
     assert lines, f"checker crashed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
     res = json.loads(lines[-1][len("RESULTS "):])
     assert sorted(map(tuple, res["groups"])) == [(1, 0), (2, 25), (4, 40)]
-    assert res["torch.float32"] < 1e-4  # the bounds of radixlm.kernels.checks.BOUND
+    assert res["torch.float32"] < 1e-4  # the bounds of tests/kernel_checks.BOUND
     assert res["torch.bfloat16"] < 1e-2
 
 

@@ -10,13 +10,13 @@ import threading
 
 import numpy as np
 import pytest
+from grammar_helpers import allowed_ids, random_walk
 from test_grammar_cases import default_tokenizer
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
 from radixlm.grammars import GrammarBackend, allocate_token_bitmask
 from radixlm.grammars.fsm import compile_regex
-from radixlm.grammars.testing import allowed_ids, random_walk
 from radixlm.grammars.token_index import vocab_from_tokenizer
 
 

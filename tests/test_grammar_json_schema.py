@@ -9,13 +9,13 @@ from typing import Literal
 
 import jsonschema
 import pytest
+from grammar_helpers import random_walk
 from pydantic import BaseModel, Field
 from test_grammar_cases import INT_SCHEMA as I  # noqa: E741
 from test_grammar_cases import SCHEMAS, default_tokenizer
 
 from radixlm.grammars import GrammarBackend, json_schema_to_regex, normalize_json_schema
 from radixlm.grammars.json_schema import int_range_regex
-from radixlm.grammars.testing import random_walk
 
 
 class Address(BaseModel):

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from grammar_helpers import allowed_ids
 from test_grammar_cases import default_tokenizer
 
 from radixlm.backend.constrained import RequestGrammar
 from radixlm.grammars import GrammarBackend, allocate_token_bitmask
-from radixlm.grammars.testing import allowed_ids
 
 REGEX = r'\{"name": "[a-z]{1,6}", "kind": "(cat|dog)", "legs": [0-9]\}'
 

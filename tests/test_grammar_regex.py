@@ -7,10 +7,10 @@ import re
 
 import numpy as np
 import pytest
+from grammar_helpers import random_walk
 from test_grammar_cases import REGEXES, default_tokenizer
 
 from radixlm.grammars import GrammarBackend
-from radixlm.grammars.testing import random_walk
 
 # Where the dialects differ: (regex, reason). The test checks that the difference is real.
 DIALECT_DIFFERENCES = [

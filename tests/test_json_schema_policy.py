@@ -13,12 +13,12 @@ from types import SimpleNamespace
 import jsonschema
 import pytest
 import torch
+from grammar_helpers import allowed_ids, random_walk
 from test_grammar_cases import default_tokenizer
 
 from radixlm.backend.constrained import RequestGrammar, json_schema_error
 from radixlm.backend.sampler import record_token
 from radixlm.grammars import GrammarBackend
-from radixlm.grammars.testing import allowed_ids, random_walk
 
 MASKBENCH = Path("/work/shared/data/jsonschemabench/maskbench_dev.jsonl.gz")
 SUBSET = 40  # documents: every 70th of the development sample

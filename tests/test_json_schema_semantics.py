@@ -11,7 +11,7 @@ import pytest
 from test_grammar_cases import default_tokenizer
 
 from radixlm.grammars import GrammarBackend, allocate_token_bitmask
-from radixlm.grammars.testing import random_walk
+from grammar_helpers import random_walk
 
 
 @pytest.fixture(scope="module")

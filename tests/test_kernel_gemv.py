@@ -23,14 +23,15 @@ REAL = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)
 
 
 def tol(dtype: torch.dtype) -> float:
-    from radixlm.kernels.checks import BOUND
+    from kernel_checks import BOUND
 
     return BOUND[dtype]
 
 
 def check(device: str, dtype: torch.dtype, m: int, n: int, k: int, bias: bool, cfg: tuple) -> dict:
     """Rel. errors vs gemv_ref and vs float64 F.linear; whether the output was fully written."""
-    from radixlm.kernels.checks import rel_err
+    from kernel_checks import rel_err
+
     from radixlm.kernels.gemv import GemvConfig, gemv, gemv_ref
 
     x = torch.randn(m, k, device=device).to(dtype)

@@ -34,13 +34,12 @@ CASES = {
                                                      9, 3, 64),
     "pointwise": lambda c: c.check_pointwise("cuda", B16, 300, 4096) + c.check_pointwise("cuda", F32, 33, 576),
     "rotary": lambda c: c.check_rotary("cuda", B16, 500, 32, 8, 128) + c.check_rotary("cuda", F32),
-    "sampling": lambda c: c.check_sampling("cuda", 64, 128256, 2) + c.check_sampling_distribution("cuda", 4000),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_kernel_matches_reference_on_gpu(name: str) -> None:
-    from radixlm.kernels import checks
+    import kernel_checks as checks
 
     torch.manual_seed(int.from_bytes(os.urandom(2), "little"))
     recs = CASES[name](checks)
@@ -52,7 +51,8 @@ def test_kernel_matches_reference_on_gpu(name: str) -> None:
 def test_cascade_is_sync_free_and_graph_capturable(impl: str) -> None:
     """The cascade call never syncs with the host (sync debug mode raises) and, captured in a CUDA
     graph, replays on new queries to the same result as an eager call on them."""
-    from radixlm.kernels import checks
+    import kernel_checks as checks
+
     from radixlm.kernels.cascade_attention import cascade_decode_attention, make_cascade_plan
 
     groups, shared, own = [6, 1, 3], [700, 0, 300], [5, 80, 1, 9, 2, 40, 33, 1, 7, 19]

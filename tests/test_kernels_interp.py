@@ -15,13 +15,12 @@ import pytest
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 
-GROUPS = ["decode", "extend", "cascade", "pointwise", "rotary", "sampling", "backend"]
+GROUPS = ["decode", "extend", "cascade", "pointwise", "rotary", "backend"]
 
 
 def _checks(group: str) -> list:
+    import kernel_checks as c
     import torch
-
-    from radixlm.kernels import checks as c
 
     f32, b16 = torch.float32, torch.bfloat16
     if group == "decode":
@@ -54,8 +53,6 @@ def _checks(group: str) -> list:
         return c.check_pointwise("cpu", f32) + c.check_pointwise("cpu", b16, 5, 130)
     if group == "rotary":
         return c.check_rotary("cpu", f32) + c.check_rotary("cpu", b16, 5, 3, 1, 64)
-    if group == "sampling":
-        return c.check_sampling("cpu") + c.check_sampling_distribution("cpu")
     if group == "backend":
         return _backend_records(f32) + _backend_records(b16)
     raise KeyError(group)
@@ -66,12 +63,12 @@ def _backend_records(dtype) -> list:
     extend, mixed extend, then decode steps plain and through a cascade plan. Reference: attention
     over each request's own K/V history kept outside the pool."""
     import torch
+    from kernel_checks import BOUND, DTYPE_NAME, rel_err
 
     from radixlm.backend.attention_triton import TritonAttentionBackend
     from radixlm.backend.forward_batch import ForwardBatch
     from radixlm.backend.kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
     from radixlm.kernels.cascade_attention import make_cascade_plan
-    from radixlm.kernels.checks import BOUND, DTYPE_NAME, rel_err
 
     hq, hkv, d = 8, 2, 32
     dev = os.environ.get("KERNEL_TEST_DEVICE", "cpu")  # the GPU run sets cuda

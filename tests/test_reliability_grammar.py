@@ -14,11 +14,11 @@ from typing import Any
 
 import jsonschema
 import pytest
+from grammar_helpers import load_default_tokenizer, random_walk
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from radixlm.grammars import GrammarBackend
-from radixlm.grammars.testing import load_default_tokenizer, random_walk
 
 COMPILE_LIMIT_S = 30.0
 WALKS = 2

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from radixlm.cli import main
 from radixlm.backend.server.serve_cmd import serve_parser
+from radixlm.cli import main
 
 
 def _free_port() -> int:

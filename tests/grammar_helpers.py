@@ -1,5 +1,6 @@
 """Test and benchmark helpers for grammars: the default model's tokenizer (cached on disk), bitmask
-→ allowed ids, and random walks that sample tokens from a matcher's mask. Not used at runtime."""
+→ allowed ids, and random walks that sample tokens from a matcher's mask. Benchmarks that use
+them put tests/ on their path."""
 
 from __future__ import annotations
 

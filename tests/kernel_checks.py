@@ -1,6 +1,6 @@
 """Numerical self-checks of every kernel against its torch reference on fresh random inputs,
 shared by the CPU tests (under TRITON_INTERPRET=1, small shapes), the GPU tests and the H200
-benchmark (all shapes). Each check returns records (label, relative error, bound); a record
+kernel benchmark (all shapes; it puts tests/ on its path). Each check returns records (label, relative error, bound); a record
 passes when error <= bound (NaN never passes). Outputs are poisoned with NaN before each run."""
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ from collections.abc import Callable
 
 import torch
 
-from .cascade_attention import cascade_decode_attention, make_cascade_plan
-from .decode_attention import decode_attention, decode_attention_ref
-from .extend_attention import extend_attention, extend_attention_ref
-from .kv_store import kv_store, kv_store_ref
-from .merge_state import merge_state, merge_state_ref
-from .rmsnorm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
-from .rotary import apply_rotary, build_cos_sin_cache, rotary_ref
-from .sampling import sample, sample_ref
-from .silu_and_mul import silu_and_mul, silu_and_mul_ref
+from radixlm.kernels.cascade_attention import cascade_decode_attention, make_cascade_plan
+from radixlm.kernels.decode_attention import decode_attention, decode_attention_ref
+from radixlm.kernels.extend_attention import extend_attention, extend_attention_ref
+from radixlm.kernels.kv_store import kv_store, kv_store_ref
+from radixlm.kernels.merge_state import merge_state, merge_state_ref
+from radixlm.kernels.rmsnorm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
+from radixlm.kernels.rotary import apply_rotary, build_cos_sin_cache, rotary_ref
+from radixlm.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
 
 Record = tuple[str, float, float]
 BOUND = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
@@ -190,36 +189,6 @@ def check_rotary(device: str, dtype: torch.dtype, tokens: int = 6, hq: int = 4, 
     recs += [(f"rotary {DTYPE_NAME[dtype]} q vs HF", rel_err(qo, hq_ref[0].transpose(0, 1)), BOUND[dtype]),
              (f"rotary {DTYPE_NAME[dtype]} k vs HF", rel_err(ko, hk_ref[0].transpose(0, 1)), BOUND[dtype])]
     return recs
-
-
-def check_sampling(device: str, batch: int = 6, vocab: int = 300, draws: int = 3) -> list[Record]:
-    """Same exponential noise → same token as the sort-based reference, over mixed settings
-    (greedy, top-k, top-p, min-p and combinations); the error is the mismatch fraction."""
-    temp = torch.tensor([0.0, 1.0, 0.7, 1.0, 1.3, 1.0] * (batch // 6 + 1), device=device)[:batch]
-    top_k = torch.tensor([0, 5, 0, 50, 3, 0] * (batch // 6 + 1), device=device)[:batch]
-    top_p = torch.tensor([1.0, 1.0, 0.8, 0.5, 0.9, 1.0] * (batch // 6 + 1), device=device)[:batch]
-    min_p = torch.tensor([0.0, 0.0, 0.0, 0.05, 0.0, 0.2] * (batch // 6 + 1), device=device)[:batch]
-    bad = 0
-    for _ in range(draws):
-        logits = torch.randn(batch, vocab, device=device) * 3
-        noise = torch.empty(batch, vocab, device=device).exponential_()
-        got = sample(logits, temp, top_k, top_p, min_p, exp_noise=noise)
-        bad += int((got != sample_ref(logits, temp, top_k, top_p, min_p, noise)).sum())
-    return [(f"sampling B={batch} V={vocab} mismatches", bad / (batch * draws), 0.0)]
-
-
-def check_sampling_distribution(device: str, rows: int = 300, vocab: int = 8) -> list[Record]:
-    """In-kernel noise: empirical frequencies vs the renormalised kept probabilities (min-p 0.3
-    keeps 4 of a known distribution); error = max |freq − p| in standard errors, bound 5."""
-    probs = torch.tensor([0.3, 0.25, 0.2, 0.1, 0.08, 0.04, 0.02, 0.01], device=device)[:vocab]
-    logits = torch.log(probs).expand(rows, vocab).contiguous()
-    ones = torch.ones(rows, device=device)
-    got = sample(logits, ones, torch.zeros(rows, dtype=torch.int64, device=device), ones,
-                 torch.full((rows,), 0.3, device=device), seed=int(torch.randint(0, 2**30, ())))
-    p = (probs[:4] / probs[:4].sum()).cpu().double()
-    freq = torch.bincount(got.cpu(), minlength=vocab).double() / rows
-    z = float(((freq[:4] - p) / (p * (1 - p) / rows).sqrt()).abs().max())
-    return [(f"sampling distribution min-p ({rows} draws) max z", z + (math.inf if freq[4:].sum() > 0 else 0.0), 5.0)]
 
 
 def run(checks: list[Callable[[], list[Record]]]) -> list[Record]:
