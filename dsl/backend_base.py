@@ -151,9 +151,7 @@ class TokenBackend(ProgramBackend):
 
     def score(self, prompts: list[list[int]], start: int) -> list[list[Any]]:
         """Prompt-token logprobs of each prompt from position `start` (one batched call)."""
-        outs = self._request(
-            prompts, {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=start
-        )
+        outs = self._request(prompts, {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=start)
         result = []
         for prompt, out in zip(prompts, outs, strict=True):
             entries = [tuple(e) for e in out["meta_info"]["input_token_logprobs"]]

@@ -69,7 +69,9 @@ class ChoicesSamplingMethod:
             "input_token_logprobs": input_token_logprobs,
             "output_token_logprobs": output_token_logprobs or [[] for _ in choices],
         }
-        index = self.decide(input_token_logprobs, normalized_prompt_logprobs, unconditional_token_logprobs, meta)
+        index = self.decide(
+            input_token_logprobs, normalized_prompt_logprobs, unconditional_token_logprobs, meta
+        )
         return ChoicesDecision(decision=choices[index], meta_info=meta)
 
     def decide(

@@ -36,10 +36,18 @@ class RemoteTokenizer:
             self._decoded[key] = self._endpoint._post("/detokenize", body)["text"]
         return self._decoded[key]
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool = False,
-                            add_generation_prompt: bool = False, **kwargs: Any) -> Any:
-        body = {"messages": messages, "add_generation_prompt": add_generation_prompt,
-                "chat_template_kwargs": kwargs or None}
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tokenize: bool = False,
+        add_generation_prompt: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        body = {
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+            "chat_template_kwargs": kwargs or None,
+        }
         key = json.dumps(body, sort_keys=True)
         if key not in self._rendered:
             self._rendered[key] = self._endpoint._post("/apply_chat_template", body)["text"]
@@ -51,8 +59,15 @@ class RuntimeEndpoint(TokenBackend):
     """`RuntimeEndpoint("http://127.0.0.1:30000", api_key=None)`. Tokenization and the chat
     template run on the server; `tokenizer=` / `tokenizer_path=` use a local tokenizer instead."""
 
-    def __init__(self, base_url: str, api_key: str | None = None, *, tokenizer: Any = None,
-                 tokenizer_path: str | None = None, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        tokenizer: Any = None,
+        tokenizer_path: str | None = None,
+        timeout: float = 600.0,
+    ) -> None:
         import httpx
 
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
@@ -100,11 +115,15 @@ class RuntimeEndpoint(TokenBackend):
         body.update({k: v for k, v in logprob.items() if v is not None})
         return body
 
-    def _request(self, input_ids: list[list[int]], sampling: dict[str, Any], **logprob: Any) -> list[dict[str, Any]]:
+    def _request(
+        self, input_ids: list[list[int]], sampling: dict[str, Any], **logprob: Any
+    ) -> list[dict[str, Any]]:
         out = self._post("/generate", self._body(input_ids, sampling, False, **logprob))
         return out if isinstance(out, list) else [out]
 
-    def _request_stream(self, input_ids: list[int], sampling: dict[str, Any], **logprob: Any) -> Iterator[dict[str, Any]]:
+    def _request_stream(
+        self, input_ids: list[int], sampling: dict[str, Any], **logprob: Any
+    ) -> Iterator[dict[str, Any]]:
         """Turn the server's cumulative SSE events into delta chunks like the engine's."""
         body = self._body(input_ids, sampling, True, **logprob)
         text, n_ids = "", 0
@@ -115,7 +134,7 @@ class RuntimeEndpoint(TokenBackend):
             for line in resp.iter_lines():
                 if not line.startswith("data:"):
                     continue
-                data = line[len("data:"):].strip()
+                data = line[len("data:") :].strip()
                 if data == "[DONE]":
                     return
                 event = json.loads(data)
@@ -124,7 +143,11 @@ class RuntimeEndpoint(TokenBackend):
                 new_text, ids = event.get("text", ""), event.get("output_ids", [])
                 if not new_text.startswith(text):
                     raise RuntimeError("server stream text is not cumulative")
-                yield {"text": new_text[len(text):], "output_ids": ids[n_ids:], "meta_info": event.get("meta_info", {})}
+                yield {
+                    "text": new_text[len(text) :],
+                    "output_ids": ids[n_ids:],
+                    "meta_info": event.get("meta_info", {}),
+                }
                 text, n_ids = new_text, len(ids)
 
     def flush_cache(self) -> bool:

@@ -145,7 +145,9 @@ def normalize_json_schema(schema: Any) -> tuple[str, type | None]:
         except json.JSONDecodeError as e:
             raise ValueError(f"json_schema is not valid JSON: {e}") from e
         return schema, None
-    raise ValueError(f"json_schema must be a JSON string, a dict or a pydantic class, got {type(schema).__name__}")
+    raise ValueError(
+        f"json_schema must be a JSON string, a dict or a pydantic class, got {type(schema).__name__}"
+    )
 
 
 def _resolve_dtype(dtype: Any) -> type | None:
@@ -192,7 +194,9 @@ def convert_value(gen: Gen, text: str) -> Any:
         try:
             return gen.schema_cls.model_validate_json(text)
         except Exception as e:  # pydantic.ValidationError, kept generic to avoid importing pydantic
-            raise ValueError(f"gen {gen.name!r}: output does not validate as {gen.schema_cls.__name__}: {e}") from e
+            raise ValueError(
+                f"gen {gen.name!r}: output does not validate as {gen.schema_cls.__name__}: {e}"
+            ) from e
     if gen.dtype is None:
         return text
     try:

@@ -17,32 +17,54 @@ from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod
 if TYPE_CHECKING:
     from radixlm.interpreter import Executor
 
-_DIRECT = {"max_new_tokens": "max_tokens", "stop": "stop", "temperature": "temperature", "top_p": "top_p",
-           "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty"}
+_DIRECT = {
+    "max_new_tokens": "max_tokens",
+    "stop": "stop",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+}
 # Not in the OpenAI API; servers such as radixlm, SGLang and vLLM take them in the body.
-_EXTRA = {"top_k": "top_k", "min_p": "min_p", "min_new_tokens": "min_tokens", "ignore_eos": "ignore_eos",
-          "stop_token_ids": "stop_token_ids", "repetition_penalty": "repetition_penalty"}
+_EXTRA = {
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "min_new_tokens": "min_tokens",
+    "ignore_eos": "ignore_eos",
+    "stop_token_ids": "stop_token_ids",
+    "repetition_penalty": "repetition_penalty",
+}
 
 
 class OpenAI(ProgramBackend):
     """`OpenAI(model, base_url=..., api_key=..., is_chat_model=True)`."""
 
-    def __init__(self, model: str, base_url: str | None = None, api_key: str | None = None, *,
-                 is_chat_model: bool = True, chat_template: ChatTemplate | None = None,
-                 **client_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        is_chat_model: bool = True,
+        chat_template: ChatTemplate | None = None,
+        **client_kwargs: Any,
+    ) -> None:
         import openai
 
         self.model = model
         self.is_chat_model = is_chat_model
-        self.client = openai.OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY",
-                                    **client_kwargs)
+        self.client = openai.OpenAI(
+            base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY", **client_kwargs
+        )
         self.tokenizer = None
         self._template = chat_template or PlainChatTemplate()
 
     def _kwargs(self, sampling: dict[str, Any], logprob: dict[str, Any]) -> dict[str, Any]:
         if "regex" in sampling:
-            raise ValueError("regex is not supported by the OpenAI backend (the OpenAI API has no regex "
-                             "constraint); use radixlm.Runtime or radixlm.RuntimeEndpoint")
+            raise ValueError(
+                "regex is not supported by the OpenAI backend (the OpenAI API has no regex "
+                "constraint); use radixlm.Runtime or radixlm.RuntimeEndpoint"
+            )
         if logprob.get("return_logprob"):
             raise ValueError("return_logprob is not supported by the OpenAI backend")
         unknown = set(sampling) - set(_DIRECT) - set(_EXTRA) - {"json_schema"}
@@ -55,17 +77,23 @@ class OpenAI(ProgramBackend):
         if "json_schema" in sampling:
             if not self.is_chat_model:
                 raise ValueError("json_schema needs chat mode on the OpenAI backend (response_format)")
-            kw["response_format"] = {"type": "json_schema",
-                                     "json_schema": {"name": "output", "schema": json.loads(sampling["json_schema"])}}
+            kw["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "output", "schema": json.loads(sampling["json_schema"])},
+            }
         return kw
 
     def _messages(self, ex: Executor) -> list[dict[str, Any]]:
         if ex.cur_role != "assistant":
-            raise ValueError("the OpenAI chat backend generates whole assistant messages: put gen inside "
-                             "an assistant role (s += assistant(gen(...)))")
-        if ex.text_[ex.cur_role_begin_pos:]:
-            raise ValueError("the OpenAI chat backend cannot continue a partial assistant message: gen must "
-                             "come first in the assistant role")
+            raise ValueError(
+                "the OpenAI chat backend generates whole assistant messages: put gen inside "
+                "an assistant role (s += assistant(gen(...)))"
+            )
+        if ex.text_[ex.cur_role_begin_pos :]:
+            raise ValueError(
+                "the OpenAI chat backend cannot continue a partial assistant message: gen must "
+                "come first in the assistant role"
+            )
         return list(ex.messages_)
 
     def generate(self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]) -> GenOutput:
@@ -79,16 +107,21 @@ class OpenAI(ProgramBackend):
             choice = resp.choices[0]
             text = choice.text
         usage = resp.usage
-        meta = {"prompt_tokens": getattr(usage, "prompt_tokens", None),
-                "completion_tokens": getattr(usage, "completion_tokens", None),
-                "finish_reason": choice.finish_reason}
+        meta = {
+            "prompt_tokens": getattr(usage, "prompt_tokens", None),
+            "completion_tokens": getattr(usage, "completion_tokens", None),
+            "finish_reason": choice.finish_reason,
+        }
         return GenOutput(text, None, meta)
 
-    def generate_stream(self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]) -> Iterator[GenOutput]:
+    def generate_stream(
+        self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]
+    ) -> Iterator[GenOutput]:
         kw = self._kwargs(sampling, logprob)
         if self.is_chat_model:
-            stream = self.client.chat.completions.create(model=self.model, messages=self._messages(ex),
-                                                         stream=True, **kw)
+            stream = self.client.chat.completions.create(
+                model=self.model, messages=self._messages(ex), stream=True, **kw
+            )
         else:
             stream = self.client.completions.create(model=self.model, prompt=ex.text_, stream=True, **kw)
         for chunk in stream:
@@ -98,15 +131,18 @@ class OpenAI(ProgramBackend):
             delta = (c.delta.content if self.is_chat_model else c.text) or ""
             yield GenOutput(delta, None, {"finish_reason": c.finish_reason})
 
-    def select(self, ex: Executor, choices: list[str], temperature: float,
-               method: ChoicesSamplingMethod) -> ChoicesDecision:
+    def select(
+        self, ex: Executor, choices: list[str], temperature: float, method: ChoicesSamplingMethod
+    ) -> ChoicesDecision:
         """Completion mode: score `text + choice` with echo=True, max_tokens=0 and keep the
         logprobs of the tokens that cover the choice. The server tokenizes text, so (as in
         SGLang) a token may straddle the boundary; the token-keeping backends avoid that."""
         if self.is_chat_model:
-            raise ValueError("select / gen(choices=...) is not supported by the OpenAI backend in chat mode: "
-                             "chat servers cannot score given continuations; use is_chat_model=False on a "
-                             "completions server, or radixlm.Runtime / RuntimeEndpoint")
+            raise ValueError(
+                "select / gen(choices=...) is not supported by the OpenAI backend in chat mode: "
+                "chat servers cannot score given continuations; use is_chat_model=False on a "
+                "completions server, or radixlm.Runtime / RuntimeEndpoint"
+            )
         prefix = ex.text_
         if not prefix:
             raise ValueError("select needs some text before it to condition on")
@@ -115,13 +151,16 @@ class OpenAI(ProgramBackend):
         return method(choices=choices, input_token_logprobs=cond, unconditional_token_logprobs=uncond)
 
     def _echo_logprobs(self, prompts: list[str], start: int) -> list[list[tuple[Any, None, str]]]:
-        resp = self.client.completions.create(model=self.model, prompt=prompts, max_tokens=0, echo=True,
-                                              logprobs=0, temperature=0)
+        resp = self.client.completions.create(
+            model=self.model, prompt=prompts, max_tokens=0, echo=True, logprobs=0, temperature=0
+        )
         out = []
         for choice in sorted(resp.choices, key=lambda c: c.index):
             lp = choice.logprobs
             if lp is None or not lp.tokens:
-                raise ValueError("the server returned no prompt logprobs for echo=True; select is not supported")
+                raise ValueError(
+                    "the server returned no prompt logprobs for echo=True; select is not supported"
+                )
             ends = list(lp.text_offset[1:]) + [len(prompts[choice.index])]
             out.append([(p, None, t) for t, p, end in zip(lp.tokens, lp.token_logprobs, ends) if end > start])
         return out

@@ -24,8 +24,19 @@ _exit_hook_registered = False
 PRECACHE_MIN_TOKENS = 32
 
 _RUN_SAMPLING_KEYS = (
-    "max_new_tokens", "min_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k",
-    "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "seed",
+    "max_new_tokens",
+    "min_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+    "seed",
 )
 _RUN_LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
 
@@ -67,8 +78,9 @@ def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
 class Program:
     """A function `def prog(s, *args)` made runnable. Created by `@function`."""
 
-    def __init__(self, func: Callable[..., Any], bind_arguments: dict[str, Any] | None = None,
-                 **options: Any) -> None:
+    def __init__(
+        self, func: Callable[..., Any], bind_arguments: dict[str, Any] | None = None, **options: Any
+    ) -> None:
         if not callable(func):
             raise ValueError("@function decorates a callable")
         params = list(inspect.signature(func).parameters)
@@ -108,16 +120,30 @@ class Program:
             raise ValueError("no backend: pass backend=... or call radixlm.set_default_backend(...)")
         return backend
 
-    def _executor(self, backend: ProgramBackend, kwargs: dict[str, Any], options: dict[str, Any],
-                  stream: bool, trace: bool = False) -> Executor:
+    def _executor(
+        self,
+        backend: ProgramBackend,
+        kwargs: dict[str, Any],
+        options: dict[str, Any],
+        stream: bool,
+        trace: bool = False,
+    ) -> Executor:
         sampling, logprob = _split_options({**self.options, **options})
         return Executor(backend, kwargs, sampling, logprob, stream, self.__name__, trace=trace)
 
-    def run(self, *args: Any, max_new_tokens: int = 128, stream: bool = False,
-            backend: ProgramBackend | None = None, **options: Any) -> ProgramState:
+    def run(
+        self,
+        *args: Any,
+        max_new_tokens: int = 128,
+        stream: bool = False,
+        backend: ProgramBackend | None = None,
+        **options: Any,
+    ) -> ProgramState:
         """Run once. Sampling options (temperature, stop, ...) are defaults for every gen."""
         kwargs = self._arguments(args, options)
-        ex = self._executor(self._backend(backend), kwargs, {"max_new_tokens": max_new_tokens, **options}, stream)
+        ex = self._executor(
+            self._backend(backend), kwargs, {"max_new_tokens": max_new_tokens, **options}, stream
+        )
         state = ProgramState(ex)
         if stream:
             threading.Thread(target=self._body, args=(state, kwargs, True), daemon=True).start()
@@ -149,10 +175,17 @@ class Program:
         if not in_thread:
             ex.raise_error()
 
-    def run_batch(self, batch_kwargs: list[dict[str, Any]], *, max_new_tokens: int = 128,
-                  num_threads: int | str = "auto", progress_bar: bool = False,
-                  generator_style: bool = False, backend: ProgramBackend | None = None,
-                  **options: Any) -> list[ProgramState] | Iterator[ProgramState]:
+    def run_batch(
+        self,
+        batch_kwargs: list[dict[str, Any]],
+        *,
+        max_new_tokens: int = 128,
+        num_threads: int | str = "auto",
+        progress_bar: bool = False,
+        generator_style: bool = False,
+        backend: ProgramBackend | None = None,
+        **options: Any,
+    ) -> list[ProgramState] | Iterator[ProgramState]:
         """Run the program once per kwargs dict, concurrently. The first error is raised."""
         if not isinstance(batch_kwargs, (list, tuple)) or not all(isinstance(b, dict) for b in batch_kwargs):
             raise ValueError("run_batch takes a list of dicts of program arguments")
@@ -227,8 +260,12 @@ def _num_threads(num_threads: int | str, n: int) -> int:
     return max(1, min(num_threads, n))
 
 
-def _run_all(one: Callable[[dict[str, Any]], ProgramState], batch: list[dict[str, Any]],
-             threads: int, progress_bar: bool) -> Iterator[ProgramState]:
+def _run_all(
+    one: Callable[[dict[str, Any]], ProgramState],
+    batch: list[dict[str, Any]],
+    threads: int,
+    progress_bar: bool,
+) -> Iterator[ProgramState]:
     pbar = None
     if progress_bar:
         import tqdm

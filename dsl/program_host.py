@@ -35,8 +35,9 @@ class ProgramsHost:
     def programs(self) -> dict[str, ProgramSignature]:
         return {name: ProgramSignature(p.func, dict(p.bind_arguments)) for name, p in self._programs.items()}
 
-    def run(self, name: str, engine: Any, *, stream: bool, options: dict[str, Any],
-            args: dict[str, Any]) -> _StateRun:
+    def run(
+        self, name: str, engine: Any, *, stream: bool, options: dict[str, Any], args: dict[str, Any]
+    ) -> _StateRun:
         from radixlm.runtime import Runtime
 
         state = self._programs[name].run(backend=Runtime(engine=engine), stream=stream, **options, **args)
@@ -59,9 +60,12 @@ class _StateRun:
     def result(self) -> ProgramResult:
         state = self.state
         names = list(state.stream_executor.variables)
-        return ProgramResult(text=state.text(), variables={v: state.get_var(v) for v in names},
-                             meta_info={v: state.get_meta_info(v) for v in names},
-                             return_value=state.ret_value)
+        return ProgramResult(
+            text=state.text(),
+            variables={v: state.get_var(v) for v in names},
+            meta_info={v: state.get_meta_info(v) for v in names},
+            return_value=state.ret_value,
+        )
 
 
 def program_registry(programs: dict[str, Program] | list[str], max_concurrent: int = 64) -> ProgramRegistry:

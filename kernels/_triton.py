@@ -95,5 +95,15 @@ def compiled_kernel_count() -> int:
     return total
 
 
-__all__ = ["HAS_TRITON", "triton", "tl", "interpreting", "use_triton", "next_pow2", "dot_precision", "mma",
-           "compiled_kernel_count", "split_block"]
+__all__ = [
+    "HAS_TRITON",
+    "triton",
+    "tl",
+    "interpreting",
+    "use_triton",
+    "next_pow2",
+    "dot_precision",
+    "mma",
+    "compiled_kernel_count",
+    "split_block",
+]

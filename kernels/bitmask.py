@@ -14,8 +14,9 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 
-def apply_token_bitmask_torch_(logits: torch.Tensor, bitmask: torch.Tensor,
-                               indices: torch.Tensor | None = None) -> None:
+def apply_token_bitmask_torch_(
+    logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None
+) -> None:
     """Reference (and CPU path): logits [B, V] float, bitmask [B', ceil(V/32)] int32, in place."""
     rows = logits if indices is None else logits[indices]
     vocab = logits.shape[-1]
@@ -34,14 +35,19 @@ def apply_token_bitmask_torch_(logits: torch.Tensor, bitmask: torch.Tensor,
 
 def unpack_bitmask_cpu(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """CPU bitmask [B, W] int32 → allowed bool [B, vocab] (numpy's unpackbits; bits past W*32 are 0)."""
-    bits = np.unpackbits(bitmask.contiguous().numpy().view(np.uint8), axis=1, bitorder="little").view(np.bool_)
+    bits = np.unpackbits(bitmask.contiguous().numpy().view(np.uint8), axis=1, bitorder="little").view(
+        np.bool_
+    )
     if bits.shape[1] < vocab:
-        bits = np.concatenate([bits, np.zeros((bits.shape[0], vocab - bits.shape[1]), dtype=np.bool_)], axis=1)
+        bits = np.concatenate(
+            [bits, np.zeros((bits.shape[0], vocab - bits.shape[1]), dtype=np.bool_)], axis=1
+        )
     return torch.from_numpy(np.ascontiguousarray(bits[:, :vocab]))
 
 
-def apply_token_bitmask_cpu_(logits: torch.Tensor, bitmask: torch.Tensor,
-                             indices: torch.Tensor | None = None) -> None:
+def apply_token_bitmask_cpu_(
+    logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None
+) -> None:
     """The CPU path: same result as the reference, unpacking with numpy."""
     forbidden = ~unpack_bitmask_cpu(bitmask, logits.shape[-1])
     if indices is None:
@@ -53,8 +59,16 @@ def apply_token_bitmask_cpu_(logits: torch.Tensor, bitmask: torch.Tensor,
 if triton is not None:
 
     @triton.jit
-    def _apply_bitmask_kernel(logits_ptr, bitmask_ptr, indices_ptr, vocab, words, logits_stride,
-                              HAS_INDICES: tl.constexpr, BLOCK: tl.constexpr):
+    def _apply_bitmask_kernel(
+        logits_ptr,
+        bitmask_ptr,
+        indices_ptr,
+        vocab,
+        words,
+        logits_stride,
+        HAS_INDICES: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
         pid_b = tl.program_id(0)
         pid_v = tl.program_id(1)
         row = pid_b
@@ -67,12 +81,16 @@ if triton is not None:
         word = tl.load(bitmask_ptr + pid_b * words + word_idx, mask=in_vocab & in_mask, other=0)
         bit = (word >> (offs % 32)) & 1
         ptrs = logits_ptr + row * logits_stride + offs
-        tl.store(ptrs, tl.full([BLOCK], float("-inf"), tl.float32).to(logits_ptr.dtype.element_ty),
-                 mask=in_vocab & (bit == 0))
+        tl.store(
+            ptrs,
+            tl.full([BLOCK], float("-inf"), tl.float32).to(logits_ptr.dtype.element_ty),
+            mask=in_vocab & (bit == 0),
+        )
 
 
-def apply_token_bitmask_triton_(logits: torch.Tensor, bitmask: torch.Tensor,
-                                indices: torch.Tensor | None = None, block: int = 1024) -> None:
+def apply_token_bitmask_triton_(
+    logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None, block: int = 1024
+) -> None:
     """Triton version: one program per (bitmask row, block of tokens); writes only masked slots."""
     if triton is None:
         raise RuntimeError("triton is not installed")
@@ -82,5 +100,6 @@ def apply_token_bitmask_triton_(logits: torch.Tensor, bitmask: torch.Tensor,
     vocab = logits.shape[-1]
     idx = indices if indices is not None else bitmask  # dummy pointer when unused
     grid = (batch, triton.cdiv(vocab, block))
-    _apply_bitmask_kernel[grid](logits, bitmask, idx, vocab, words, logits.stride(0),
-                                HAS_INDICES=indices is not None, BLOCK=block)
+    _apply_bitmask_kernel[grid](
+        logits, bitmask, idx, vocab, words, logits.stride(0), HAS_INDICES=indices is not None, BLOCK=block
+    )

@@ -16,11 +16,34 @@ from ._triton import dot_precision, mma, next_pow2, split_block, tl, triton, use
 
 @triton.jit(do_not_specialize=["num_splits", "split_stride", "split_offset"])
 def _decode_partial_kernel(
-    Q, K, V, ReqToToken, ReqIdx, SeqLens, KvStart, MidO, MidLse,
-    sm_scale, num_splits, num_q_heads, split_stride, split_offset,
-    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rr,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_START: tl.constexpr, DOT_PREC: tl.constexpr,
+    Q,
+    K,
+    V,
+    ReqToToken,
+    ReqIdx,
+    SeqLens,
+    KvStart,
+    MidO,
+    MidLse,
+    sm_scale,
+    num_splits,
+    num_q_heads,
+    split_stride,
+    split_offset,
+    stride_qb,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_rr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_START: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     b = tl.program_id(0)
     hb = tl.program_id(1)
@@ -41,8 +64,11 @@ def _decode_partial_kernel(
     lo = start + split * per_split
     hi = tl.minimum(lo + per_split, seq_len)
 
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    q = tl.load(
+        Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=mask_h[:, None] & mask_d[None, :],
+        other=0.0,
+    )
     row_ptr = ReqToToken + tl.load(ReqIdx + b) * stride_rr
     qk_scale = sm_scale * 1.4426950408889634
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -53,10 +79,14 @@ def _decode_partial_kernel(
         mask_n = offs_n < hi
         slots = tl.load(row_ptr + offs_n, mask=mask_n, other=0)
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(K + slots[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(
+            K + slots[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
+        )
         qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        v = tl.load(V + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(
+            V + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
+        )
         m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
 
     out, lse = finish_state(m_i, l_i, acc)
@@ -67,8 +97,17 @@ def _decode_partial_kernel(
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _merge_splits_kernel(
-    MidO, MidLse, Out, OutLse, num_splits, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, WRITE_LSE: tl.constexpr,
+    MidO,
+    MidLse,
+    Out,
+    OutLse,
+    num_splits,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
 ):
     """One program per (row, head): softmax-weighted sum of the per-split partial outputs."""
     n = tl.program_id(0)
@@ -83,24 +122,37 @@ def _merge_splits_kernel(
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse - m_safe)
     total = tl.sum(w, 0)
-    o = tl.load(MidO + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    o = tl.load(
+        MidO + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )
     out = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(Out + n * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
     if WRITE_LSE:
         tl.store(OutLse + n * tl.num_programs(1) + h, tl.where(total > 0, m_safe + tl.log(total), m))
 
 
-def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
-                 out_lse: torch.Tensor | None = None) -> None:
+def merge_splits(
+    mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor | None = None
+) -> None:
     """Merge partial states mid_o [N, H, S, D] (fp32), mid_lse [N, H, S] into out [N, H, D]
     (any float dtype, last dim contiguous) and, if given, out_lse [N, H] fp32."""
     n, h, s, d = mid_o.shape
     if n == 0:
         return
     _merge_splits_kernel[(n, h)](
-        mid_o, mid_lse, out, out_lse if out_lse is not None else mid_lse, s, out.stride(0), out.stride(1),
-        HEAD_DIM=d, BLOCK_D=next_pow2(d), BLOCK_S=split_block(s), WRITE_LSE=out_lse is not None,
+        mid_o,
+        mid_lse,
+        out,
+        out_lse if out_lse is not None else mid_lse,
+        s,
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=d,
+        BLOCK_D=next_pow2(d),
+        BLOCK_S=split_block(s),
+        WRITE_LSE=out_lse is not None,
         num_warps=4 if d >= 128 else 2,
     )
 
@@ -111,8 +163,15 @@ def merge_splits_ref(mid_o: torch.Tensor, mid_lse: torch.Tensor) -> tuple[torch.
     return (mid_o * w.unsqueeze(-1)).sum(-2), lse
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int = 132,
-                      block_n: int = 64, min_per_split: int = 128, max_splits: int = 64) -> int:
+def choose_num_splits(
+    batch: int,
+    num_kv_heads: int,
+    max_len: int,
+    num_sms: int = 132,
+    block_n: int = 64,
+    min_per_split: int = 128,
+    max_splits: int = 64,
+) -> int:
     """Enough programs to fill the GPU about twice over, no split shorter than min_per_split: a
     lone long sequence needs many splits to occupy the SMs, a batch of 64 or more fills them with
     one (figures for Hq 32 / Hkv 8 / D 128: benchmarks/results/kernels_h200.json)."""
@@ -124,17 +183,28 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_len: int, num_sms: int 
 
 
 def decode_attention(
-    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float | None = None,
-    num_splits: int | None = None, max_len: int | None = None, kv_start: torch.Tensor | None = None,
-    out: torch.Tensor | None = None, return_lse: bool = False, block_n: int = 64,
-    num_warps: int = 4, num_stages: int = 3,
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float | None = None,
+    num_splits: int | None = None,
+    max_len: int | None = None,
+    kv_start: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: bool = False,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 3,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """q [B, Hq, D] → out [B, Hq, D] (q's dtype); attends to positions kv_start[b]..seq_lens[b]-1.
     num_splits (or max_len, host-side, to pick it) fixes the grid: no device→host sync."""
     if not use_triton(q):
-        o, lse = decode_attention_ref(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
-                                      sm_scale, kv_start)
+        o, lse = decode_attention_ref(
+            q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sm_scale, kv_start
+        )
         if out is not None:
             out.copy_(o)
             o = out
@@ -152,17 +222,43 @@ def decode_attention(
     lse = torch.empty((bsz, hq), dtype=torch.float32, device=q.device) if return_lse else None
     if bsz == 0:
         return (out, lse) if return_lse else out
-    decode_partial(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, kv_start, mid_o, mid_lse,
-                   0, num_splits, sm_scale, block_n, num_warps, num_stages)
+    decode_partial(
+        q,
+        k_buffer,
+        v_buffer,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        kv_start,
+        mid_o,
+        mid_lse,
+        0,
+        num_splits,
+        sm_scale,
+        block_n,
+        num_warps,
+        num_stages,
+    )
     merge_splits(mid_o, mid_lse, out, lse)
     return (out, lse) if return_lse else out
 
 
 def decode_partial(
-    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, kv_start: torch.Tensor | None,
-    mid_o: torch.Tensor, mid_lse: torch.Tensor, split_offset: int, num_splits: int, sm_scale: float,
-    block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    kv_start: torch.Tensor | None,
+    mid_o: torch.Tensor,
+    mid_lse: torch.Tensor,
+    split_offset: int,
+    num_splits: int,
+    sm_scale: float,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 3,
 ) -> None:
     """Stage 1 only: write num_splits partial states per (request, head) into mid_o [B, Hq, S, D]
     / mid_lse [B, Hq, S] at split indices split_offset.. (S may hold other partial states)."""
@@ -172,14 +268,36 @@ def decode_partial(
     block_h = max(16, min(64, next_pow2(group)))
     hb_per_kv = triton.cdiv(group, block_h)
     _decode_partial_kernel[(bsz, hkv * hb_per_kv, num_splits)](
-        q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
-        kv_start if kv_start is not None else seq_lens, mid_o, mid_lse, sm_scale, num_splits, hq,
-        mid_o.shape[2], split_offset,
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0),
-        v_buffer.stride(1), req_to_token.stride(0),
-        GROUP=group, HEAD_DIM=d, BLOCK_H=block_h, BLOCK_N=block_n, BLOCK_D=next_pow2(d),
-        HAS_START=kv_start is not None, DOT_PREC=dot_precision(q.dtype),
-        num_warps=num_warps, num_stages=num_stages,
+        q,
+        k_buffer,
+        v_buffer,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        kv_start if kv_start is not None else seq_lens,
+        mid_o,
+        mid_lse,
+        sm_scale,
+        num_splits,
+        hq,
+        mid_o.shape[2],
+        split_offset,
+        q.stride(0),
+        q.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        req_to_token.stride(0),
+        GROUP=group,
+        HEAD_DIM=d,
+        BLOCK_H=block_h,
+        BLOCK_N=block_n,
+        BLOCK_D=next_pow2(d),
+        HAS_START=kv_start is not None,
+        DOT_PREC=dot_precision(q.dtype),
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
 
 
@@ -193,8 +311,13 @@ def _check_heads(hq: int, hkv: int, d: int, k_buffer: torch.Tensor) -> None:
 
 
 def decode_attention_ref(
-    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float | None = None,
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float | None = None,
     kv_start: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Plain torch, one request at a time, fp32 math → (out [B, Hq, D] in q's dtype, lse [B, Hq])."""

@@ -24,9 +24,29 @@ def _load_rows(ptrs, mask_n, mask_d, MASK_N: tl.constexpr, EVEN_D: tl.constexpr)
 
 
 @triton.jit
-def _prefix_step(q, m_i, l_i, acc, row_ptr, Kbuf, Vbuf, kvh, stride_bt, stride_bh, stride_ct, stride_ch, n0, hi,
-                 offs_d, mask_d, qk_scale, BLOCK_N: tl.constexpr, MASK_N: tl.constexpr, EVEN_D: tl.constexpr,
-                 DOT_PREC: tl.constexpr):
+def _prefix_step(
+    q,
+    m_i,
+    l_i,
+    acc,
+    row_ptr,
+    Kbuf,
+    Vbuf,
+    kvh,
+    stride_bt,
+    stride_bh,
+    stride_ct,
+    stride_ch,
+    n0,
+    hi,
+    offs_d,
+    mask_d,
+    qk_scale,
+    BLOCK_N: tl.constexpr,
+    MASK_N: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     """One BLOCK_N block of cached keys gathered through req_to_token (masked only at the tail)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mask_n = offs_n < hi
@@ -34,21 +54,53 @@ def _prefix_step(q, m_i, l_i, acc, row_ptr, Kbuf, Vbuf, kvh, stride_bt, stride_b
         slots = tl.load(row_ptr + offs_n, mask=mask_n, other=0)
     else:
         slots = tl.load(row_ptr + offs_n)
-    k = _load_rows(Kbuf + slots[:, None] * stride_bt + kvh * stride_bh + offs_d[None, :], mask_n, mask_d, MASK_N, EVEN_D)
+    k = _load_rows(
+        Kbuf + slots[:, None] * stride_bt + kvh * stride_bh + offs_d[None, :], mask_n, mask_d, MASK_N, EVEN_D
+    )
     qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
     if MASK_N:
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
-    v = _load_rows(Vbuf + slots[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :], mask_n, mask_d, MASK_N, EVEN_D)
+    v = _load_rows(
+        Vbuf + slots[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :], mask_n, mask_d, MASK_N, EVEN_D
+    )
     return online_update(qk, m_i, l_i, acc, v, DOT_PREC)
 
 
 @triton.jit
 def _extend_kernel(
-    Q, Knew, Vnew, Out, Kbuf, Vbuf, ReqToToken, ReqIdx, PrefixLens, ExtendLens, ExtendStart, sm_scale,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    stride_bt, stride_bh, stride_ct, stride_ch, stride_rr,
-    GROUP: tl.constexpr, HPP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, DOT_PREC: tl.constexpr,
+    Q,
+    Knew,
+    Vnew,
+    Out,
+    Kbuf,
+    Vbuf,
+    ReqToToken,
+    ReqIdx,
+    PrefixLens,
+    ExtendLens,
+    ExtendStart,
+    sm_scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    stride_bh,
+    stride_ct,
+    stride_ch,
+    stride_rr,
+    GROUP: tl.constexpr,
+    HPP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     """Rows of a program are (token, head) pairs: HPP query heads of one KV head per token
     (HPP = GROUP packs the whole GQA group, so each K/V tile feeds GROUP heads)."""
@@ -69,8 +121,11 @@ def _extend_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask_m = toks < ext_len
     mask_d = offs_d < HEAD_DIM
-    q = tl.load(Q + (tok0 + toks[:, None]) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    q = tl.load(
+        Q + (tok0 + toks[:, None]) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=mask_m[:, None] & mask_d[None, :],
+        other=0.0,
+    )
     qk_scale = sm_scale * 1.4426950408889634
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -80,39 +135,102 @@ def _extend_kernel(
     row_ptr = ReqToToken + tl.load(ReqIdx + b) * stride_rr
     prefix_full = prefix_len // BLOCK_N * BLOCK_N
     for n0 in range(0, prefix_full, BLOCK_N):
-        m_i, l_i, acc = _prefix_step(q, m_i, l_i, acc, row_ptr, Kbuf, Vbuf, kvh, stride_bt, stride_bh, stride_ct,
-                                     stride_ch, n0, prefix_len, offs_d, mask_d, qk_scale, BLOCK_N, False, EVEN_D,
-                                     DOT_PREC)
+        m_i, l_i, acc = _prefix_step(
+            q,
+            m_i,
+            l_i,
+            acc,
+            row_ptr,
+            Kbuf,
+            Vbuf,
+            kvh,
+            stride_bt,
+            stride_bh,
+            stride_ct,
+            stride_ch,
+            n0,
+            prefix_len,
+            offs_d,
+            mask_d,
+            qk_scale,
+            BLOCK_N,
+            False,
+            EVEN_D,
+            DOT_PREC,
+        )
     if prefix_full < prefix_len:
-        m_i, l_i, acc = _prefix_step(q, m_i, l_i, acc, row_ptr, Kbuf, Vbuf, kvh, stride_bt, stride_bh, stride_ct,
-                                     stride_ch, prefix_full, prefix_len, offs_d, mask_d, qk_scale, BLOCK_N, True,
-                                     EVEN_D, DOT_PREC)
+        m_i, l_i, acc = _prefix_step(
+            q,
+            m_i,
+            l_i,
+            acc,
+            row_ptr,
+            Kbuf,
+            Vbuf,
+            kvh,
+            stride_bt,
+            stride_bh,
+            stride_ct,
+            stride_ch,
+            prefix_full,
+            prefix_len,
+            offs_d,
+            mask_d,
+            qk_scale,
+            BLOCK_N,
+            True,
+            EVEN_D,
+            DOT_PREC,
+        )
 
     # 2) the new tokens, causally: blocks wholly below the diagonal skip the mask
     full_end = first_tok // BLOCK_N * BLOCK_N
     for n0 in range(0, full_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        k = _load_rows(Knew + (tok0 + offs_n[:, None]) * stride_kt + kvh * stride_kh + offs_d[None, :],
-                       offs_n < ext_len, mask_d, False, EVEN_D)
+        k = _load_rows(
+            Knew + (tok0 + offs_n[:, None]) * stride_kt + kvh * stride_kh + offs_d[None, :],
+            offs_n < ext_len,
+            mask_d,
+            False,
+            EVEN_D,
+        )
         qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
-        v = _load_rows(Vnew + (tok0 + offs_n[:, None]) * stride_vt + kvh * stride_vh + offs_d[None, :],
-                       offs_n < ext_len, mask_d, False, EVEN_D)
+        v = _load_rows(
+            Vnew + (tok0 + offs_n[:, None]) * stride_vt + kvh * stride_vh + offs_d[None, :],
+            offs_n < ext_len,
+            mask_d,
+            False,
+            EVEN_D,
+        )
         m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
     diag_end = tl.minimum(last_tok + 1, ext_len)
     for n0 in range(full_end, diag_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < ext_len
-        k = _load_rows(Knew + (tok0 + offs_n[:, None]) * stride_kt + kvh * stride_kh + offs_d[None, :],
-                       mask_n, mask_d, True, EVEN_D)
+        k = _load_rows(
+            Knew + (tok0 + offs_n[:, None]) * stride_kt + kvh * stride_kh + offs_d[None, :],
+            mask_n,
+            mask_d,
+            True,
+            EVEN_D,
+        )
         qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
         qk = tl.where(mask_n[None, :] & (offs_n[None, :] <= toks[:, None]), qk, float("-inf"))
-        v = _load_rows(Vnew + (tok0 + offs_n[:, None]) * stride_vt + kvh * stride_vh + offs_d[None, :],
-                       mask_n, mask_d, True, EVEN_D)
+        v = _load_rows(
+            Vnew + (tok0 + offs_n[:, None]) * stride_vt + kvh * stride_vh + offs_d[None, :],
+            mask_n,
+            mask_d,
+            True,
+            EVEN_D,
+        )
         m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
 
     out, _ = finish_state(m_i, l_i, acc)
-    tl.store(Out + (tok0 + toks[:, None]) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+    tl.store(
+        Out + (tok0 + toks[:, None]) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=mask_m[:, None] & mask_d[None, :],
+    )
 
 
 def extend_config(max_extend_len: int) -> dict[str, int]:
@@ -125,19 +243,42 @@ def extend_config(max_extend_len: int) -> dict[str, int]:
 
 
 def extend_attention(
-    q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
-    prefix_lens: torch.Tensor, extend_lens: torch.Tensor, extend_start_loc: torch.Tensor,
-    max_extend_len: int, sm_scale: float | None = None, out: torch.Tensor | None = None,
-    block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
-    num_stages: int | None = None, pack_gqa: bool = True,
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    extend_start_loc: torch.Tensor,
+    max_extend_len: int,
+    sm_scale: float | None = None,
+    out: torch.Tensor | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    pack_gqa: bool = True,
 ) -> torch.Tensor:
     """q [T, Hq, D], k_new/v_new [T, Hkv, D] → out [T, Hq, D]. max_extend_len is a host int
     (>= every extend length) that sizes the grid. pack_gqa: a program's rows are the GQA group's
     query heads of block_m / group tokens (K/V read once per group), else one head's tokens."""
     if not use_triton(q):
-        o = extend_attention_ref(q, k_new, v_new, k_buffer, v_buffer, req_to_token, req_pool_indices,
-                                 prefix_lens, extend_lens, extend_start_loc, sm_scale)
+        o = extend_attention_ref(
+            q,
+            k_new,
+            v_new,
+            k_buffer,
+            v_buffer,
+            req_to_token,
+            req_pool_indices,
+            prefix_lens,
+            extend_lens,
+            extend_start_loc,
+            sm_scale,
+        )
         return out.copy_(o) if out is not None else o
     t, hq, d = q.shape
     hkv = k_new.shape[1]
@@ -156,21 +297,56 @@ def extend_attention(
     hpp = hq // hkv if pack_gqa else 1
     grid = (triton.cdiv(max_extend_len * hpp, block_m), hq // hpp, bsz)
     _extend_kernel[grid](
-        q, k_new, v_new, out, k_buffer, v_buffer, req_to_token, req_pool_indices, prefix_lens,
-        extend_lens, extend_start_loc, sm_scale,
-        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
-        out.stride(0), out.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0),
-        v_buffer.stride(1), req_to_token.stride(0),
-        GROUP=hq // hkv, HPP=hpp, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_pow2(d),
-        EVEN_D=next_pow2(d) == d, DOT_PREC=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
+        q,
+        k_new,
+        v_new,
+        out,
+        k_buffer,
+        v_buffer,
+        req_to_token,
+        req_pool_indices,
+        prefix_lens,
+        extend_lens,
+        extend_start_loc,
+        sm_scale,
+        q.stride(0),
+        q.stride(1),
+        k_new.stride(0),
+        k_new.stride(1),
+        v_new.stride(0),
+        v_new.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        req_to_token.stride(0),
+        GROUP=hq // hkv,
+        HPP=hpp,
+        HEAD_DIM=d,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=next_pow2(d),
+        EVEN_D=next_pow2(d) == d,
+        DOT_PREC=dot_precision(q.dtype),
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out
 
 
 def extend_attention_ref(
-    q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_buffer: torch.Tensor,
-    v_buffer: torch.Tensor, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
-    prefix_lens: torch.Tensor, extend_lens: torch.Tensor, extend_start_loc: torch.Tensor,
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    extend_start_loc: torch.Tensor,
     sm_scale: float | None = None,
 ) -> torch.Tensor:
     """Plain torch, one request at a time: keys = prefix slots then the new tokens, causal mask."""
@@ -186,7 +362,9 @@ def extend_attention_ref(
         k = torch.cat([k_buffer[slots], k_new[s0 : s0 + e]]).float().repeat_interleave(group, dim=1)
         v = torch.cat([v_buffer[slots], v_new[s0 : s0 + e]]).float().repeat_interleave(group, dim=1)
         s = torch.einsum("qhd,khd->hqk", q[s0 : s0 + e].float(), k) * sm_scale
-        causal = torch.arange(p + e, device=q.device)[None, :] <= (p + torch.arange(e, device=q.device))[:, None]
+        causal = (
+            torch.arange(p + e, device=q.device)[None, :] <= (p + torch.arange(e, device=q.device))[:, None]
+        )
         s = s.masked_fill(~causal, float("-inf"))
         out[s0 : s0 + e] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v).to(q.dtype)
     return out

@@ -49,8 +49,12 @@ DEFAULT = GemvConfig()
 # cuBLAS there; from M = 4 cuBLAS is faster at every shape, so the model calls gemv for one row
 # only (`radixlm.backend.models.llama.linear`, through `use_gemv` below). Figures:
 # benchmarks/results/gemv_h200.json.
-DEFAULTS: dict[int, GemvConfig] = {1: GemvConfig("fma", 2, 4096, 4), 2: GemvConfig("fma", 2, 4096, 4),
-                                   4: GemvConfig("dot", 32, 256, 4, 4), 8: GemvConfig("dot", 32, 256, 4, 4)}
+DEFAULTS: dict[int, GemvConfig] = {
+    1: GemvConfig("fma", 2, 4096, 4),
+    2: GemvConfig("fma", 2, 4096, 4),
+    4: GemvConfig("dot", 32, 256, 4, 4),
+    8: GemvConfig("dot", 32, 256, 4, 4),
+}
 
 
 def default_config(m: int) -> GemvConfig:
@@ -59,9 +63,23 @@ def default_config(m: int) -> GemvConfig:
 
 
 @triton.jit
-def _gemv_fma_kernel(X, W, B, Y, N, K, stride_xm, stride_wn, stride_ym,
-                     M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+def _gemv_fma_kernel(
+    X,
+    W,
+    B,
+    Y,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    M: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # rows past N re-read row N-1 (loads stay unmasked); their outputs are never stored
     w_ptrs = W + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * stride_wn + tl.arange(0, BLOCK_K)[None, :]
@@ -85,9 +103,24 @@ def _gemv_fma_kernel(X, W, B, Y, N, K, stride_xm, stride_wn, stride_ym,
 
 
 @triton.jit
-def _gemv_dot_kernel(X, W, B, Y, N, K, stride_xm, stride_wn, stride_ym,
-                     M: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_PREC: tl.constexpr):
+def _gemv_dot_kernel(
+    X,
+    W,
+    B,
+    Y,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    M: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_idx = tl.arange(0, BLOCK_M)
@@ -119,14 +152,24 @@ def _store(acc, B, Y, rows, m_idx, N, stride_ym, M: tl.constexpr, HAS_BIAS: tl.c
 def use_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a model should call `gemv` for F.linear(x, weight): a CUDA tensor of 1..8 rows
     (x [M, K]), W [N, K] with unit stride along K, same supported dtype. Host metadata only."""
-    return (x.is_cuda and x.dim() == 2 and 1 <= x.shape[0] <= MAX_M and weight.dim() == 2
-            and weight.shape[1] == x.shape[1] and weight.stride(1) == 1 and x.dtype == weight.dtype
-            and x.dtype in DTYPES and weight.device == x.device)
+    return (
+        x.is_cuda
+        and x.dim() == 2
+        and 1 <= x.shape[0] <= MAX_M
+        and weight.dim() == 2
+        and weight.shape[1] == x.shape[1]
+        and weight.stride(1) == 1
+        and x.dtype == weight.dtype
+        and x.dtype in DTYPES
+        and weight.device == x.device
+    )
 
 
 def _validate(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     if x.dim() != 2 or weight.dim() != 2:
-        raise ValueError(f"gemv needs x [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}")
+        raise ValueError(
+            f"gemv needs x [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
     if x.shape[1] != weight.shape[1]:
         raise ValueError(f"gemv: x has K={x.shape[1]} but weight has K={weight.shape[1]}")
     if not 1 <= x.shape[0] <= MAX_M:
@@ -137,8 +180,13 @@ def _validate(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
         raise ValueError(f"gemv: bias shape {tuple(bias.shape)} != ({weight.shape[0]},)")
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-         config: GemvConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """y [M, N] = x [M, K] @ weight[N, K]^T (+ bias), fp32 accumulation, one kernel launch."""
     _validate(x, weight, bias)
     if not use_triton(x):
@@ -154,16 +202,46 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if n == 0 or k == 0:
         return y.zero_() if k == 0 else y
     block_k = min(cfg.block_k, max(16, next_pow2(k)))
-    common = dict(M=m, BLOCK_N=cfg.block_n, BLOCK_K=block_k, EVEN_K=k % block_k == 0, HAS_BIAS=bias is not None,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    common = dict(
+        M=m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=block_k,
+        EVEN_K=k % block_k == 0,
+        HAS_BIAS=bias is not None,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
     grid = (triton.cdiv(n, cfg.block_n),)
     b = bias if bias is not None else y
     if cfg.kind == "dot":
-        _gemv_dot_kernel[grid](x, weight, b, y, n, k, x.stride(0), weight.stride(0), y.stride(0),
-                               BLOCK_M=16, DOT_PREC=dot_precision(x.dtype), **common)
+        _gemv_dot_kernel[grid](
+            x,
+            weight,
+            b,
+            y,
+            n,
+            k,
+            x.stride(0),
+            weight.stride(0),
+            y.stride(0),
+            BLOCK_M=16,
+            DOT_PREC=dot_precision(x.dtype),
+            **common,
+        )
     else:
-        _gemv_fma_kernel[grid](x, weight, b, y, n, k, x.stride(0), weight.stride(0), y.stride(0),
-                               BLOCK_M=max(2, next_pow2(m)), **common)
+        _gemv_fma_kernel[grid](
+            x,
+            weight,
+            b,
+            y,
+            n,
+            k,
+            x.stride(0),
+            weight.stride(0),
+            y.stride(0),
+            BLOCK_M=max(2, next_pow2(m)),
+            **common,
+        )
     return y
 
 

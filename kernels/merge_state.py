@@ -11,8 +11,21 @@ from ._triton import next_pow2, tl, triton, use_triton
 
 @triton.jit
 def _merge_state_kernel(
-    Oa, La, Ob, Lb, Out, L, stride_an, stride_ah, stride_bn, stride_bh, stride_on, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, WRITE_LSE: tl.constexpr,
+    Oa,
+    La,
+    Ob,
+    Lb,
+    Out,
+    L,
+    stride_an,
+    stride_ah,
+    stride_bn,
+    stride_bh,
+    stride_on,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
 ):
     n = tl.program_id(0)
     h = tl.program_id(1)
@@ -35,26 +48,50 @@ def _merge_state_kernel(
 
 
 def merge_state(
-    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor,
-    out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None, return_lse: bool = False,
+    out_a: torch.Tensor,
+    lse_a: torch.Tensor,
+    out_b: torch.Tensor,
+    lse_b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """out_* [N, H, D] (last dim contiguous), lse_* [N, H] fp32 contiguous → out [N, H, D]."""
     if out_a.shape != out_b.shape or lse_a.shape != out_a.shape[:2] or lse_b.shape != lse_a.shape:
-        raise ValueError(f"state shapes disagree: {tuple(out_a.shape)}/{tuple(lse_a.shape)} vs "
-                         f"{tuple(out_b.shape)}/{tuple(lse_b.shape)}")
+        raise ValueError(
+            f"state shapes disagree: {tuple(out_a.shape)}/{tuple(lse_a.shape)} vs "
+            f"{tuple(out_b.shape)}/{tuple(lse_b.shape)}"
+        )
     if not use_triton(out_a):
         o, lse = merge_state_ref(out_a, lse_a, out_b, lse_b)
         o = o.to(out_dtype or out_a.dtype)
         o = out.copy_(o) if out is not None else o
         return (o, lse) if return_lse else o
     n, h, d = out_a.shape
-    out = out if out is not None else torch.empty(out_a.shape, dtype=out_dtype or out_a.dtype, device=out_a.device)
+    out = (
+        out
+        if out is not None
+        else torch.empty(out_a.shape, dtype=out_dtype or out_a.dtype, device=out_a.device)
+    )
     lse = torch.empty_like(lse_a) if return_lse else None
     if n > 0:
         _merge_state_kernel[(n, h)](
-            out_a, lse_a.contiguous(), out_b, lse_b.contiguous(), out, lse if lse is not None else lse_a,
-            out_a.stride(0), out_a.stride(1), out_b.stride(0), out_b.stride(1), out.stride(0), out.stride(1),
-            HEAD_DIM=d, BLOCK_D=next_pow2(d), WRITE_LSE=return_lse, num_warps=1 if d <= 128 else 2,
+            out_a,
+            lse_a.contiguous(),
+            out_b,
+            lse_b.contiguous(),
+            out,
+            lse if lse is not None else lse_a,
+            out_a.stride(0),
+            out_a.stride(1),
+            out_b.stride(0),
+            out_b.stride(1),
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=d,
+            BLOCK_D=next_pow2(d),
+            WRITE_LSE=return_lse,
+            num_warps=1 if d <= 128 else 2,
         )
     return (out, lse) if return_lse else out
 

@@ -11,15 +11,26 @@ from ._triton import next_pow2, tl, triton, use_triton
 
 @triton.jit
 def _rmsnorm_kernel(
-    X, R, W, Y, Rout, stride_x, stride_r, stride_y, stride_ro, n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    X,
+    R,
+    W,
+    Y,
+    Rout,
+    stride_x,
+    stride_r,
+    stride_y,
+    stride_ro,
+    n_cols,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
     x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RESIDUAL:
-        x = (x.to(tl.float32) + tl.load(R + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32))
+        x = x.to(tl.float32) + tl.load(R + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
         x = x.to(Y.dtype.element_ty)
         tl.store(Rout + row * stride_ro + offs, x, mask=mask)
     xf = x.to(tl.float32)
@@ -29,8 +40,9 @@ def _rmsnorm_kernel(
     tl.store(Y + row * stride_y + offs, y.to(Y.dtype.element_ty), mask=mask)
 
 
-def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _launch(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     if x.shape[-1] != weight.shape[0]:
         raise ValueError(f"RMSNorm weight has {weight.shape[0]} entries, rows have {x.shape[-1]}")
     shape = x.shape
@@ -46,10 +58,20 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     if n_rows:
         block = next_pow2(n_cols)
         _rmsnorm_kernel[(n_rows,)](
-            x2, r2 if r2 is not None else x2, weight, y, r_out if r_out is not None else y,
-            x2.stride(0), r2.stride(0) if r2 is not None else 0, y.stride(0),
-            r_out.stride(0) if r_out is not None else 0, n_cols, eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)),
+            x2,
+            r2 if r2 is not None else x2,
+            weight,
+            y,
+            r_out if r_out is not None else y,
+            x2.stride(0),
+            r2.stride(0) if r2 is not None else 0,
+            y.stride(0),
+            r_out.stride(0) if r_out is not None else 0,
+            n_cols,
+            eps,
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=block,
+            num_warps=min(16, max(1, block // 256)),
         )
     return y.view(shape), (r_out.view(shape) if r_out is not None else None)
 
@@ -61,8 +83,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.T
     return _launch(x, None, weight, eps)[0]
 
 
-def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(rmsnorm(x + residual), x + residual): the new residual stream and its normalised form."""
     if x.shape != residual.shape:
         raise ValueError(f"residual shape {tuple(residual.shape)} != input shape {tuple(x.shape)}")
@@ -79,7 +102,8 @@ def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tor
     return (weight.float() * xf.to(x.dtype).float()).to(x.dtype)
 
 
-def fused_add_rmsnorm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rmsnorm_ref(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     r = (x.float() + residual.float()).to(x.dtype)
     return rmsnorm_ref(r, weight, eps), r

@@ -14,14 +14,29 @@ from ._triton import next_pow2, tl, triton, use_triton
 def build_cos_sin_cache(inv_freq: torch.Tensor, max_position: int) -> torch.Tensor:
     """[max_position, D] fp32: cos(pos * inv_freq) in the first half, sin in the second
     (inv_freq [D/2] already carries any rope scaling, e.g. Llama 3's)."""
-    freqs = torch.outer(torch.arange(max_position, dtype=torch.float32, device=inv_freq.device),
-                        inv_freq.float())
+    freqs = torch.outer(
+        torch.arange(max_position, dtype=torch.float32, device=inv_freq.device), inv_freq.float()
+    )
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
 
 
 @triton.jit
-def _rotate_heads(X, Y, tok, out_row, stride_xt, stride_xh, stride_yt, stride_yh, n_heads, cos, sin,
-                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _rotate_heads(
+    X,
+    Y,
+    tok,
+    out_row,
+    stride_xt,
+    stride_xh,
+    stride_yt,
+    stride_yh,
+    n_heads,
+    cos,
+    sin,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
     for h0 in range(0, n_heads, BLOCK_H):
@@ -36,23 +51,64 @@ def _rotate_heads(X, Y, tok, out_row, stride_xt, stride_xh, stride_yt, stride_yh
 
 
 @triton.jit
-def _copy_v_row(V, Vbuf, tok, slot, stride_vt, stride_vh, stride_bt, stride_bh, n_heads,
-                HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _copy_v_row(
+    V,
+    Vbuf,
+    tok,
+    slot,
+    stride_vt,
+    stride_vh,
+    stride_bt,
+    stride_bh,
+    n_heads,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     for h0 in range(0, n_heads, BLOCK_H):
         hh = h0 + offs_h
         mask = (hh[:, None] < n_heads) & (offs_d[None, :] < HEAD_DIM)
         v = tl.load(V + tok * stride_vt + hh[:, None] * stride_vh + offs_d[None, :], mask=mask)
-        tl.store(Vbuf + slot * stride_bt + hh[:, None] * stride_bh + offs_d[None, :],
-                 v.to(Vbuf.dtype.element_ty), mask=mask)
+        tl.store(
+            Vbuf + slot * stride_bt + hh[:, None] * stride_bh + offs_d[None, :],
+            v.to(Vbuf.dtype.element_ty),
+            mask=mask,
+        )
 
 
 @triton.jit
-def _rotary_kernel(Q, K, Qo, Ko, Pos, Cache, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
-                   stride_pt, stride_ph, stride_c, n_q_heads, n_k_heads, V, Vbuf, Loc, stride_vt, stride_vh,
-                   stride_bt, stride_bh,
-                   HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, STORE_KV: tl.constexpr):
+def _rotary_kernel(
+    Q,
+    K,
+    Qo,
+    Ko,
+    Pos,
+    Cache,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_ot,
+    stride_oh,
+    stride_pt,
+    stride_ph,
+    stride_c,
+    n_q_heads,
+    n_k_heads,
+    V,
+    Vbuf,
+    Loc,
+    stride_vt,
+    stride_vh,
+    stride_bt,
+    stride_bh,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    STORE_KV: tl.constexpr,
+):
     """STORE_KV: Ko is the pool's K buffer and k's output row is Loc[tok]; v is copied to Vbuf."""
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + tok)
@@ -60,15 +116,55 @@ def _rotary_kernel(Q, K, Qo, Ko, Pos, Cache, stride_qt, stride_qh, stride_kt, st
     cmask = offs_d < HALF
     cos = tl.load(Cache + pos * stride_c + offs_d, mask=cmask, other=0.0)[None, :]
     sin = tl.load(Cache + pos * stride_c + HALF + offs_d, mask=cmask, other=0.0)[None, :]
-    _rotate_heads(Q, Qo, tok, tok, stride_qt, stride_qh, stride_ot, stride_oh, n_q_heads, cos, sin,
-                  HALF, BLOCK_H, BLOCK_HALF)
+    _rotate_heads(
+        Q,
+        Qo,
+        tok,
+        tok,
+        stride_qt,
+        stride_qh,
+        stride_ot,
+        stride_oh,
+        n_q_heads,
+        cos,
+        sin,
+        HALF,
+        BLOCK_H,
+        BLOCK_HALF,
+    )
     k_row = tok
     if STORE_KV:
         k_row = tl.load(Loc + tok).to(tl.int64)
-        _copy_v_row(V, Vbuf, tok, k_row, stride_vt, stride_vh, stride_bt, stride_bh, n_k_heads,
-                    2 * HALF, BLOCK_H, 2 * BLOCK_HALF)
-    _rotate_heads(K, Ko, tok, k_row, stride_kt, stride_kh, stride_pt, stride_ph, n_k_heads, cos, sin,
-                  HALF, BLOCK_H, BLOCK_HALF)
+        _copy_v_row(
+            V,
+            Vbuf,
+            tok,
+            k_row,
+            stride_vt,
+            stride_vh,
+            stride_bt,
+            stride_bh,
+            n_k_heads,
+            2 * HALF,
+            BLOCK_H,
+            2 * BLOCK_HALF,
+        )
+    _rotate_heads(
+        K,
+        Ko,
+        tok,
+        k_row,
+        stride_kt,
+        stride_kh,
+        stride_pt,
+        stride_ph,
+        n_k_heads,
+        cos,
+        sin,
+        HALF,
+        BLOCK_H,
+        BLOCK_HALF,
+    )
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
@@ -79,8 +175,15 @@ def _check(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor) -> Non
         raise ValueError(f"cos/sin cache width {cos_sin_cache.shape[-1]} must equal the even head dim {d}")
 
 
-def _launch(q: torch.Tensor, k: torch.Tensor, qo: torch.Tensor, ko: torch.Tensor, positions: torch.Tensor,
-            cos_sin_cache: torch.Tensor, store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> None:
+def _launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    qo: torch.Tensor,
+    ko: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+) -> None:
     if q.stride(2) != 1 or k.stride(2) != 1:
         q, k = q.contiguous(), k.contiguous()
     cache = cos_sin_cache if cos_sin_cache.dtype == torch.float32 else cos_sin_cache.float()
@@ -88,28 +191,63 @@ def _launch(q: torch.Tensor, k: torch.Tensor, qo: torch.Tensor, ko: torch.Tensor
     if q.shape[0]:
         half = q.shape[2] // 2
         _rotary_kernel[(q.shape[0],)](
-            q, k, qo, ko, positions, cache, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            qo.stride(0), qo.stride(1), ko.stride(0), ko.stride(1), cache.stride(0), q.shape[1], k.shape[1],
-            v, v_buf, loc, v.stride(0), v.stride(1), v_buf.stride(0), v_buf.stride(1),
-            HALF=half, BLOCK_H=min(16, next_pow2(max(q.shape[1], k.shape[1]))), BLOCK_HALF=next_pow2(half),
-            STORE_KV=store is not None, num_warps=4,
+            q,
+            k,
+            qo,
+            ko,
+            positions,
+            cache,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            qo.stride(0),
+            qo.stride(1),
+            ko.stride(0),
+            ko.stride(1),
+            cache.stride(0),
+            q.shape[1],
+            k.shape[1],
+            v,
+            v_buf,
+            loc,
+            v.stride(0),
+            v.stride(1),
+            v_buf.stride(0),
+            v_buf.stride(1),
+            HALF=half,
+            BLOCK_H=min(16, next_pow2(max(q.shape[1], k.shape[1]))),
+            BLOCK_HALF=next_pow2(half),
+            STORE_KV=store is not None,
+            num_warps=4,
         )
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rotary(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, Hq, D], k [T, Hkv, D] (last dim contiguous), positions [T] → rotated (q, k), new tensors."""
     _check(q, k, cos_sin_cache)
     if not use_triton(q):
         return rotary_ref(q, k, positions, cos_sin_cache)
-    qo, ko = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    qo, ko = (
+        torch.empty(q.shape, dtype=q.dtype, device=q.device),
+        torch.empty(k.shape, dtype=k.dtype, device=k.device),
+    )
     _launch(q, k, qo, ko, positions, cos_sin_cache, None)
     return qo, ko
 
 
-def rotary_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                     cos_sin_cache: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
-                     loc: torch.Tensor) -> torch.Tensor:
+def rotary_and_store(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    loc: torch.Tensor,
+) -> torch.Tensor:
     """Rotate q and k; write rotated k into k_buffer[loc] and v into v_buffer[loc] (buffers
     [S, Hkv, D], last dim contiguous); return rotated q. One launch."""
     _check(q, k, cos_sin_cache)
@@ -125,8 +263,9 @@ def rotary_and_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
     return qo
 
 
-def rotary_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_ref(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     half = q.shape[-1] // 2
     cs = cos_sin_cache[positions].float()
     cos = torch.cat([cs[:, :half], cs[:, :half]], -1)[:, None, :]

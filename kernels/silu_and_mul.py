@@ -36,7 +36,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     block = 1024
     if n_rows and n_cols:
         _silu_mul_kernel[(n_rows, triton.cdiv(n_cols, block))](
-            g2, u2, out, g2.stride(0), u2.stride(0), out.stride(0), n_cols, BLOCK=block, num_warps=4)
+            g2, u2, out, g2.stride(0), u2.stride(0), out.stride(0), n_cols, BLOCK=block, num_warps=4
+        )
     return out.view(shape)
 
 

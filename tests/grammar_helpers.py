@@ -49,8 +49,13 @@ def allowed_ids(bitmask_row: torch.Tensor, vocab_size: int) -> np.ndarray:
     return np.nonzero(bits[:vocab_size])[0]
 
 
-def pick_token(allowed: np.ndarray, rng: np.random.Generator, eos_ids: Sequence[int],
-               preferred: Sequence[int], single_byte: Sequence[int]) -> int:
+def pick_token(
+    allowed: np.ndarray,
+    rng: np.random.Generator,
+    eos_ids: Sequence[int],
+    preferred: Sequence[int],
+    single_byte: Sequence[int],
+) -> int:
     """Random allowed token, biased towards finishing: EOS, then closing punctuation, then short tokens.
     allowed: sorted allowed ids (as allowed_ids returns)."""
 
@@ -76,9 +81,15 @@ def pick_token(allowed: np.ndarray, rng: np.random.Generator, eos_ids: Sequence[
     return int(rng.choice(allowed))
 
 
-def random_walk(matchers: Sequence[GrammarMatcher], vocab_size: int, token_bytes: Sequence[bytes],
-                eos_ids: Sequence[int], seed: int, max_steps: int = 300,
-                on_step: Callable[[list[np.ndarray]], None] | None = None) -> tuple[list[int], bool]:
+def random_walk(
+    matchers: Sequence[GrammarMatcher],
+    vocab_size: int,
+    token_bytes: Sequence[bytes],
+    eos_ids: Sequence[int],
+    seed: int,
+    max_steps: int = 300,
+    on_step: Callable[[list[np.ndarray]], None] | None = None,
+) -> tuple[list[int], bool]:
     """Drive all matchers with the same tokens sampled from the first one's mask; on_step sees every
     matcher's allowed ids before each choice. Returns (token ids without EOS, terminated?)."""
     rng = np.random.default_rng(seed)

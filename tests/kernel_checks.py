@@ -34,8 +34,16 @@ def ref_dtype(device: torch.device | str) -> torch.dtype:
     return torch.float64 if torch.device(device).type == "cpu" else torch.float32
 
 
-def paged_kv(seq_lens: list[int], hkv: int, d: int, dtype: torch.dtype, device: str, shared: list[int] | None = None,
-             group_sizes: list[int] | None = None, extra_rows: int = 2):
+def paged_kv(
+    seq_lens: list[int],
+    hkv: int,
+    d: int,
+    dtype: torch.dtype,
+    device: str,
+    shared: list[int] | None = None,
+    group_sizes: list[int] | None = None,
+    extra_rows: int = 2,
+):
     """Random K/V buffers and a req_to_token table whose rows hold random distinct slots;
     requests of a group share the slots of their first `shared` tokens. Rows are permuted."""
     group_sizes = group_sizes or [1] * len(seq_lens)
@@ -58,8 +66,16 @@ def paged_kv(seq_lens: list[int], hkv: int, d: int, dtype: torch.dtype, device: 
     return kb, vb, table, rows
 
 
-def check_decode(device: str, dtype: torch.dtype, seq_lens: list[int], hq: int, hkv: int, d: int,
-                 splits: list[int | None], block_n: int = 64) -> list[Record]:
+def check_decode(
+    device: str,
+    dtype: torch.dtype,
+    seq_lens: list[int],
+    hq: int,
+    hkv: int,
+    d: int,
+    splits: list[int | None],
+    block_n: int = 64,
+) -> list[Record]:
     kb, vb, table, rows = paged_kv(seq_lens, hkv, d, dtype, device)
     lens = torch.tensor(seq_lens, device=device)
     q = torch.randn(len(seq_lens), hq, d, dtype=dtype, device=device)
@@ -68,17 +84,40 @@ def check_decode(device: str, dtype: torch.dtype, seq_lens: list[int], hq: int, 
     recs = []
     for s in splits:
         out = torch.full_like(q, float("nan"))
-        o, lse = decode_attention(q, kb, vb, table, rows, lens, num_splits=s, max_len=max(seq_lens), out=out,
-                                  return_lse=True, block_n=block_n)
-        tag = f"decode {DTYPE_NAME[dtype]} B={len(seq_lens)} L<={max(seq_lens)} Hq{hq}/Hkv{hkv} D{d} splits={s}"
+        o, lse = decode_attention(
+            q,
+            kb,
+            vb,
+            table,
+            rows,
+            lens,
+            num_splits=s,
+            max_len=max(seq_lens),
+            out=out,
+            return_lse=True,
+            block_n=block_n,
+        )
+        tag = (
+            f"decode {DTYPE_NAME[dtype]} B={len(seq_lens)} L<={max(seq_lens)} Hq{hq}/Hkv{hkv} D{d} splits={s}"
+        )
         recs.append((tag, rel_err(o, ref), BOUND[dtype]))
         recs.append((tag + " lse", rel_err(lse, ref_lse), 1e-5 if dtype == torch.float32 else 1e-3))
     return recs
 
 
-def check_extend(device: str, dtype: torch.dtype, prefix_lens: list[int], extend_lens: list[int], hq: int,
-                 hkv: int, d: int, block_m: int = 128, block_n: int = 64, num_warps: int = 8,
-                 pack_gqa: bool = True) -> list[Record]:
+def check_extend(
+    device: str,
+    dtype: torch.dtype,
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    hq: int,
+    hkv: int,
+    d: int,
+    block_m: int = 128,
+    block_n: int = 64,
+    num_warps: int = 8,
+    pack_gqa: bool = True,
+) -> list[Record]:
     seq = [p + e for p, e in zip(prefix_lens, extend_lens)]
     kb, vb, table, rows = paged_kv(seq, hkv, d, dtype, device)
     t = sum(extend_lens)
@@ -89,12 +128,32 @@ def check_extend(device: str, dtype: torch.dtype, prefix_lens: list[int], extend
     el = torch.tensor(extend_lens, device=device)
     starts = torch.cumsum(el, 0) - el
     rd = ref_dtype(device)
-    ref = extend_attention_ref(q.to(rd), kn.to(rd), vn.to(rd), kb.to(rd), vb.to(rd), table, rows, pl, el, starts)
+    ref = extend_attention_ref(
+        q.to(rd), kn.to(rd), vn.to(rd), kb.to(rd), vb.to(rd), table, rows, pl, el, starts
+    )
     out = torch.full_like(q, float("nan"))
-    o = extend_attention(q, kn, vn, kb, vb, table, rows, pl, el, starts, max(extend_lens), out=out,
-                         block_m=block_m, block_n=block_n, num_warps=num_warps, pack_gqa=pack_gqa)
-    tag = (f"extend {DTYPE_NAME[dtype]} prefix={prefix_lens[:4]} extend={extend_lens[:4]} Hq{hq}/Hkv{hkv} D{d} "
-           f"pack_gqa={pack_gqa}")
+    o = extend_attention(
+        q,
+        kn,
+        vn,
+        kb,
+        vb,
+        table,
+        rows,
+        pl,
+        el,
+        starts,
+        max(extend_lens),
+        out=out,
+        block_m=block_m,
+        block_n=block_n,
+        num_warps=num_warps,
+        pack_gqa=pack_gqa,
+    )
+    tag = (
+        f"extend {DTYPE_NAME[dtype]} prefix={prefix_lens[:4]} extend={extend_lens[:4]} Hq{hq}/Hkv{hkv} D{d} "
+        f"pack_gqa={pack_gqa}"
+    )
     return [(tag, rel_err(o, ref), BOUND[dtype])]
 
 
@@ -106,9 +165,19 @@ CASCADE_VARIANTS: list[dict] = [
 ]
 
 
-def check_cascade(device: str, dtype: torch.dtype, group_sizes: list[int], shared: list[int], own: list[int],
-                  hq: int, hkv: int, d: int, block_m: int = 64, block_n: int = 64,
-                  variants: list[dict] | None = None) -> list[Record]:
+def check_cascade(
+    device: str,
+    dtype: torch.dtype,
+    group_sizes: list[int],
+    shared: list[int],
+    own: list[int],
+    hq: int,
+    hkv: int,
+    d: int,
+    block_m: int = 64,
+    block_n: int = 64,
+    variants: list[dict] | None = None,
+) -> list[Record]:
     """own: per-request own lengths. Reference: plain decode over each whole sequence. variants:
     keyword sets for cascade_decode_attention (impl, split counts, tiles), CASCADE_VARIANTS by default."""
     per_req_shared = [s for s, n in zip(shared, group_sizes) for _ in range(n)]
@@ -123,8 +192,10 @@ def check_cascade(device: str, dtype: torch.dtype, group_sizes: list[int], share
     for kw in variants if variants is not None else CASCADE_VARIANTS:
         kw = {"block_m": block_m, "block_n": block_n} | kw
         o = cascade_decode_attention(q, kb, vb, table, rows, lens, plan, **kw)
-        tag = (f"cascade {DTYPE_NAME[dtype]} groups={group_sizes[:4]} shared={shared[:4]} Hq{hq}/Hkv{hkv} D{d} "
-               + " ".join(f"{k}={v}" for k, v in kw.items()))
+        tag = (
+            f"cascade {DTYPE_NAME[dtype]} groups={group_sizes[:4]} shared={shared[:4]} Hq{hq}/Hkv{hkv} D{d} "
+            + " ".join(f"{k}={v}" for k, v in kw.items())
+        )
         recs.append((tag, rel_err(o, ref), BOUND[dtype]))
     return recs
 
@@ -139,10 +210,12 @@ def check_pointwise(device: str, dtype: torch.dtype, rows: int = 7, hidden: int 
     y, res = fused_add_rmsnorm(x, r, w, 1e-5)
     y_ref, res_ref = fused_add_rmsnorm_ref(x, r, w, 1e-5)
     gu = torch.randn(rows, 2 * hidden + 2, dtype=dtype, device=device)
-    recs = [(f"rmsnorm {name}", rel_err(rmsnorm(x, w), rmsnorm_ref(x, w)), bound),
-            (f"fused_add_rmsnorm {name} out", rel_err(y, y_ref), bound),
-            (f"fused_add_rmsnorm {name} residual", rel_err(res, res_ref), bound),
-            (f"silu_and_mul {name}", rel_err(silu_and_mul(gu), silu_and_mul_ref(gu)), bound)]
+    recs = [
+        (f"rmsnorm {name}", rel_err(rmsnorm(x, w), rmsnorm_ref(x, w)), bound),
+        (f"fused_add_rmsnorm {name} out", rel_err(y, y_ref), bound),
+        (f"fused_add_rmsnorm {name} residual", rel_err(res, res_ref), bound),
+        (f"silu_and_mul {name}", rel_err(silu_and_mul(gu), silu_and_mul_ref(gu)), bound),
+    ]
     oa, ob = (torch.randn(rows, 4, 32, device=device) for _ in range(2))
     la, lb = (torch.randn(rows, 4, device=device) * 5 for _ in range(2))
     la[0, 0] = float("-inf")
@@ -151,8 +224,10 @@ def check_pointwise(device: str, dtype: torch.dtype, rows: int = 7, hidden: int 
     o_ref, lse_ref = merge_state_ref(oa, la, ob, lb)
     finite = torch.isfinite(lse_ref)
     same_inf = bool((lse[~finite] == lse_ref[~finite]).all())
-    recs += [("merge_state out", rel_err(o, o_ref), 1e-5),
-             ("merge_state lse", rel_err(lse[finite], lse_ref[finite]) + (0.0 if same_inf else math.inf), 1e-5)]
+    recs += [
+        ("merge_state out", rel_err(o, o_ref), 1e-5),
+        ("merge_state lse", rel_err(lse[finite], lse_ref[finite]) + (0.0 if same_inf else math.inf), 1e-5),
+    ]
     kb = torch.randn(40, 3, 16, dtype=dtype, device=device)
     vb = torch.randn(40, 3, 16, dtype=dtype, device=device)
     kb2, vb2 = kb.clone(), vb.clone()
@@ -161,13 +236,19 @@ def check_pointwise(device: str, dtype: torch.dtype, rows: int = 7, hidden: int 
     v = torch.randn(9, 3, 16, dtype=dtype, device=device)
     kv_store(kb, vb, loc, k, v)
     kv_store_ref(kb2, vb2, loc, k, v)
-    recs.append((f"kv_store {name} (exact, untouched rows too)",
-                 float((kb - kb2).abs().max() + (vb - vb2).abs().max()), 0.0))
+    recs.append(
+        (
+            f"kv_store {name} (exact, untouched rows too)",
+            float((kb - kb2).abs().max() + (vb - vb2).abs().max()),
+            0.0,
+        )
+    )
     return recs
 
 
-def check_rotary(device: str, dtype: torch.dtype, tokens: int = 6, hq: int = 4, hkv: int = 2, d: int = 32
-                 ) -> list[Record]:
+def check_rotary(
+    device: str, dtype: torch.dtype, tokens: int = 6, hq: int = 4, hkv: int = 2, d: int = 32
+) -> list[Record]:
     """Against our reference and, independently, HF's apply_rotary_pos_emb (fp32 math)."""
     inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
     cache = build_cos_sin_cache(inv_freq, 256)
@@ -176,18 +257,23 @@ def check_rotary(device: str, dtype: torch.dtype, tokens: int = 6, hq: int = 4, 
     pos = torch.randint(0, 256, (tokens,), device=device)
     qo, ko = apply_rotary(q, k, pos, cache)
     qr, kr = rotary_ref(q, k, pos, cache)
-    recs = [(f"rotary {DTYPE_NAME[dtype]} q", rel_err(qo, qr), BOUND[dtype]),
-            (f"rotary {DTYPE_NAME[dtype]} k", rel_err(ko, kr), BOUND[dtype])]
+    recs = [
+        (f"rotary {DTYPE_NAME[dtype]} q", rel_err(qo, qr), BOUND[dtype]),
+        (f"rotary {DTYPE_NAME[dtype]} k", rel_err(ko, kr), BOUND[dtype]),
+    ]
     try:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
     except ImportError:
         return recs
     freqs = pos.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], -1)
-    hq_ref, hk_ref = apply_rotary_pos_emb(q.float().transpose(0, 1)[None], k.float().transpose(0, 1)[None],
-                                          emb.cos()[None], emb.sin()[None])
-    recs += [(f"rotary {DTYPE_NAME[dtype]} q vs HF", rel_err(qo, hq_ref[0].transpose(0, 1)), BOUND[dtype]),
-             (f"rotary {DTYPE_NAME[dtype]} k vs HF", rel_err(ko, hk_ref[0].transpose(0, 1)), BOUND[dtype])]
+    hq_ref, hk_ref = apply_rotary_pos_emb(
+        q.float().transpose(0, 1)[None], k.float().transpose(0, 1)[None], emb.cos()[None], emb.sin()[None]
+    )
+    recs += [
+        (f"rotary {DTYPE_NAME[dtype]} q vs HF", rel_err(qo, hq_ref[0].transpose(0, 1)), BOUND[dtype]),
+        (f"rotary {DTYPE_NAME[dtype]} k vs HF", rel_err(ko, hk_ref[0].transpose(0, 1)), BOUND[dtype]),
+    ]
     return recs
 
 

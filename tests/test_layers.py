@@ -81,9 +81,13 @@ def _imported_names(tree: ast.AST, module: str, is_package: bool) -> Iterator[tu
             yield target, node.lineno
             for alias in node.names:
                 yield f"{target}.{alias.name}", node.lineno
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
-              in ("import_module", "__import__") and node.args
-              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             yield node.args[0].value, node.lineno
 
 
@@ -229,13 +233,24 @@ def test_every_folder_is_mapped() -> None:
 
 # ---------------------------------------------------------------- the checker catches what it looks for
 
-FAKE_DIRS = {"radixlm": "dsl", "radixlm.backend": "backend", "radixlm.backend.server": "backend/server",
-             "radixlm.grammars": "grammars", "radixlm.kernels": "kernels"}
+FAKE_DIRS = {
+    "radixlm": "dsl",
+    "radixlm.backend": "backend",
+    "radixlm.backend.server": "backend/server",
+    "radixlm.grammars": "grammars",
+    "radixlm.kernels": "kernels",
+}
 
 
 def _fake_tree(tmp: Path, files: dict[str, str]) -> Path:
-    for rel, text in {"dsl/__init__.py": "", "backend/__init__.py": "", "backend/server/__init__.py": "",
-                      "grammars/__init__.py": "", "kernels/__init__.py": "", **files}.items():
+    for rel, text in {
+        "dsl/__init__.py": "",
+        "backend/__init__.py": "",
+        "backend/server/__init__.py": "",
+        "grammars/__init__.py": "",
+        "kernels/__init__.py": "",
+        **files,
+    }.items():
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp / rel).write_text(text)
     return tmp
@@ -257,20 +272,29 @@ def test_checker_flags_an_arrow_against_the_layers(tmp_path: Path) -> None:
     (root / "backend/server/programs.py").write_text("def run():\n    from radixlm.program import Program\n")
     (root / "dsl/program.py").write_text("class Program: ...\n")
     bad = layer_violations(import_edges(root, FAKE_DIRS), FAKE_DIRS)
-    assert bad == ["backend/server/programs.py:2 imports radixlm.program (backend → dsl is against the layers)"]
+    assert bad == [
+        "backend/server/programs.py:2 imports radixlm.program (backend → dsl is against the layers)"
+    ]
     # kernels importing grammars, relative across the mapping: caught too
     (root / "kernels/ops.py").write_text("import radixlm.grammars.fsm as g\n")
-    assert any("kernels/ops.py:1" in b and "kernels → grammars" in b
-               for b in layer_violations(import_edges(root, FAKE_DIRS), FAKE_DIRS))
+    assert any(
+        "kernels/ops.py:1" in b and "kernels → grammars" in b
+        for b in layer_violations(import_edges(root, FAKE_DIRS), FAKE_DIRS)
+    )
 
 
 def test_checker_flags_cycles_and_absolute_imports_in_a_folder(tmp_path: Path) -> None:
-    root = _fake_tree(tmp_path, {
-        "backend/a.py": "from .b import y\nx = 1\n",
-        "backend/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from radixlm.backend.a import x\n",
-        "backend/c.py": "def f():\n    from radixlm.backend import d\n",
-        "backend/d.py": "",
-    })
+    root = _fake_tree(
+        tmp_path,
+        {
+            "backend/a.py": "from .b import y\nx = 1\n",
+            "backend/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from radixlm.backend.a import x\n",
+            "backend/c.py": "def f():\n    from radixlm.backend import d\n",
+            "backend/d.py": "",
+        },
+    )
     assert cycles(import_edges(root, FAKE_DIRS)) == [("backend/a.py", "backend/b.py")]
     assert nonrelative_intra_folder(root, FAKE_DIRS) == [
-        "backend/b.py:3 imports radixlm.backend.a absolutely", "backend/c.py:2 imports radixlm.backend absolutely"]
+        "backend/b.py:3 imports radixlm.backend.a absolutely",
+        "backend/c.py:2 imports radixlm.backend absolutely",
+    ]

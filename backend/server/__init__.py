@@ -9,4 +9,12 @@ from .programs import ProgramHost, ProgramRegistry
 from .runner import ServerLimits
 from .serve_cmd import serve, serve_parser
 
-__all__ = ["ProgramHost", "ProgramRegistry", "ServerLimits", "ServerThread", "create_app", "serve", "serve_parser"]
+__all__ = [
+    "ProgramHost",
+    "ProgramRegistry",
+    "ServerLimits",
+    "ServerThread",
+    "create_app",
+    "serve",
+    "serve_parser",
+]

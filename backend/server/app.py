@@ -36,9 +36,14 @@ PROGRAM_BODY_HINT = (
 )
 
 
-def create_app(engine: Any, api_key: str | None = None, programs: ProgramRegistry | None = None,
-               limits: ServerLimits | None = None, served_model_name: str | None = None,
-               owns_engine: bool = False) -> FastAPI:
+def create_app(
+    engine: Any,
+    api_key: str | None = None,
+    programs: ProgramRegistry | None = None,
+    limits: ServerLimits | None = None,
+    served_model_name: str | None = None,
+    owns_engine: bool = False,
+) -> FastAPI:
     """Build the app around `engine`. `programs` is a ProgramRegistry (or None); with
     `owns_engine` the app shuts the engine down when it stops."""
     limits = limits or ServerLimits()
@@ -81,8 +86,12 @@ def _shutdown_engine(engine: Any) -> None:
     still holds KV), then shut the engine down."""
     flushed = engine.flush_cache()
     stats = engine.get_stats()
-    logger.info("KV pool at exit: %d of %d slots free%s", stats["kv_free_slots"], stats["kv_total_slots"],
-                "" if flushed else " (cache not flushed: requests still running)")
+    logger.info(
+        "KV pool at exit: %d of %d slots free%s",
+        stats["kv_free_slots"],
+        stats["kv_total_slots"],
+        "" if flushed else " (cache not flushed: requests still running)",
+    )
     engine.shutdown()
 
 
@@ -110,8 +119,9 @@ def _model_name(engine: Any) -> str:
     return str(name or path or "default")
 
 
-def _error(status: int, message: str, err_type: str = "invalid_request_error",
-           headers: dict[str, str] | None = None) -> JSONResponse:
+def _error(
+    status: int, message: str, err_type: str = "invalid_request_error", headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse(error_body(message, status, err_type), status_code=status, headers=headers)
 
 
@@ -140,6 +150,7 @@ def _is_union_tag(part: object) -> bool:
 def _prune_union_noise(errors: list[Any]) -> list[Any]:
     """When one union member failed deep inside (a bad nested field), drop the other members'
     shallow 'wrong type' errors for the same field: they only hide the real reason."""
+
     def split(e: Any) -> tuple[tuple[Any, ...] | None, int]:
         loc = tuple(e.get("loc", ()))
         for k, part in enumerate(loc):
@@ -172,8 +183,14 @@ def _install_error_handlers(app: FastAPI, limits: ServerLimits, metrics: ServerM
 
     @app.exception_handler(Overloaded)
     async def _overloaded(_: Request, exc: Overloaded) -> JSONResponse:
-        return counted(_error(503, f"server overloaded: {exc}", "server_overloaded",
-                              headers={"Retry-After": str(limits.retry_after_s)}))
+        return counted(
+            _error(
+                503,
+                f"server overloaded: {exc}",
+                "server_overloaded",
+                headers={"Retry-After": str(limits.retry_after_s)},
+            )
+        )
 
     @app.exception_handler(ClientGone)
     async def _gone(_: Request, exc: ClientGone) -> JSONResponse:
@@ -236,7 +253,8 @@ class _GuardMiddleware:
 
     async def _too_large(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         await _error(413, f"request body exceeds {self.max_body} bytes", "request_too_large")(
-            scope, receive, send)
+            scope, receive, send
+        )
 
 
 def _replay(body: bytes, receive: Any) -> Any:

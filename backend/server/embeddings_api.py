@@ -25,7 +25,9 @@ class EmbeddingRequest(BaseModel):
     user: str | None = None
 
 
-def _split(inp: str | list[str] | list[int] | list[list[int]]) -> tuple[list[str] | None, list[list[int]] | None]:
+def _split(
+    inp: str | list[str] | list[int] | list[list[int]],
+) -> tuple[list[str] | None, list[list[int]] | None]:
     """(texts, id lists): exactly one is set; an empty list is refused."""
     if isinstance(inp, str):
         return [inp], None
@@ -55,10 +57,17 @@ def register(app: FastAPI) -> None:
         lists = ids if ids is not None else [engine.tokenizer.encode(t) for t in texts or []]
         hidden = engine.model_config.hidden_size
         if req.dimensions is not None and req.dimensions != hidden:
-            raise ValueError(f"dimensions: this model's embeddings have {hidden}; other sizes are not supported")
+            raise ValueError(
+                f"dimensions: this model's embeddings have {hidden}; other sizes are not supported"
+            )
         vectors = await asyncio.to_thread(engine.encode, input_ids=lists)
         tokens = sum(len(x) for x in lists)
-        return {"object": "list", "model": req.model or app.state.model_name,
-                "data": [{"object": "embedding", "index": i, "embedding": _encode_vector(v, req.encoding_format)}
-                         for i, v in enumerate(vectors)],
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return {
+            "object": "list",
+            "model": req.model or app.state.model_name,
+            "data": [
+                {"object": "embedding", "index": i, "embedding": _encode_vector(v, req.encoding_format)}
+                for i, v in enumerate(vectors)
+            ],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }

@@ -44,8 +44,13 @@ class RadixServer(uvicorn.Server):
         busy = self.runner.busy()
         name = signal.Signals(self.exit_signal).name if self.exit_signal else "stop"
         if busy and timeout > 0:
-            logger.warning("%s: %d request(s) in flight; letting them finish for up to %.0f s (--drain-timeout), "
-                           "then aborting", name, busy, timeout)
+            logger.warning(
+                "%s: %d request(s) in flight; letting them finish for up to %.0f s (--drain-timeout), "
+                "then aborting",
+                name,
+                busy,
+                timeout,
+            )
         elif busy:
             logger.warning("%s: aborting %d request(s) in flight", name, busy)
         else:
@@ -73,20 +78,28 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 def make_server(app: Any, log_level: str = "warning", drain_timeout_s: float = 30.0) -> RadixServer:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=int(drain_timeout_s) + 10,
-                            lifespan="on", access_log=False)
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        timeout_graceful_shutdown=int(drain_timeout_s) + 10,
+        lifespan="on",
+        access_log=False,
+    )
     return RadixServer(config, app.state.runner, drain_timeout_s)
 
 
 class ServerThread:
     """Run an app on 127.0.0.1 in a background thread (tests, benchmarks, notebooks)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, drain_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, drain_timeout_s: float = 5.0
+    ) -> None:
         self.sock = bind_socket(host, port)
         self.host, self.port = self.sock.getsockname()[:2]
         self.server = make_server(app, drain_timeout_s=drain_timeout_s)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       name="radixlm-server", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, name="radixlm-server", daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -117,30 +130,62 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=None)
     g.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens")
     g.add_argument("--mem-fraction-static", type=float, default=0.85)
-    g.add_argument("--chunked-prefill-size", type=int, default=None,
-                   help="prompt tokens per step (default: from GPU memory, 2048 on CPU)")
-    g.add_argument("--max-running-requests", type=int, default=None,
-                   help="decoding requests at once (default: from the KV pool size, 256 on CPU)")
-    g.add_argument("--cuda-graph-max-bs", type=int, default=None,
-                   help="largest decode batch run as a CUDA graph (default: from GPU memory)")
+    g.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=None,
+        help="prompt tokens per step (default: from GPU memory, 2048 on CPU)",
+    )
+    g.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=None,
+        help="decoding requests at once (default: from the KV pool size, 256 on CPU)",
+    )
+    g.add_argument(
+        "--cuda-graph-max-bs",
+        type=int,
+        default=None,
+        help="largest decode batch run as a CUDA graph (default: from GPU memory)",
+    )
     g.add_argument("--disable-radix-cache", action="store_true")
     g.add_argument("--random-weights", action="store_true")
     g.add_argument("--model-shape", default=None, help="e.g. llama-3.1-8b (with --random-weights)")
     g.add_argument("--context-length", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--disable-cuda-graph", action="store_true")
-    g.add_argument("--disable-overlap-schedule", action="store_true",
-                   help="process each step before launching the next (overlap is on by default on CUDA)")
+    g.add_argument(
+        "--disable-overlap-schedule",
+        action="store_true",
+        help="process each step before launching the next (overlap is on by default on CUDA)",
+    )
     g.add_argument("--disable-cascade", action="store_true", help="no cascade attention for shared prefixes")
-    g.add_argument("--engine-in-process", action="store_true",
-                   help="run the scheduler in the server's process (default: its own process, so the HTTP "
-                        "event loop and the scheduler never share a GIL)")
+    g.add_argument(
+        "--engine-in-process",
+        action="store_true",
+        help="run the scheduler in the server's process (default: its own process, so the HTTP "
+        "event loop and the scheduler never share a GIL)",
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    keys = ("model_path", "device", "dtype", "max_total_tokens", "mem_fraction_static", "chunked_prefill_size",
-            "max_running_requests", "disable_radix_cache", "random_weights", "model_shape", "context_length",
-            "seed", "disable_cuda_graph", "disable_cascade", "cuda_graph_max_bs")
+    keys = (
+        "model_path",
+        "device",
+        "dtype",
+        "max_total_tokens",
+        "mem_fraction_static",
+        "chunked_prefill_size",
+        "max_running_requests",
+        "disable_radix_cache",
+        "random_weights",
+        "model_shape",
+        "context_length",
+        "seed",
+        "disable_cuda_graph",
+        "disable_cascade",
+        "cuda_graph_max_bs",
+    )
     kw = {k: getattr(args, k) for k in keys}
     if args.disable_overlap_schedule:
         kw["overlap_schedule"] = False
@@ -151,9 +196,16 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=30000)
-    g.add_argument("--api-key", default=None, help="required as 'Authorization: Bearer KEY' on all but /health")
-    g.add_argument("--programs", action="append", default=[], metavar="MODULE_OR_FILE",
-                   help="register every @function in this module or .py file (repeatable)")
+    g.add_argument(
+        "--api-key", default=None, help="required as 'Authorization: Bearer KEY' on all but /health"
+    )
+    g.add_argument(
+        "--programs",
+        action="append",
+        default=[],
+        metavar="MODULE_OR_FILE",
+        help="register every @function in this module or .py file (repeatable)",
+    )
     g.add_argument("--served-model-name", default=None)
     g.add_argument("--max-body-bytes", type=int, default=ServerLimits.max_body_bytes)
     g.add_argument("--max-prompt-tokens", type=int, default=None)
@@ -164,7 +216,10 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
-    return ServerLimits(max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
-                        max_new_tokens=args.max_new_tokens_limit, max_pending_requests=args.max_pending_requests,
-                        drain_timeout_s=args.drain_timeout)
-
+    return ServerLimits(
+        max_body_bytes=args.max_body_bytes,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens=args.max_new_tokens_limit,
+        max_pending_requests=args.max_pending_requests,
+        drain_timeout_s=args.drain_timeout,
+    )

@@ -48,36 +48,59 @@ class _EngineCollector(Collector):
                 yield CounterMetricFamily(name, doc, value=float(stats[key]))
         total, free = stats.get("kv_total_slots"), stats.get("kv_free_slots")
         if total:
-            yield GaugeMetricFamily("radixlm_kv_usage", "Fraction of KV slots in use",
-                                    value=1.0 - float(free or 0) / float(total))
+            yield GaugeMetricFamily(
+                "radixlm_kv_usage", "Fraction of KV slots in use", value=1.0 - float(free or 0) / float(total)
+            )
         cached = float(stats.get("cached_prompt_tokens", 0))
         computed = float(stats.get("computed_prompt_tokens", 0))
-        yield CounterMetricFamily("radixlm_prompt_tokens", "Prompt tokens (cached + computed)",
-                                  value=cached + computed)
-        yield GaugeMetricFamily("radixlm_radix_hit_rate", "Share of prompt tokens served from cache",
-                                value=cached / (cached + computed) if cached + computed else 0.0)
-        yield GaugeMetricFamily("radixlm_server_pending_requests",
-                                "Engine requests admitted by the server and program runs, not finished",
-                                value=float(self._get_pending()))
+        yield CounterMetricFamily(
+            "radixlm_prompt_tokens", "Prompt tokens (cached + computed)", value=cached + computed
+        )
+        yield GaugeMetricFamily(
+            "radixlm_radix_hit_rate",
+            "Share of prompt tokens served from cache",
+            value=cached / (cached + computed) if cached + computed else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "radixlm_server_pending_requests",
+            "Engine requests admitted by the server and program runs, not finished",
+            value=float(self._get_pending()),
+        )
 
 
 class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.ttft = Histogram("radixlm_time_to_first_token_seconds", "Time to first token (streamed)",
-                              buckets=_LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("radixlm_inter_token_latency_seconds", "Time per output token after the first",
-                             buckets=_ITL_BUCKETS, registry=r)
-        self.e2e = Histogram("radixlm_e2e_request_latency_seconds", "End-to-end time of a finished request",
-                             buckets=_LATENCY_BUCKETS, registry=r)
-        self.rejected = Counter("radixlm_rejected_requests", "Requests refused with 503 (queue full)",
-                                registry=r)
-        self.client_aborts = Counter("radixlm_client_aborted_requests",
-                                     "Engine requests aborted because the client left or was cancelled",
-                                     registry=r)
-        self.http_errors = Counter("radixlm_http_errors", "Requests answered with an error status",
-                                   ["status"], registry=r)
+        self.ttft = Histogram(
+            "radixlm_time_to_first_token_seconds",
+            "Time to first token (streamed)",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "radixlm_inter_token_latency_seconds",
+            "Time per output token after the first",
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "radixlm_e2e_request_latency_seconds",
+            "End-to-end time of a finished request",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rejected = Counter(
+            "radixlm_rejected_requests", "Requests refused with 503 (queue full)", registry=r
+        )
+        self.client_aborts = Counter(
+            "radixlm_client_aborted_requests",
+            "Engine requests aborted because the client left or was cancelled",
+            registry=r,
+        )
+        self.http_errors = Counter(
+            "radixlm_http_errors", "Requests answered with an error status", ["status"], registry=r
+        )
 
     def bind_engine(self, get_stats: Callable[[], dict[str, Any]], get_pending: Callable[[], int]) -> None:
         self.registry.register(_EngineCollector(get_stats, get_pending))

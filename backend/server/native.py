@@ -48,9 +48,17 @@ def build_seqs(req: GenerateRequest) -> list[Seq]:
             if n > 1 and sp.seed is not None:
                 engine_sp["seed"] = sp.seed + j
             rid = rids[i] if n == 1 else f"{rids[i]}-{j}"
-            seqs.append(Seq(prompt=prompt, sampling_params=engine_sp, rid=rid,
-                            return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
-                            top_logprobs_num=req.top_logprobs_num, index=len(seqs)))
+            seqs.append(
+                Seq(
+                    prompt=prompt,
+                    sampling_params=engine_sp,
+                    rid=rid,
+                    return_logprob=req.return_logprob,
+                    logprob_start_len=req.logprob_start_len,
+                    top_logprobs_num=req.top_logprobs_num,
+                    index=len(seqs),
+                )
+            )
     return seqs
 
 
@@ -66,6 +74,7 @@ def _rids(rid: str | list[str] | None, n: int) -> list[str]:
 
 def add_logprob_text(meta: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
     """Fill the third slot of each (logprob, token_id, text) entry with the token's text."""
+
     def fill(entry: Any) -> Any:
         lp, tid = entry[0], entry[1]
         return [lp, tid, tokenizer.decode([tid])]
@@ -86,12 +95,16 @@ def _finish(result: dict[str, Any], req: GenerateRequest, tokenizer: Any) -> dic
         meta = {**meta, LENGTH_KEY: len(meta["output_token_logprobs"])}
     if req.return_logprob and req.return_text_in_logprobs:
         meta = add_logprob_text(meta, tokenizer)
-    return {"text": result.get("text", ""), "output_ids": list(result.get("output_ids", [])),
-            "meta_info": meta}
+    return {
+        "text": result.get("text", ""),
+        "output_ids": list(result.get("output_ids", [])),
+        "meta_info": meta,
+    }
 
 
-async def _stream_events(runner: Runner, seqs: list[Seq], req: GenerateRequest,
-                         group: str | None) -> AsyncGenerator[bytes, None]:
+async def _stream_events(
+    runner: Runner, seqs: list[Seq], req: GenerateRequest, group: str | None
+) -> AsyncGenerator[bytes, None]:
     """SSE events: per sequence, cumulative text/output_ids, the chunk's own output logprobs."""
     acc = [{"text": "", "output_ids": [], "meta_info": {}} for _ in seqs]
     gens = [runner.run(s, stream=True, group=group) for s in seqs]
@@ -135,7 +148,8 @@ def register(app: FastAPI) -> None:
             return await sse_response(request, _stream_events(runner, seqs, req, group))
         try:
             results = await until_disconnect(
-                request, gather_all([run_to_end(runner, s, group) for s in seqs]))
+                request, gather_all([run_to_end(runner, s, group) for s in seqs])
+            )
         finally:
             runner.release_all(seqs)
         outs = [_finish(r, req, engine.tokenizer) for r in results]
@@ -160,10 +174,14 @@ def register(app: FastAPI) -> None:
 
     async def model_info() -> dict[str, Any]:
         cfg = engine.model_config
-        return {"model_path": str(engine.model_path), "tokenizer_path": str(engine.model_path),
-                "is_generation": True, "model_name": app.state.model_name,
-                "context_length": getattr(cfg, "context_len", None),
-                "vocab_size": getattr(cfg, "vocab_size", None)}
+        return {
+            "model_path": str(engine.model_path),
+            "tokenizer_path": str(engine.model_path),
+            "is_generation": True,
+            "model_name": app.state.model_name,
+            "context_length": getattr(cfg, "context_len", None),
+            "vocab_size": getattr(cfg, "vocab_size", None),
+        }
 
     app.get("/model_info")(model_info)
     app.get("/get_model_info")(model_info)

@@ -63,8 +63,9 @@ class ProgramHost(Protocol):
 
     def programs(self) -> dict[str, ProgramSignature]: ...
 
-    def run(self, name: str, engine: Any, *, stream: bool, options: dict[str, Any],
-            args: dict[str, Any]) -> ProgramRun: ...
+    def run(
+        self, name: str, engine: Any, *, stream: bool, options: dict[str, Any], args: dict[str, Any]
+    ) -> ProgramRun: ...
 
 
 # `--programs MODULE_OR_FILE ...` → the host that serves them (given by the language side).
@@ -80,11 +81,20 @@ class RegisteredProgram:
     def describe(self) -> dict[str, Any]:
         args = []
         for name, field_info in self.args_model.model_fields.items():
-            args.append({"name": name, "required": field_info.is_required(),
-                         "default": None if field_info.is_required() else jsonable_encoder(field_info.default),
-                         "annotation": _annotation_name(field_info.annotation)})
-        return {"name": self.name, "doc": inspect.getdoc(self.signature.func) or "",
-                "arguments": args, "schema": self.args_model.model_json_schema()}
+            args.append(
+                {
+                    "name": name,
+                    "required": field_info.is_required(),
+                    "default": None if field_info.is_required() else jsonable_encoder(field_info.default),
+                    "annotation": _annotation_name(field_info.annotation),
+                }
+            )
+        return {
+            "name": self.name,
+            "doc": inspect.getdoc(self.signature.func) or "",
+            "arguments": args,
+            "schema": self.args_model.model_json_schema(),
+        }
 
 
 def _annotation_name(annotation: Any) -> str:
@@ -114,15 +124,20 @@ class ProgramRegistry:
 
     def __init__(self, host: ProgramHost, max_concurrent: int = 64) -> None:
         self.host = host
-        self.programs = {name: RegisteredProgram(name, sig, _args_model(name, sig))
-                         for name, sig in host.programs().items()}
+        self.programs = {
+            name: RegisteredProgram(name, sig, _args_model(name, sig))
+            for name, sig in host.programs().items()
+        }
         self.max_concurrent = max_concurrent
         self.active: set[_Run] = set()
 
     def admit(self, engine: Any) -> _Run:
         if len(self.active) >= self.max_concurrent:
-            raise HTTPException(503, f"{len(self.active)} programs running; the limit is {self.max_concurrent}",
-                                headers={"Retry-After": "1"})
+            raise HTTPException(
+                503,
+                f"{len(self.active)} programs running; the limit is {self.max_concurrent}",
+                headers={"Retry-After": "1"},
+            )
         run = _Run(self, engine)
         self.active.add(run)
         return run
@@ -155,15 +170,21 @@ class _Run:
 
     def start(self, name: str, stream: bool, options: dict[str, Any], args: dict[str, Any]) -> ProgramRun:
         return self.reg.host.run(name, self.view, stream=stream, options=options, args=args)
+
     def submit(self, sampling_params: Any, batch_size: int | None, rid: Any) -> Any:
         """Request ids for a generate call (made here when the program gave none), recorded."""
         with self._lock:
             if self.cancelled:
                 raise RuntimeError("program run cancelled (client disconnected or server shutting down)")
             if rid is None:
-                rid = uuid.uuid4().hex if batch_size is None else [uuid.uuid4().hex for _ in range(batch_size)]
-            params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(
-                [rid] if isinstance(rid, str) else rid)
+                rid = (
+                    uuid.uuid4().hex if batch_size is None else [uuid.uuid4().hex for _ in range(batch_size)]
+                )
+            params = (
+                sampling_params
+                if isinstance(sampling_params, list)
+                else [sampling_params] * len([rid] if isinstance(rid, str) else rid)
+            )
             for r, sp in zip([rid] if isinstance(rid, str) else rid, params):
                 n = int((sp or {}).get("n", 1) or 1)
                 self.rids.extend([r] if n == 1 else [f"{r}-{i}" for i in range(n)])
@@ -190,16 +211,23 @@ class _EngineView:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._run.engine, name)
 
-    def generate(self, prompt: Any = None, sampling_params: Any = None, input_ids: Any = None,
-                 rid: Any = None, **kwargs: Any) -> Any:
+    def generate(
+        self,
+        prompt: Any = None,
+        sampling_params: Any = None,
+        input_ids: Any = None,
+        rid: Any = None,
+        **kwargs: Any,
+    ) -> Any:
         batch = None
         if isinstance(prompt, list):
             batch = len(prompt)
         elif isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list):
             batch = len(input_ids)
         rid = self._run.submit(sampling_params, batch, rid)
-        return self._run.engine.generate(prompt=prompt, sampling_params=sampling_params, input_ids=input_ids,
-                                         rid=rid, **kwargs)
+        return self._run.engine.generate(
+            prompt=prompt, sampling_params=sampling_params, input_ids=input_ids, rid=rid, **kwargs
+        )
 
 
 def _jsonable(value: Any) -> Any:
@@ -211,18 +239,24 @@ def _jsonable(value: Any) -> Any:
 
 def _result_body(name: str, run: ProgramRun) -> dict[str, Any]:
     result = run.result()
-    return {"program": name, "text": result.text,
-            "variables": {v: _jsonable(x) for v, x in result.variables.items()},
-            "meta_info": {v: _jsonable(x) for v, x in result.meta_info.items()},
-            "return_value": _jsonable(result.return_value)}
+    return {
+        "program": name,
+        "text": result.text,
+        "variables": {v: _jsonable(x) for v, x in result.variables.items()},
+        "meta_info": {v: _jsonable(x) for v, x in result.meta_info.items()},
+        "return_value": _jsonable(result.return_value),
+    }
 
 
 def _validated_args(entry: RegisteredProgram, args: dict[str, Any]) -> dict[str, Any]:
     try:
         return entry.args_model(**args).model_dump()
     except ValidationError as exc:
-        parts = [f"{'.'.join(map(str, e['loc']))}: "
-                 f"{'unknown argument' if e['type'] == 'extra_forbidden' else e['msg']}" for e in exc.errors()]
+        parts = [
+            f"{'.'.join(map(str, e['loc']))}: "
+            f"{'unknown argument' if e['type'] == 'extra_forbidden' else e['msg']}"
+            for e in exc.errors()
+        ]
         raise HTTPException(422, f"invalid arguments for {entry.name}: " + "; ".join(parts)) from exc
 
 
@@ -235,7 +269,7 @@ async def _stream_program(entry: RegisteredProgram, state: ProgramRun) -> AsyncI
             if isinstance(value, str):
                 old = seen.get(var, "")
                 if value != old and value.startswith(old):
-                    yield sse({"variable": var, "delta": value[len(old):]})
+                    yield sse({"variable": var, "delta": value[len(old) :]})
                     seen[var] = value
         if done:
             break
@@ -273,8 +307,9 @@ def register(app: FastAPI) -> None:
             raise HTTPException(503, "server is shutting down", headers={"Retry-After": "1"})
         run = reg.admit(app.state.engine)
         try:
-            state = await until_disconnect(request, asyncio.to_thread(
-                run.start, name, req.stream, options, kwargs))
+            state = await until_disconnect(
+                request, asyncio.to_thread(run.start, name, req.stream, options, kwargs)
+            )
             if req.stream:
                 return await sse_response(request, _run_events(run, _stream_program(entry, state)))
             return await until_disconnect(request, asyncio.to_thread(_result_body, name, state))

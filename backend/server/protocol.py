@@ -73,8 +73,11 @@ class GenerateRequest(_Strict):
     def _one_prompt_kind(self) -> GenerateRequest:
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("give exactly one of `text` or `input_ids`")
-        n_prompts = len(self.text) if isinstance(self.text, list) else (
-            len(self.input_ids) if self.is_batch and self.input_ids is not None else 1)
+        n_prompts = (
+            len(self.text)
+            if isinstance(self.text, list)
+            else (len(self.input_ids) if self.is_batch and self.input_ids is not None else 1)
+        )
         params = self.sampling_params if isinstance(self.sampling_params, list) else [self.sampling_params]
         _check_fanout(n_prompts * max((sp.n or 1) if sp else 1 for sp in params) if params else n_prompts)
         return self
@@ -172,13 +175,23 @@ class _SamplingExtras(ClientFields):
         """The engine sampling params for one sample (constraint from response_format too)."""
         sp: dict[str, Any] = {"max_new_tokens": max_new_tokens}
         for ours, theirs in (
-            ("temperature", "temperature"), ("top_p", "top_p"), ("seed", "seed"),
-            ("presence_penalty", "presence_penalty"), ("frequency_penalty", "frequency_penalty"),
-            ("top_k", "top_k"), ("min_p", "min_p"), ("min_tokens", "min_new_tokens"),
-            ("repetition_penalty", "repetition_penalty"), ("stop", "stop"),
-            ("stop_token_ids", "stop_token_ids"), ("ignore_eos", "ignore_eos"),
-            ("no_stop_trim", "no_stop_trim"), ("skip_special_tokens", "skip_special_tokens"),
-            ("regex", "regex"), ("json_schema", "json_schema"), ("ebnf", "ebnf"),
+            ("temperature", "temperature"),
+            ("top_p", "top_p"),
+            ("seed", "seed"),
+            ("presence_penalty", "presence_penalty"),
+            ("frequency_penalty", "frequency_penalty"),
+            ("top_k", "top_k"),
+            ("min_p", "min_p"),
+            ("min_tokens", "min_new_tokens"),
+            ("repetition_penalty", "repetition_penalty"),
+            ("stop", "stop"),
+            ("stop_token_ids", "stop_token_ids"),
+            ("ignore_eos", "ignore_eos"),
+            ("no_stop_trim", "no_stop_trim"),
+            ("skip_special_tokens", "skip_special_tokens"),
+            ("regex", "regex"),
+            ("json_schema", "json_schema"),
+            ("ebnf", "ebnf"),
         ):
             value = getattr(self, ours)
             if value is not None:
@@ -321,8 +334,11 @@ class ProgramRunRequest(_Strict):
     stop: str | list[str] | None = None
 
     def sampling_options(self, max_new_tokens_limit: int | None) -> dict[str, Any]:
-        if (self.max_new_tokens is not None and max_new_tokens_limit is not None
-                and self.max_new_tokens > max_new_tokens_limit):
+        if (
+            self.max_new_tokens is not None
+            and max_new_tokens_limit is not None
+            and self.max_new_tokens > max_new_tokens_limit
+        ):
             raise ValueError(f"max_new_tokens {self.max_new_tokens} exceeds the limit {max_new_tokens_limit}")
         return self.model_dump(exclude_none=True, exclude={"args", "stream"})
 
@@ -339,8 +355,14 @@ def now() -> int:
 
 
 # One vocabulary for error.type, OpenAI's; a route's more specific word is kept only if it is one of these.
-ERROR_TYPES = ("invalid_request_error", "authentication_error", "permission_error", "not_found_error",
-               "rate_limit_error", "server_error")
+ERROR_TYPES = (
+    "invalid_request_error",
+    "authentication_error",
+    "permission_error",
+    "not_found_error",
+    "rate_limit_error",
+    "server_error",
+)
 
 
 def error_type(status: int) -> str:
@@ -355,8 +377,9 @@ def error_type(status: int) -> str:
     return "server_error" if status >= 500 else "invalid_request_error"
 
 
-def error_body(message: str, status: int, err_type: str | None = None,
-               param: str | None = None) -> dict[str, Any]:
+def error_body(
+    message: str, status: int, err_type: str | None = None, param: str | None = None
+) -> dict[str, Any]:
     """OpenAI-style error object (the openai client reads error.message); `type` is always one
     of ERROR_TYPES, derived from the status unless err_type is one of them."""
     kind = err_type if err_type in ERROR_TYPES else error_type(status)

@@ -91,7 +91,9 @@ class Runner:
             raise ValueError(f"prompt has {n_tokens} tokens; the limit is {self.max_prompt_tokens}")
         if "max_new_tokens" not in seq.sampling_params and self.limits.max_new_tokens is not None:
             # the engine's default (128) must not slip past a configured limit
-            seq.sampling_params["max_new_tokens"] = min(ENGINE_DEFAULT_MAX_NEW_TOKENS, self.limits.max_new_tokens)
+            seq.sampling_params["max_new_tokens"] = min(
+                ENGINE_DEFAULT_MAX_NEW_TOKENS, self.limits.max_new_tokens
+            )
         max_new = seq.sampling_params.get("max_new_tokens")
         if max_new is not None and self.max_new_tokens is not None and max_new > self.max_new_tokens:
             raise ValueError(f"max_new_tokens {max_new} exceeds the limit {self.max_new_tokens}")
@@ -180,8 +182,11 @@ class Runner:
         else:
             kw["prompt"] = seq.prompt["text"]
         if seq.return_logprob:
-            kw.update(return_logprob=True, logprob_start_len=seq.logprob_start_len,
-                      top_logprobs_num=seq.top_logprobs_num)
+            kw.update(
+                return_logprob=True,
+                logprob_start_len=seq.logprob_start_len,
+                top_logprobs_num=seq.top_logprobs_num,
+            )
         return kw
 
     async def _stream_chunks(self, seq: Seq, start: float) -> AsyncIterator[dict[str, Any]]:
@@ -223,7 +228,7 @@ def _incremental_logprobs(chunk: dict[str, Any], sent: dict[str, int]) -> dict[s
     for key in _LOGPROB_KEYS:
         values = meta.get(key)
         if values is not None:
-            cut[key] = list(values[sent[key]:total])
+            cut[key] = list(values[sent[key] : total])
             sent[key] = total
     return {**chunk, "meta_info": {**meta, **cut}} if cut else chunk
 

@@ -116,8 +116,10 @@ def serve(args: argparse.Namespace, load_programs: ProgramLoader | None = None) 
     registry = None
     if args.programs:
         if load_programs is None:
-            raise SystemExit("--programs needs the language side: start the server with `radixlm serve` "
-                             "or `python -m radixlm.launch_server`")
+            raise SystemExit(
+                "--programs needs the language side: start the server with `radixlm serve` "
+                "or `python -m radixlm.launch_server`"
+            )
         registry = ProgramRegistry(load_programs(args.programs), limits.max_pending_requests)
     logger.info("loading the model (%s)", args.model_path or args.model_shape or "default: SmolLM2-135M")
     if args.engine_in_process:

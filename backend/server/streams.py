@@ -138,5 +138,6 @@ async def sse_response(request: Request, events: AsyncGenerator[bytes, None]) ->
         with anyio.CancelScope(shield=True):
             await events.aclose()
         raise
-    return _ClosingStreamingResponse(_PrimedStream(first, events), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+    return _ClosingStreamingResponse(
+        _PrimedStream(first, events), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )

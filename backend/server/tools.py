@@ -53,9 +53,16 @@ class ToolPlan:
         for call in calls:
             if not isinstance(call, dict) or call.get("name") not in names:
                 raise ValueError(f"generated tool call does not name a known tool: {call!r}")
-            out.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                        "function": {"name": call["name"],
-                                     "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False)}})
+            out.append(
+                {
+                    "id": f"call_{uuid.uuid4().hex[:24]}",
+                    "type": "function",
+                    "function": {
+                        "name": call["name"],
+                        "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False),
+                    },
+                }
+            )
         return out
 
     def _tool(self, name: str | None) -> Tool:
@@ -82,17 +89,34 @@ def _parameters(tool: Tool) -> dict[str, Any]:
 
 
 def _call_object(tool: Tool) -> dict[str, Any]:
-    return {"type": "object",
-            "properties": {"name": {"type": "string", "enum": [tool.function.name]},
-                           "arguments": _parameters(tool)},
-            "required": ["name", "arguments"], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "enum": [tool.function.name]},
+            "arguments": _parameters(tool),
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
 
 
 def _tools_system_text(plan: ToolPlan) -> str:
-    specs = "\n".join(json.dumps({"name": t.function.name, "description": t.function.description or "",
-                                  "parameters": _parameters(t)}, ensure_ascii=False) for t in plan.tools)
-    shape = ('a JSON list of objects {"name": <tool name>, "arguments": <arguments object>}'
-             if plan.parallel else 'a JSON object {"name": <tool name>, "arguments": <arguments object>}')
+    specs = "\n".join(
+        json.dumps(
+            {
+                "name": t.function.name,
+                "description": t.function.description or "",
+                "parameters": _parameters(t),
+            },
+            ensure_ascii=False,
+        )
+        for t in plan.tools
+    )
+    shape = (
+        'a JSON list of objects {"name": <tool name>, "arguments": <arguments object>}'
+        if plan.parallel
+        else 'a JSON object {"name": <tool name>, "arguments": <arguments object>}'
+    )
     if plan.mode == "named":
         how = f"Call the tool {plan.named} now: reply with only its arguments as a JSON object."
     elif plan.mode == "required":
@@ -109,10 +133,15 @@ def _template_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
         content = m.text()
         role = "system" if m.role == "developer" else m.role
         if m.role == "assistant" and m.tool_calls:
-            calls = [{"name": c.function.name, "arguments": _loads_or_str(c.function.arguments)}
-                     for c in m.tool_calls]
-            content = (content + "\n" if content else "") + TOOL_CALL_TAG + json.dumps(
-                calls if len(calls) > 1 else calls[0], ensure_ascii=False)
+            calls = [
+                {"name": c.function.name, "arguments": _loads_or_str(c.function.arguments)}
+                for c in m.tool_calls
+            ]
+            content = (
+                (content + "\n" if content else "")
+                + TOOL_CALL_TAG
+                + json.dumps(calls if len(calls) > 1 else calls[0], ensure_ascii=False)
+            )
         elif m.role == "tool":
             role, content = "user", f"<tool_response>\n{content}\n</tool_response>"
         out.append({"role": role, "content": content})
