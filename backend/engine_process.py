@@ -2,7 +2,9 @@
 (generate, async_generate, abort_request, flush_cache, get_stats, pin/unpin_prefix, shutdown).
 The scheduler then never competes for a GIL with the HTTP event loop. Results cross the pipe in
 one message per batch of chunks. Promises: bad input raises ValueError in the caller exactly as
-in-process; every request gets its final chunk or an error; the child never outlives the parent."""
+in-process; every request gets its final chunk or an error; the child never outlives the parent.
+Messages are Python objects this server built itself, serialized by multiprocessing between its
+own two processes; no bytes from a client are ever deserialized as objects."""
 
 from __future__ import annotations
 
