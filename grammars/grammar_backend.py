@@ -20,7 +20,7 @@ from radixlm.grammars.json_schema import (
     json_schema_to_regex,
     normalize_json_schema,
 )
-from radixlm.grammars.schema_policy import PreparedSchema, generation_policy, prepare
+from radixlm.grammars.schema_policy import PreparedSchema, generation_policy, one_of_pointers, prepare
 from radixlm.grammars.token_index import TokenVocab, vocab_from_tokenizer
 
 KINDS = ("regex", "json_schema", "ebnf", "json")
@@ -115,7 +115,7 @@ class GrammarBackend:
             check_schema(json.loads(spec))
             prepared = prepare(json.loads(spec), strict)
             if engine in ("auto", "llguidance"):
-                return self._llguidance_schema(prepared)
+                return self._llguidance_schema(prepared, strict)
             # one grammar only: these engines accept what generation should write
             spec = json.dumps(generation_policy(prepared.schema), ensure_ascii=False)
         if engine == "llguidance":
@@ -134,15 +134,21 @@ class GrammarBackend:
             return self.xgrammar.compile(kind, spec)
         return self._fsm(regex)
 
-    def _llguidance_schema(self, prepared: PreparedSchema) -> CompiledGrammar:
-        if prepared.schema is False:
-            raise ValueError("invalid JSON schema: it matches nothing")
+    def _llguidance_schema(self, prepared: PreparedSchema, strict: bool) -> CompiledGrammar:
         from radixlm.grammars.schema_matcher import SchemaGrammar
 
+        if prepared.schema is False:
+            raise ValueError("invalid JSON schema: it matches nothing")
+        generation = generation_policy(prepared.schema)
         try:
-            return SchemaGrammar(
-                self.llguidance, prepared.schema, generation_policy(prepared.schema), prepared.dropped
-            )
+            return SchemaGrammar(self.llguidance, prepared.schema, generation, prepared.dropped)
+        except ValueError as e:
+            if strict or "oneOf constraints are not supported" not in str(e):
+                raise ValueError(f"JSON schema not supported: {e}") from e
+        # non-strict: a oneOf llguidance cannot prove exclusive is enforced as anyOf, and named
+        dropped = [*prepared.dropped, *(f"oneOf at {ptr} (as anyOf)" for ptr in one_of_pointers(prepared.schema))]
+        try:
+            return SchemaGrammar(self.llguidance, prepared.schema, generation, dropped, coerce_one_of=True)
         except ValueError as e:
             raise ValueError(f"JSON schema not supported: {e}") from e
 

@@ -139,9 +139,13 @@ class LLGuidanceCompiler:
             self._any_json = self.compile("json", "")
         return self._any_json
 
-    def compile(self, kind: str, spec: str, dropped: list[str] | None = None) -> LLGuidanceCompiled:
+    def compile(
+        self, kind: str, spec: str, dropped: list[str] | None = None, coerce_one_of: bool = False
+    ) -> LLGuidanceCompiled:
+        """coerce_one_of: a oneOf llguidance cannot prove exclusive is enforced as anyOf."""
         if kind == "json_schema":
-            grammar = llg.LLMatcher.grammar_from_json_schema(spec, overrides=JSON_OPTIONS)
+            options = {**JSON_OPTIONS, "coerce_one_of": True} if coerce_one_of else JSON_OPTIONS
+            grammar = llg.LLMatcher.grammar_from_json_schema(spec, overrides=options)
         elif kind == "json":
             grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps({}), overrides=JSON_OPTIONS)
         elif kind == "regex":

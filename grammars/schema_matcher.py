@@ -39,27 +39,35 @@ class SchemaGrammar:
 
     engine = "llguidance"
 
-    def __init__(self, compiler: LLGuidanceCompiler, schema: Any, generation: Any, dropped: list[str]) -> None:
+    def __init__(
+        self,
+        compiler: LLGuidanceCompiler,
+        schema: Any,
+        generation: Any,
+        dropped: list[str],
+        coerce_one_of: bool = False,
+    ) -> None:
         self.compiler = compiler
         self.schema = schema
         self.dropped_keywords = list(dropped)
         text = json.dumps(schema, ensure_ascii=False)
         gen_text = json.dumps(generation, ensure_ascii=False)
         language: LLGuidanceCompiled | None = None
+        error: ValueError | None = None
         try:
-            language = compiler.compile("json_schema", text, dropped)
+            language = compiler.compile("json_schema", text, dropped, coerce_one_of)
         except ValueError as e:
             if "matches nothing" in str(e):
                 raise
-            language = None  # checked as JSON + jsonschema instead
+            error = e  # forced text is then checked as JSON + jsonschema
         preferred = language
         if gen_text != text:
             try:
-                preferred = compiler.compile("json_schema", gen_text, dropped)
+                preferred = compiler.compile("json_schema", gen_text, dropped, coerce_one_of)
             except ValueError:
                 preferred = language  # e.g. an integer whose bounds lie beyond 16 digits
         if preferred is None:
-            raise ValueError(f"invalid grammar: llguidance cannot compile {text[:80]!r}")
+            raise error or ValueError("invalid grammar")
         self.modes: list[LLGuidanceCompiled] = [preferred]
         if language is not None and language is not preferred:
             self.modes.append(language)

@@ -104,6 +104,11 @@ def generation_policy(schema: Any) -> Any:
     return out
 
 
+def one_of_pointers(schema: Any) -> list[str]:
+    """Where a oneOf remains after the exact rewrites (those llguidance may enforce as anyOf)."""
+    return [ptr for node, ptr in walk(schema) if isinstance(node.get("oneOf"), list)]
+
+
 def _closable(node: dict) -> bool:
     """Lists its properties (every required one among them) and says nothing about others."""
     props = node.get("properties")

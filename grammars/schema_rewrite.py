@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixlm.grammars.schema_walk import walk
+from radixlm.grammars.schema_walk import resolve_pointer, walk
 
 ALL_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 
@@ -20,6 +20,7 @@ def rewrite(schema: Any) -> Any:
         _property_names(node)
         _dependencies(node)
         _not(node)
+        _one_of(node, schema)
     return schema
 
 
@@ -95,3 +96,120 @@ def _not(node: dict) -> None:
     elif set(sub) == {"not"}:
         del node["not"]
         node["allOf"] = [*node.get("allOf", []), sub["not"]]
+
+
+def _one_of(node: dict, root: dict) -> None:
+    """oneOf whose branches are pairwise disjoint is anyOf (no instance can match two of them)."""
+    branches = node.get("oneOf")
+    if not isinstance(branches, list) or not branches:
+        return
+    ctx = _types(node, root, 0)
+    if all(_disjoint(a, b, root, ctx) for i, a in enumerate(branches) for b in branches[i + 1 :]):
+        del node["oneOf"]
+        if "anyOf" in node:
+            node["allOf"] = [*node.get("allOf", []), {"anyOf": branches}]
+        else:
+            node["anyOf"] = branches
+
+
+MAX_DEPTH = 4
+_TYPE_OF = {bool: "boolean", type(None): "null", str: "string", list: "array", dict: "object"}
+
+
+def _deref(s: Any, root: dict, depth: int) -> Any:
+    while isinstance(s, dict) and isinstance(s.get("$ref"), str) and s["$ref"].startswith("#") and depth < 8:
+        ref = s["$ref"]
+        rest = {k: v for k, v in s.items() if k != "$ref"}
+        try:
+            target = resolve_pointer(root, ref)
+        except ValueError:
+            return s
+        s = {"allOf": [target, rest]} if rest else target
+        depth += 1
+    return s
+
+
+def _value_type(v: Any) -> str:
+    if isinstance(v, bool) or v is None or not isinstance(v, (int, float)):
+        return _TYPE_OF.get(type(v), "object")
+    return "integer" if float(v).is_integer() else "number"
+
+
+def _types(s: Any, root: dict, depth: int) -> set[str] | None:
+    """The JSON types s allows ('integer' stands for whole numbers), None when unknown or all."""
+    s = _deref(s, root, depth)
+    if s is False:
+        return set()
+    if not isinstance(s, dict):
+        return None
+    out: set[str] | None = None
+    t = s.get("type")
+    if isinstance(t, (str, list)):
+        names = {t} if isinstance(t, str) else set(t)
+        out = names | ({"integer"} if "number" in names else set())
+    values = _values(s)
+    if values is not None:
+        vt = {_value_type(v) for v in values}
+        out = vt if out is None else out & (vt | ({"integer"} if "number" in out else set()))
+    for sub in s.get("allOf") or []:
+        st = _types(sub, root, depth + 1) if depth < MAX_DEPTH else None
+        if st is not None:
+            out = st if out is None else out & st
+    return out
+
+
+def _values(s: dict) -> list | None:
+    if "const" in s:
+        return [s["const"]]
+    if isinstance(s.get("enum"), list):
+        return s["enum"]
+    return None
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def _disjoint(a: Any, b: Any, root: dict, ctx: set[str] | None, depth: int = 0) -> bool:
+    """True only when no instance (of the context types) can be valid against both a and b."""
+    if depth > MAX_DEPTH:
+        return False
+    a, b = _deref(a, root, depth), _deref(b, root, depth)
+    if a is False or b is False:
+        return True
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False
+    for x, y in ((a, b), (b, a)):
+        if any(_disjoint(m, y, root, ctx, depth + 1) for m in x.get("allOf") or []):
+            return True
+    ta, tb = _types(a, root, depth), _types(b, root, depth)
+    both = None if ta is None else ta if tb is None else ta & tb
+    if both is not None and ctx is not None:
+        both &= ctx
+    if both is not None and not both:
+        return True
+    va, vb = _values(a), _values(b)
+    if va is not None and vb is not None and not any(_same_value(x, y) for x in va for y in vb):
+        return True
+    objects_only = (both if both is not None else ctx) or set()
+    if objects_only and objects_only <= {"object"}:
+        return _objects_disjoint(a, b, root, depth)
+    return False
+
+
+def _objects_disjoint(a: dict, b: dict, root: dict, depth: int) -> bool:
+    """Some property both require has disjoint schemas, or one requires what the other forbids."""
+    ra, rb = (set(r) if isinstance(r := s.get("required"), list) else set() for s in (a, b))
+    pa, pb = (p if isinstance(p := s.get("properties"), dict) else {} for s in (a, b))
+    for name in ra & rb:
+        if name in pa and name in pb and _disjoint(pa[name], pb[name], root, None, depth + 1):
+            return True
+    for req, other, props in ((ra, b, pb), (rb, a, pa)):
+        closed = other.get("additionalProperties") is False and not other.get("patternProperties")
+        if any(props.get(n) is False or (closed and n not in props) for n in req):
+            return True
+    return False

@@ -8,10 +8,10 @@ import json
 
 import jsonschema
 import pytest
+from grammar_helpers import random_walk
 from test_grammar_cases import default_tokenizer
 
 from radixlm.grammars import GrammarBackend, allocate_token_bitmask
-from grammar_helpers import random_walk
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +100,39 @@ def test_rollback_and_reset_across_readings(backend: GrammarBackend) -> None:
     assert m.accept_token(backend.stop_token_ids[0]) and m.is_terminated()
     m.reset()
     assert not m.is_terminated() and m.accept_string('{"name": "b", "age": 1}')
+
+
+DISJOINT_ONE_OF = [
+    {"oneOf": [{"$ref": "#/$defs/d"}, {"type": "null"}], "$defs": {"d": {"type": "string", "format": "date"}}},
+    {"oneOf": [{"const": 1, "title": "a"}, {"const": 2}]},
+    {
+        "type": "object",
+        "oneOf": [
+            {"properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind"]},
+            {"properties": {"kind": {"enum": ["b", "c"]}}, "required": ["kind", "y"]},
+        ],
+    },
+]
+
+
+@pytest.mark.parametrize("schema", DISJOINT_ONE_OF)
+def test_provably_exclusive_one_of_is_enforced(backend: GrammarBackend, schema: dict) -> None:
+    g = backend.compile("json_schema", schema)
+    values = [None, 1, 2, 3, "2024-01-02", "x", {"kind": "a", "x": 1}, {"kind": "b", "y": 0}, {"kind": "a"},
+              {"kind": "c"}, {"kind": "b", "y": 1, "x": "s"}]
+    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    for v in values:
+        assert walk(backend, g, v)[0] == validator.is_valid(v), v
+
+
+def test_overlapping_one_of_strict_refused_nonstrict_named(backend: GrammarBackend) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"r": {"type": "number"}, "w": {"type": "number"}},
+        "oneOf": [{"required": ["r"]}, {"required": ["w"]}],
+    }
+    with pytest.raises(ValueError, match="oneOf"):
+        backend.compile("json_schema", schema)
+    g = backend.compile("json_schema", schema, strict=False)
+    assert "oneOf at # (as anyOf)" in g.dropped_keywords
+    assert walk(backend, g, {"r": 1})[0] and not walk(backend, g, {})[0]
