@@ -32,7 +32,8 @@ from .model_runner import ModelRunner, resolve_dtype
 from .radix_cache import NoPrefixCache, RadixCache
 from .request import Req
 from .sampler import Sampler
-from .scheduler import Scheduler, SchedulerConfig
+from .scheduler import Scheduler
+from .scheduler_config import SchedulerConfig
 from .tokenizer import IncrementalDetokenizer, load_tokenizer
 from .warmup import measure_cascade_costs, warm_up
 
@@ -203,15 +204,7 @@ class Engine:
                 return True
 
     def _abort_all(self, message: str) -> None:
-        s = self.scheduler
-        for req in s.live_requests():
-            if not req.finished:
-                req.finished_reason = {"type": "abort", "message": message}
-                try:
-                    s._finish(req)
-                except Exception:  # the sink must still hear about it
-                    logger.exception("cleanup of %s failed", req.rid)
-                    req.sink({"text": "", "output_ids": [], "meta_info": req.meta_info()})
+        self.scheduler.fail_all(message)
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the scheduler thread (between steps) and wait for its result."""

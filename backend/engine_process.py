@@ -36,6 +36,7 @@ class _Waiter:
         self.queues: dict[int, Any] = {}
         self.ack: Future = Future()
         self.lock = threading.Lock()
+        self.abandoned = False  # the caller went away before the ack: abort its requests on arrival
 
     def queue(self, k: int) -> Any:
         with self.lock:
@@ -103,6 +104,10 @@ class EngineProcess:
         if kind == "chunk":
             waiter.deliver(msg[2], msg[3])
         elif kind == "ack":
+            if waiter.abandoned:
+                self._waiters.pop(call_id, None)
+                for rid in msg[2][0]:
+                    self.abort_request(rid)
             waiter.ack.set_result(msg[2])
         elif kind == "error":
             waiter.ack.set_exception(_rebuild(msg[2]))
@@ -168,9 +173,12 @@ class EngineProcess:
         call_id, waiter = self._start(asyncio.get_running_loop(), dict(
             prompt=prompt, sampling_params=sampling_params, input_ids=input_ids, stream=stream, **kw))
         try:
-            rids, single = await asyncio.wrap_future(waiter.ack)
+            rids, single = await asyncio.shield(asyncio.wrap_future(waiter.ack))
         except asyncio.CancelledError:
-            self._waiters.pop(call_id, None)
+            waiter.abandoned = True  # its requests are aborted when the child acknowledges them
+            if waiter.ack.done() and not waiter.ack.exception():
+                for rid in waiter.ack.result()[0]:
+                    self.abort_request(rid)
             raise
         if stream:
             return self._stream_async(call_id, waiter, rids[0])

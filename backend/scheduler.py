@@ -1,53 +1,33 @@
-"""Scheduler: continuous batching over the KV pool and the prefix cache. Each step reads
-schedule → launch → process: pick the decode requests and prompt chunks that fit (evicting from
-the cache, then retracting, when slots run out), queue one forward and its sampling on the device,
-then read the tokens back to stream and finish. With overlap on, step t is processed after step
-t+1 is launched (its decode inputs are step t's tokens, read on the device), so host work hides
-behind the GPU. It owns every Req's state; no request is ever dropped."""
+"""Scheduler: the step loop of continuous batching — schedule (BatchPlanner) → launch (one forward
+and its sampling, queued on the device) → process (OutputProcessor). With overlap on, step t is
+processed after step t+1 is launched (its decode inputs are step t's tokens, read on the device),
+so host work hides behind the GPU; a step whose sampling reads state the previous tokens change
+(grammar, penalties) samples once those are processed. The KV and the cache belong to the
+CacheManager. It owns every Req's state; no request is ever dropped."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from . import cascade_groups
-from .cascade_cost import CascadeCostModel
+from .batch_planner import BatchPlanner
+from .cache_manager import CacheManager
 from .forward_batch import to_device
+from .kv_pool import ReqToTokenTable
 from .model_runner import ModelRunner, ScheduledItem
+from .output_processor import OutputProcessor
 from .request import Req
-from .sampler import Sampler, record_token
+from .request_queues import RequestQueues
+from .sampler import Sampler
 from .schedule_policy import SchedulePolicy
+from .scheduler_config import SchedulerConfig, SchedulerStats
 from .step_output import LaunchedStep, LogprobRows, StepPlan, to_host
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class SchedulerConfig:
-    context_len: int
-    chunked_prefill_size: int = 2048
-    max_running_requests: int = 256
-    decode_reserve: int = 8  # slots per running request kept free before admitting new prompts
-    overlap: bool = False  # process step t after launching step t+1
-    enable_cascade: bool = False  # decode batches sharing long prefixes use cascade attention
-    cascade_cost: CascadeCostModel | None = None  # measured per-step decision (None: fixed thresholds)
-
-
-@dataclass
-class SchedulerStats:
-    cached_prompt_tokens: int = 0
-    computed_prompt_tokens: int = 0
-    generated_tokens: int = 0
-    num_retractions: int = 0
-    forward_passes: int = 0
-    num_finished: int = 0
-    num_aborted: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -56,34 +36,57 @@ class Scheduler:
         self.cache = cache
         self.sampler = sampler
         self.cfg = cfg
-        self.allocator = runner.allocator
-        self.req_table = runner.req_table
-        self.policy = SchedulePolicy(cache)
         self.stats = SchedulerStats()
-        self.waiting: deque[Req] = deque()
-        self.running: list[Req] = []  # prefill done, decoding
-        self.chunked: Req | None = None  # a prompt part-way through chunked prefill
-        self.pinned: dict[int, Any] = {}  # handle → locked radix node (engine.pin_prefix)
+        self.queues = RequestQueues()
+        self.kv = CacheManager(cache, runner.allocator, runner.req_table)
+        self.policy = SchedulePolicy(cache)
+        self.planner = BatchPlanner(self.queues, self.kv, cfg, self.stats, sampler, self.policy, self._drain_inflight)
+        self.outputs = OutputProcessor(self.queues, self.kv, cfg, self.stats)
         self.inflight: LaunchedStep | None = None  # launched, not yet processed (overlap only)
 
-    # ---- queue management -------------------------------------------------------------
+    # ---- what the engine reads ----------------------------------------------------------
+    @property
+    def waiting(self) -> deque[Req]:
+        return self.queues.waiting
+
+    @property
+    def running(self) -> list[Req]:
+        return self.queues.running
+
+    @property
+    def chunked(self) -> Req | None:
+        return self.queues.chunked
+
+    @property
+    def pinned(self) -> dict[int, Any]:
+        return self.kv.pinned
+
+    @property
+    def req_table(self) -> ReqToTokenTable:
+        return self.kv.req_table
+
     def add_request(self, req: Req) -> None:
-        self.waiting.append(req)
+        self.queues.waiting.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked or self.inflight)
+        return bool(self.queues or self.inflight)
 
     def live_requests(self) -> list[Req]:
         """Every request the scheduler holds, once: queued, running, prefilling or in flight."""
-        held = [*self.waiting, *self.running, *([self.chunked] if self.chunked else []),
-                *(self.inflight.plan.reqs if self.inflight else [])]
+        held = [*self.queues.held(), *(self.inflight.plan.reqs if self.inflight else [])]
         return list({id(r): r for r in held}.values())
 
     def abort(self, rid: str) -> None:
         for req in self.live_requests():
             if req.rid == rid and not req.finished:
                 req.finished_reason = {"type": "abort", "message": "aborted by request"}
-                self._finish(req)
+                self.finish(req)
+
+    def finish(self, req: Req) -> None:
+        self.outputs.finish(req)
+
+    def unpin(self, handle: int) -> None:
+        self.kv.unpin(handle)
 
     # ---- one step ---------------------------------------------------------------------
     def step(self) -> bool:
@@ -92,7 +95,11 @@ class Scheduler:
         if self.inflight is not None and any(r.rewrites_on_accept for r in self.inflight.gen):
             self._process_step(self._take_inflight())  # its token may add forced tokens: not schedulable yet
         t0 = time.perf_counter()
-        plan = self.schedule()
+        try:
+            plan = self.schedule()
+        except Exception as e:  # a planning bug would otherwise fail the same way every step, forever
+            self.fail_all(f"internal error while scheduling: {type(e).__name__}: {e}")
+            raise
         t1 = time.perf_counter()
         self._add_time("host_schedule_us", t1 - t0)
         launched = None
@@ -154,180 +161,27 @@ class Scheduler:
             self.fail_plan(step.plan, f"internal error: {type(e).__name__}: {e}")
             raise
 
+    def fail_all(self, message: str) -> None:
+        """End every held request with an abort result (each one's cleanup may itself fail: its
+        caller still hears about it)."""
+        for req in self.live_requests():
+            if req.finished:
+                continue
+            req.finished_reason = {"type": "abort", "message": message}
+            try:
+                self.finish(req)
+            except Exception:
+                logger.exception("cleanup of %s failed", req.rid)
+                self.queues.discard(req)
+                req.sink({"text": "", "output_ids": [], "meta_info": req.meta_info()})
+
     def fail_plan(self, plan: StepPlan, message: str) -> None:
         """A step raised: end the step's requests with an abort result and free their KV
         (including the slots this step gave them), so no caller waits forever."""
         for req in plan.reqs:
             if not req.finished:
                 req.finished_reason = {"type": "abort", "message": message}
-                self._finish(req)
-
-    def schedule(self) -> StepPlan | None:
-        plan = StepPlan([], [], [], [])
-        self._schedule_decode(plan)
-        self._schedule_prefill(plan, self.cfg.chunked_prefill_size - len(plan.items))
-        return plan if plan.items else None
-
-    def _decodes_next(self, req: Req) -> bool:
-        """False for a request whose in-flight token is certainly its last (length limits):
-        scheduling it again would compute a token nobody reads."""
-        if req.pending < 0:
-            return True
-        return len(req.output_ids) + 1 < req.params.max_new_tokens and req.seq_len + 1 < self.cfg.context_len
-
-    def _schedule_decode(self, plan: StepPlan) -> None:
-        self._ensure_decode_slots()
-        batch = [r for r in self.running if self._decodes_next(r)]
-        if not batch:
-            return
-        batch = self._order_for_cascade(plan, batch)
-        slots = self.allocator.alloc(len(batch))
-        assert slots is not None, "decode slots were ensured above"
-        rows = [r.req_pool_idx for r in batch]
-        cols = [r.kv_len for r in batch]
-        self.req_table.write_many(rows, cols, slots)  # type: ignore[arg-type]  # one scatter for the batch
-        for k, req in enumerate(batch):
-            # an in-flight token is a placeholder: -1 - its index in the in-flight step's samples
-            tok = -1 - req.pending if req.pending >= 0 else (req.output_ids or req.input_ids)[-1]
-            plan.reqs.append(req)
-            plan.items.append(ScheduledItem(rows[k], [tok], cols[k], [0]))  # type: ignore[arg-type]
-            plan.samples.append(True)
-            req.kv_len += 1
-        plan.slots.append(slots)  # KV slots of the step's tokens, in item order
-        plan.num_decode = len(batch)
-
-    def _order_for_cascade(self, plan: StepPlan, batch: list[Req]) -> list[Req]:
-        """Members of a group sharing a long cached prefix run contiguously, with the groups in
-        plan.cascade; unchanged when cascade is off or would not pay."""
-        if not self.cfg.enable_cascade or len(batch) < 2:
-            return batch
-        cost = self.cfg.cascade_cost
-        if cost is None:
-            groups = cascade_groups.find_cascade_groups(batch)
-        else:  # the measured cost model decides, not the fixed thresholds
-            groups = cascade_groups.find_cascade_groups(batch, min_shared_len=cascade_groups.MIN_KERNEL_SHARED_LEN,
-                                                        min_saved_fraction=0.0, min_saved_tokens=0)
-            if groups is not None and not cost.pays(groups.saved_tokens, len(batch),
-                                                    sum(1 for s in groups.shared_lens if s > 0)):
-                self.stats.extra["cascade_declined_steps"] = self.stats.extra.get("cascade_declined_steps", 0) + 1
-                groups = None
-        if groups is None:
-            return batch
-        plan.cascade = groups
-        return [batch[i] for i in groups.order]
-
-    def _ensure_decode_slots(self) -> None:
-        while self.running:
-            need = sum(1 for r in self.running if self._decodes_next(r))
-            short = need - self.allocator.available_size()
-            if short <= 0:
-                return
-            self.cache.evict(short)
-            if need <= self.allocator.available_size():
-                return
-            if self.inflight is not None:  # never retract a request an in-flight step still uses
-                self._process_step(self._take_inflight())
-                continue
-            self._retract(self._pick_victim())
-
-    def _pick_victim(self) -> Req:
-        # The request that loses the least work: fewest outputs, then the longest prompt. A prompt
-        # part-way through chunked prefill goes first, so it can never starve running decodes.
-        candidates = self.running + ([self.chunked] if self.chunked else [])
-        return min(candidates, key=lambda r: (len(r.output_ids), -len(r.input_ids)))
-
-    def _retract(self, req: Req) -> None:
-        """Free a running request's KV and requeue it first; it recomputes later, with its
-        sampling state (outputs, penalties, RNG) intact, so its output does not change."""
-        if req is self.chunked:
-            self.chunked = None
-        else:
-            self.running.remove(req)
-        self._release_kv(req, cache_it=False)
-        req.num_retractions += 1
-        self.stats.num_retractions += 1
-        self.waiting.appendleft(req)
-        logger.info("retracted %s (%d tokens) to free KV", req.rid, req.seq_len)
-
-    def _schedule_prefill(self, plan: StepPlan, budget: int) -> None:
-        inflight = [self.chunked] if self.chunked else []
-        candidates = inflight + self.policy.order(list(self.waiting), inflight, budget)
-        reserve = sum(self._decode_reserve(r) for r in self.running)
-        active = len(self.running)
-        for req in candidates:
-            if budget <= 0 or active >= self.cfg.max_running_requests:
-                break
-            if req.req_pool_idx is None and not self._place(req):
-                break
-            slots = self._alloc_for_prefill(min(req.seq_len - req.kv_len, budget), reserve)
-            if slots is None:
-                if req is not self.chunked:
-                    self._release_kv(req, cache_it=False)
-                break
-            n = int(slots.numel())
-            active += 1
-            completes = self._add_prefill_item(plan, req, n, slots)
-            budget -= n
-            reserve += self._decode_reserve(req)
-            if req is not self.chunked:
-                self.waiting.remove(req)
-            self.chunked = None if completes else req
-            if not completes:
-                break
-
-    def _decode_reserve(self, req: Req) -> int:
-        return min(self.cfg.decode_reserve, max(req.params.max_new_tokens - len(req.output_ids), 1))
-
-    def _alloc_for_prefill(self, want: int, reserve: int) -> torch.Tensor | None:
-        """Slots for up to `want` prompt tokens, keeping `reserve` free for running decodes
-        (unless nothing runs). Evicts from the cache only what is needed; None if nothing fits."""
-        room = self.allocator.available_size() + self.cache.evictable_size()
-        n = min(want, room - reserve if self.running else room)
-        if n <= 0:
-            return None
-        if n > self.allocator.available_size():
-            self.cache.evict(n - self.allocator.available_size())
-        n = min(n, self.allocator.available_size())
-        return self.allocator.alloc(n) if n > 0 else None
-
-    def _place(self, req: Req) -> bool:
-        """Give a request a table row and its cached prefix (locked)."""
-        row = self.req_table.alloc()
-        if row is None:
-            return False
-        req.req_pool_idx = row
-        prefix_slots, node = self.cache.match_prefix(req.all_ids[: req.max_prefix_len()])
-        self.cache.inc_lock_ref(node)
-        req.last_node = node
-        req.prefix_len = req.kv_len = int(prefix_slots.numel())
-        if prefix_slots.numel():
-            self.req_table.write(row, 0, prefix_slots)
-        if not req.admitted_once:
-            req.admitted_once = True
-            req.cached_tokens = req.prefix_len
-            self.stats.cached_prompt_tokens += req.prefix_len
-            self.sampler.prepare(req)
-        return True
-
-    def _add_prefill_item(self, plan: StepPlan, req: Req, n: int, slots: torch.Tensor) -> bool:
-        """Tokens [kv_len, kv_len + n) of req as one item; True when they end its sequence."""
-        start = req.kv_len
-        self.req_table.write(req.req_pool_idx, start, slots)  # type: ignore[arg-type]
-        completes = start + n == req.seq_len
-        offsets: list[int] = []
-        if req.wants_input_logprobs:
-            lo = max(req.logprob_start_len - 1, 0)
-            offsets = [p - start for p in range(max(lo, start), min(len(req.input_ids) - 1, start + n))]
-        if completes:
-            offsets.append(n - 1)
-        if start < len(req.input_ids):
-            self.stats.computed_prompt_tokens += min(start + n, len(req.input_ids)) - start
-        plan.reqs.append(req)
-        plan.items.append(ScheduledItem(req.req_pool_idx, req.all_ids[start : start + n], start, offsets))  # type: ignore[arg-type]
-        plan.slots.append(slots)
-        plan.samples.append(completes)
-        req.kv_len = start + n
-        return completes
+                self.finish(req)
 
     # ---- launch: the forward and its sampling, queued on the device --------------------
     def launch(self, plan: StepPlan) -> LaunchedStep:
@@ -372,7 +226,7 @@ class Scheduler:
             if self.cfg.overlap:  # it decodes next step from this token, read on the device
                 req.pending, req.pending_step = k, step
                 if k >= step.plan.num_decode and not req.finished:  # a prompt that just finished joins the decoders
-                    self.running.append(req)
+                    self.queues.running.append(req)
 
     def _launch_input_logprobs(self, step: LaunchedStep, i: int, req: Req, item: ScheduledItem,
                                rows: torch.Tensor) -> None:
@@ -382,135 +236,16 @@ class Scheduler:
         targets = to_device(req.input_ids[first + 1 : first + 1 + rows.shape[0]], rows.device)
         step.in_logprobs[i] = LogprobRows.launch(rows, targets, req.top_logprobs_num)
 
-    # ---- process: read the step's results on the host -----------------------------------
+    # ---- the parts ----------------------------------------------------------------------
+    def schedule(self) -> StepPlan | None:
+        return self.planner.schedule()
+
     def process(self, step: LaunchedStep) -> None:
-        step.wait()  # the step's one host sync
-        plan = step.plan
-        for i, (req, item, samples) in enumerate(zip(plan.reqs, plan.items, plan.samples)):
-            if req.finished:  # aborted (or failed) while the step ran
-                continue
-            if req.wants_input_logprobs:
-                self._record_input_logprobs(req, item, step.in_logprobs.get(i))
-            if samples:
-                req.input_logprobs_done = True
-            else:
-                self._cache_unfinished(req, item.start + len(item.token_ids))
-        for req in step.prefill_only:
-            if not req.finished:
-                req.finished_reason = {"type": "length", "length": 0}
-                self._finish(req)
-        tokens = step.tokens_host.tolist() if step.tokens_host is not None else []
-        for k, (req, tok) in enumerate(zip(step.gen, tokens)):
-            if req.pending_step is step:  # else a later launch already points it at its own step
-                req.pending, req.pending_step = -1, None
-            if req.finished:
-                continue
-            if k in step.out_logprobs:
-                top = req.output_top_logprobs if req.top_logprobs_num > 0 else None
-                step.out_logprobs[k].record(req.output_token_logprobs, top)
-            self._append_token(req, tok, was_running=self.cfg.overlap or k < plan.num_decode)
-        for i in range(plan.num_decode, len(plan.reqs)):  # share a finished prompt now, not at its end
-            req, item = plan.reqs[i], plan.items[i]
-            if plan.samples[i] and not req.finished and req.req_pool_idx is not None:
-                self._cache_unfinished(req, item.start + len(item.token_ids))
+        self.outputs.process(step)
 
-    def _append_token(self, req: Req, tok: int, was_running: bool) -> None:
-        req.output_ids.append(tok)
-        record_token(req, tok)
-        self.stats.generated_tokens += 1
-        step_ids = [tok]
-        if req.grammar is not None:  # accept; jump-forward may append forced tokens (backend/constrained.py)
-            step_ids = req.grammar.accept_and_jump(req, tok, self.stats)
-        if req.stream or req.params.stop:  # otherwise the text is decoded once, at the end
-            req.detok.add(step_ids)
-        req.check_finished(step_ids[-1], self.cfg.context_len)
-        if req.finished:
-            self._finish(req)
-            return
-        if req.seq_len - req.kv_len > 1:  # forced tokens: one extend step through the prefill path
-            if was_running:
-                self.running.remove(req)
-            self.waiting.appendleft(req)
-        elif not was_running:
-            self.running.append(req)
-        if req.stream:
-            self._emit_chunk(req)
-
-    def _finish(self, req: Req) -> None:
-        if req in self.running:
-            self.running.remove(req)
-        if req in self.waiting:
-            self.waiting.remove(req)
-        if self.chunked is req:
-            self.chunked = None
-        if req.req_pool_idx is not None:
-            self._release_kv(req, cache_it=req.finished_reason.get("type") != "abort")  # type: ignore[union-attr]
-        self.stats.num_finished += 1
-        if req.finished_reason and req.finished_reason.get("type") == "abort":
-            self.stats.num_aborted += 1
-        req.detok.add(req.output_ids[len(req.detok.ids) :])
-        req.detok.flush()
-        self._emit_chunk(req) if req.stream else req.sink(self._final_output(req))
-
-    def _release_kv(self, req: Req, cache_it: bool) -> None:
-        """Give the request's KV to the cache (or free it) and unlock its prefix. Slots past its
-        known tokens (written for an in-flight token) are freed, never cached."""
-        row = req.req_pool_idx
-        assert row is not None
-        slots = self.req_table.read(row, 0, req.kv_len)
-        keep = req.prefix_len
-        if cache_it:
-            keep = max(min(req.kv_len, req.seq_len), req.prefix_len)
-            ids = req.all_ids[:keep]
-            self.cache.insert(ids, slots[:keep])
-            if req.pin_handle is not None:
-                _, node = self.cache.match_prefix(ids)
-                self.cache.inc_lock_ref(node)
-                self.pinned[req.pin_handle] = node
-        self.allocator.free(slots[keep:])
-        self.cache.dec_lock_ref(req.last_node)
-        self.req_table.free(row)
-        req.req_pool_idx, req.last_node, req.prefix_len, req.kv_len = None, None, 0, 0
-        req.pending, req.pending_step = -1, None
-
-    def _cache_unfinished(self, req: Req, upto: int) -> None:
-        """After a prompt chunk: put its first `upto` tokens (computed) in the cache and lock them
-        there, so others can share them while the rest is still being prefilled."""
-        if self.cache.disabled:  # NoPrefixCache.insert would free the request's own slots
-            return
-        row = req.req_pool_idx
-        assert row is not None
-        ids = req.all_ids[:upto]
-        self.cache.insert(ids, self.req_table.read(row, 0, upto))
-        slots, node = self.cache.match_prefix(ids)
-        self.req_table.write(row, 0, slots)
-        self.cache.dec_lock_ref(req.last_node)
-        self.cache.inc_lock_ref(node)
-        req.last_node, req.prefix_len = node, int(slots.numel())
-
-    def unpin(self, handle: int) -> None:
-        node = self.pinned.pop(handle, None)
-        if node is not None:
-            self.cache.dec_lock_ref(node)
-
-    # ---- outputs ----------------------------------------------------------------------
-    def _emit_chunk(self, req: Req) -> None:
-        text = req.streamable_text()
-        delta = text[req.stream_sent :]
-        req.stream_sent = len(text)
-        new_ids = req.output_ids[req.ids_sent :]
-        req.ids_sent = len(req.output_ids)
-        if delta or new_ids or req.finished:
-            req.sink({"text": delta, "output_ids": new_ids, "meta_info": req.meta_info()})
-
-    @staticmethod
-    def _final_output(req: Req) -> dict[str, Any]:
-        return {"text": req.final_text(), "output_ids": list(req.output_ids), "meta_info": req.meta_info()}
-
-    @staticmethod
-    def _record_input_logprobs(req: Req, item: ScheduledItem, rows: LogprobRows | None) -> None:
-        if item.start == 0 and req.logprob_start_len == 0:
-            req.input_token_logprobs.append((None, req.input_ids[0], None))
-            req.input_top_logprobs.append(None)
-        if rows is not None:
-            rows.record(req.input_token_logprobs, req.input_top_logprobs if req.top_logprobs_num > 0 else None)
+    def _drain_inflight(self) -> bool:
+        """Process the in-flight step now (the planner needs its requests settled); False if none."""
+        if self.inflight is None:
+            return False
+        self._process_step(self._take_inflight())
+        return True

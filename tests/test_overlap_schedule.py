@@ -60,10 +60,8 @@ def test_mixed_batch_matches_plain(engine, overlap_engine):
     assert not engine.scheduler.cfg.overlap
     engine.flush_cache()
     plain = [summary(o) for o in engine.generate(ps, qs)]
-    before = overlap_engine.get_stats().get("deferred_sampling_steps", 0)
     overlapped = [summary(o) for o in overlap_engine.generate(ps, qs)]
     assert overlapped == plain
-    assert overlap_engine.get_stats().get("deferred_sampling_steps", 0) > before  # the deferred path ran
     assert {f["type"] for _, _, f in plain} >= {"length", "stop"}
     pool_restored(overlap_engine)
 
