@@ -24,6 +24,7 @@ from radixlm.kernels import compiled_kernel_count
 from . import limits
 from .constrained import attach_grammars, grammar_backend, wait_grammars, wait_grammars_async
 from .embeddings import check_inputs, embed, embedding_inputs
+from .engine_inbox import AbortRequest, AddRequest, EngineInbox, RunCall, Stop
 from .engine_inputs import RequestSpec, normalize_requests
 from .loader import default_model_path, load_config, resolve_model_dir
 from .loop_mailbox import LoopMailbox, coalesce_chunks
@@ -118,7 +119,7 @@ class Engine:
         if cascade:
             self.scheduler.cfg.cascade_cost = measure_cascade_costs(self.runner)
         self._compiles_at_start = compiled_kernel_count()
-        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._inbox = EngineInbox()
         self._pin_ids = itertools.count(1)
         self._tok_lock = threading.Lock()
         self._closed = False
@@ -155,7 +156,7 @@ class Engine:
     def _loop(self) -> None:
         sched = self.scheduler
         while True:
-            if not self._drain_inbox(block=not sched.has_work()):
+            if not self._inbox.drain(sched, block=not sched.has_work()):
                 break
             if not sched.has_work():
                 continue
@@ -164,44 +165,7 @@ class Engine:
             except Exception:  # the step's own requests were aborted; the rest go on
                 logger.exception("scheduler step failed")
         self._abort_all("engine shut down")
-        self._refuse_inbox()
-
-    def _refuse_inbox(self) -> None:
-        """After shutdown nobody may wait forever: answer what is still queued."""
-        while True:
-            try:
-                kind, payload = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            if kind == "add":
-                payload.finished_reason = {"type": "abort", "message": "engine shut down"}
-                payload.sink({"text": "", "output_ids": [], "meta_info": payload.meta_info()})
-            elif kind == "call":
-                payload[1].set_exception(RuntimeError("engine is shut down"))
-
-    def _drain_inbox(self, block: bool) -> bool:
-        try:
-            msg = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return True
-        while True:
-            kind, payload = msg
-            if kind == "stop":
-                return False
-            if kind == "add":
-                self.scheduler.add_request(payload)
-            elif kind == "abort":
-                self.scheduler.abort(payload)
-            elif kind == "call":
-                fn, fut = payload
-                try:
-                    fut.set_result(fn())
-                except Exception as e:
-                    fut.set_exception(e)
-            try:
-                msg = self._inbox.get_nowait()
-            except queue.Empty:
-                return True
+        self._inbox.refuse_all()
 
     def _abort_all(self, message: str) -> None:
         self.scheduler.fail_all(message)
@@ -211,7 +175,7 @@ class Engine:
         if self._closed:
             raise RuntimeError("engine is shut down")
         fut: Future = Future()
-        self._inbox.put(("call", (fn, fut)))
+        self._inbox.put(RunCall(fn, fut))
         return fut.result()
 
     # ---- request construction ---------------------------------------------------------
@@ -245,7 +209,7 @@ class Engine:
     def _submit(self, reqs: list[Req]) -> None:
         wait_grammars(reqs)  # the caller waits for its grammars; a bad one raises ValueError here
         for r in reqs:
-            self._inbox.put(("add", r))
+            self._inbox.put(AddRequest(r))
 
     # ---- public API -------------------------------------------------------------------
     def generate(
@@ -333,7 +297,7 @@ class Engine:
 
     def abort_request(self, rid: str) -> None:
         if not self._closed:
-            self._inbox.put(("abort", rid))
+            self._inbox.put(AbortRequest(rid))
 
     def flush_cache(self) -> bool:
         """Empty the prefix cache. Refused (False) while requests run or prefixes are pinned."""
@@ -403,9 +367,9 @@ class Engine:
             return
         self._closed = True
         _live_engines.discard(self)
-        self._inbox.put(("stop", None))
+        self._inbox.put(Stop())
         self._thread.join(timeout=30)
-        self._refuse_inbox()  # anything queued after the loop's own final drain
+        self._inbox.refuse_all()  # anything queued after the loop's own final drain
         if self._thread.is_alive():  # a step is stuck: its tensors stay where the thread uses them
             logger.error("scheduler thread did not stop within 30 s; device memory not released")
             return

@@ -4,7 +4,7 @@ rows of one tensor-core tile per KV head, so the prefix is read once per group, 
 request), each request's own tail separately, and the two merged by log-sum-exp.
 Default impl "fused": ONE launch whose programs are the shared-prefix tiles then the own-tail
 tiles (so neither part leaves the GPU idle), writing one split buffer, then one merge launch.
-impl="two_launch" keeps the earlier shared kernel + split-K decode kernel + merge.
+impl="two_launch" (cascade_two_launch.py): a shared-prefix kernel, split-K decode, then a merge.
 Promises: equals plain decode attention over the whole sequence (`cascade_decode_attention_ref`);
 no host sync (grid sizes come from the plan's host ints), so it can be captured in a CUDA graph."""
 
@@ -17,13 +17,13 @@ import torch
 
 from ._attn_common import finish_state, online_update
 from ._triton import dot_precision, mma, next_pow2, split_block, tl, triton, use_triton
-from .decode_attention import (
-    choose_num_splits,
-    decode_attention_ref,
-    decode_partial,
-    merge_splits,
-)
-from .merge_state import merge_state, merge_state_ref
+from .cascade_plan import CascadePlan, make_cascade_plan, shared_groups_of
+from .cascade_two_launch import two_launch
+from .decode_attention import choose_num_splits, decode_attention_ref
+from .merge_state import merge_state_ref
+
+__all__ = ["CascadePlan", "cascade_decode_attention", "cascade_decode_attention_ref", "fused_layout",
+           "make_cascade_plan", "resolve_config"]
 
 # Tile/split defaults per impl. FUSED_DEFAULTS is what benchmarks/kernels.py --sweep prints as
 # "adopt:"; paste its best line here. shared_waves: shared-prefix programs per SM (the split count
@@ -35,60 +35,6 @@ FUSED_DEFAULTS: dict = {"block_m": 64, "block_n": 64, "own_block_n": 128, "num_w
                         "shared_waves": 1.5, "shared_first": True}
 TWO_LAUNCH_DEFAULTS: dict = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3}
 MIN_SHARED_CHUNK = 256  # keys; no shared-prefix program gets fewer (its fixed cost would dominate)
-
-
-@dataclass
-class CascadePlan:
-    """Groups are contiguous runs of the batch: group g is requests group_ptr[g]..group_ptr[g+1]-1,
-    sharing the first group_shared_lens[g] tokens of the first member's req_to_token row.
-    shared_groups lists (on the device) the groups with a non-empty shared part: only they get
-    shared-prefix programs, so singleton groups with shared length 0 cost nothing."""
-
-    group_ptr: torch.Tensor  # [G + 1] int64, device
-    group_shared_lens: torch.Tensor  # [G] int64, device
-    shared_lens: torch.Tensor  # [B] int64 per request, device (kv_start of its own part)
-    max_group_size: int
-    max_shared_len: int
-    max_own_len: int
-    shared_groups: torch.Tensor | None = None  # [G'] int64 indices of groups with shared len > 0
-    max_shared_group_size: int | None = None  # largest group among shared_groups (host int)
-
-
-def make_cascade_plan(group_sizes: list[int], shared_lens: list[int], seq_lens: list[int],
-                      device: torch.device | str) -> CascadePlan:
-    """Host-side: build the plan from per-group sizes and shared lengths and per-request lengths."""
-    if sum(group_sizes) != len(seq_lens) or len(shared_lens) != len(group_sizes):
-        raise ValueError("group sizes must cover the batch and match the shared lengths")
-    if any(n < 0 for n in group_sizes) or any(s < 0 for s in shared_lens):
-        raise ValueError("group sizes and shared lengths must be >= 0")
-    per_req = [s for s, n in zip(shared_lens, group_sizes) for _ in range(n)]
-    if any(s > L for s, L in zip(per_req, seq_lens)):
-        raise ValueError("a shared prefix is longer than a member's sequence")
-    ptr = [0]
-    for n in group_sizes:
-        ptr.append(ptr[-1] + n)
-    sh = [g for g, (s, n) in enumerate(zip(shared_lens, group_sizes)) if s > 0 and n > 0]
-    # one non-blocking host→device copy: a blocking torch.tensor(..., device=cuda) would wait
-    # for the whole stream and stall the overlap scheduler every cascade step
-    # each segment padded to 16 bytes: Triton specializes on pointer alignment, and views at
-    # varying offsets would compile new kernel variants while serving
-    parts = [ptr, shared_lens, per_req, sh]
-    flat = torch.tensor([x for p in parts for x in p + [0] * (len(p) % 2)], dtype=torch.int64)
-    if torch.device(device).type != "cpu":
-        flat = flat.to(device, non_blocking=True)
-    views = flat.split([len(p) + len(p) % 2 for p in parts])
-    d_ptr, d_shared, d_per_req, d_sh = (v[: len(p)] for v, p in zip(views, parts))
-    return CascadePlan(d_ptr, d_shared, d_per_req, max(group_sizes, default=0),
-                       max(shared_lens, default=0), max((L - s for L, s in zip(seq_lens, per_req)), default=0),
-                       d_sh, max((group_sizes[g] for g in sh), default=0))
-
-
-def _shared_groups(plan: CascadePlan) -> tuple[torch.Tensor, int, int]:
-    """(device indices, count, max size) of the groups that get shared-prefix programs."""
-    if plan.shared_groups is None or plan.max_shared_group_size is None:  # a plan built by hand
-        g = plan.group_shared_lens.shape[0]
-        return torch.arange(g, device=plan.group_ptr.device), g, plan.max_group_size
-    return plan.shared_groups, int(plan.shared_groups.shape[0]), plan.max_shared_group_size
 
 
 # --------------------------------------------------------------------------- fused (one launch)
@@ -281,7 +227,7 @@ def fused_layout(bsz: int, hq: int, hkv: int, plan: CascadePlan, cfg: dict, num_
                  shared_splits: int | None = None, own_splits: int | None = None) -> FusedLayout:
     """Split counts for one fused launch (explicit ones win): shared-prefix programs ~ shared_waves
     per SM, none shorter than MIN_SHARED_CHUNK keys; own tails split as plain decode would."""
-    _, n_sg, max_sg = _shared_groups(plan)
+    _, n_sg, max_sg = shared_groups_of(plan)
     if n_sg == 0 or plan.max_shared_len <= 0:
         s_sh, m_blocks = 0, 1
     else:
@@ -308,7 +254,7 @@ def cascade_partial(
     if n_sh + n_own == 0:
         return
     group = hq // hkv
-    shared_groups, _, _ = _shared_groups(plan)
+    shared_groups, _, _ = shared_groups_of(plan)
     _cascade_fused_kernel[(n_sh + n_own,)](
         q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, plan.shared_lens, plan.group_ptr,
         plan.group_shared_lens, shared_groups, mid_o, mid_lse, sm_scale * 1.4426950408889634, n_sh, n_own,
@@ -359,7 +305,7 @@ def cascade_decode_attention(
     if bsz == 0:
         return out
     if impl == "two_launch":
-        return _two_launch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, plan, sm_scale,
+        return two_launch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, plan, sm_scale,
                            fused_merge, shared_splits, own_splits, cfg, sms, out)
     lay = fused_layout(bsz, hq, k_buffer.shape[1], plan, cfg, sms, shared_splits, own_splits)
     mid_o = torch.empty((bsz, hq, lay.s_sh + lay.s_own, d), dtype=torch.float32, device=q.device)
@@ -368,113 +314,6 @@ def cascade_decode_attention(
                     sm_scale, cfg)
     cascade_merge(mid_o, mid_lse, plan, lay.s_sh, out)
     return out
-
-
-# --------------------------------------------------------------------------- two launches and a merge
-
-@triton.jit
-def _shared_prefix_kernel(
-    Q, K, V, ReqToToken, ReqIdx, GroupPtr, GroupShared, MidO, MidLse,
-    sm_scale, num_splits, num_m_blocks, num_q_heads, split_stride,
-    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rr,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
-):
-    g = tl.program_id(0)
-    kvh = tl.program_id(1) // num_m_blocks
-    mb = tl.program_id(1) % num_m_blocks
-    split = tl.program_id(2)
-    r0 = tl.load(GroupPtr + g)
-    n_rows = (tl.load(GroupPtr + g + 1) - r0).to(tl.int32) * GROUP
-    if mb * BLOCK_M >= n_rows:
-        return
-    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)  # row = member * GROUP + head within the KV group
-    mask_r = rows < n_rows
-    reqs = r0 + rows // GROUP
-    heads = kvh * GROUP + rows % GROUP
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < HEAD_DIM
-    shared = tl.load(GroupShared + g).to(tl.int32)
-    per_split = tl.cdiv(tl.cdiv(shared, num_splits), BLOCK_N) * BLOCK_N
-    lo = split * per_split
-    hi = tl.minimum(lo + per_split, shared)
-
-    q = tl.load(Q + reqs[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_r[:, None] & mask_d[None, :], other=0.0)
-    row_ptr = ReqToToken + tl.load(ReqIdx + r0) * stride_rr
-    qk_scale = sm_scale * 1.4426950408889634
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < hi
-        slots = tl.load(row_ptr + offs_n, mask=mask_n, other=0)
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(K + slots[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-        qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        v = tl.load(V + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-        m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
-
-    out, lse = finish_state(m_i, l_i, acc)
-    base = (reqs * num_q_heads + heads) * split_stride + split
-    tl.store(MidO + base[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask_r[:, None] & mask_d[None, :])
-    tl.store(MidLse + base, lse, mask=mask_r)
-
-
-def _shared_launch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, plan, mid_o, mid_lse,
-                   num_splits, sm_scale, block_m, block_n, num_warps, num_stages) -> None:
-    hq, d = q.shape[1], q.shape[2]
-    hkv = k_buffer.shape[1]
-    group = hq // hkv
-    num_m_blocks = triton.cdiv(plan.max_group_size * group, block_m)
-    grid = (plan.group_shared_lens.shape[0], hkv * num_m_blocks, num_splits)
-    _shared_prefix_kernel[grid](
-        q, k_buffer, v_buffer, req_to_token, req_pool_indices, plan.group_ptr, plan.group_shared_lens,
-        mid_o, mid_lse, sm_scale, num_splits, num_m_blocks, hq, mid_o.shape[2],
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0),
-        v_buffer.stride(1), req_to_token.stride(0),
-        GROUP=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_pow2(d),
-        DOT_PREC=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
-    )
-
-
-
-def _two_launch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, plan, sm_scale, fused_merge,
-                shared_splits, own_splits, cfg, sms, out) -> torch.Tensor:
-    """Shared-prefix kernel over every group, split-K decode for the own tails, then a merge."""
-    bsz, hq, d = q.shape
-    hkv = k_buffer.shape[1]
-    bm, bn, nw, ns = cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["num_stages"]
-    n_groups = int(plan.group_shared_lens.shape[0])
-    m_blocks = triton.cdiv(plan.max_group_size * (hq // hkv), bm)
-    s_sh = shared_splits or choose_num_splits(n_groups * m_blocks, hkv, plan.max_shared_len, sms, bn, 512)
-    s_own = own_splits or choose_num_splits(bsz, hkv, plan.max_own_len, sms, bn)
-    if fused_merge:
-        mid_o = torch.empty((bsz, hq, s_sh + s_own, d), dtype=torch.float32, device=q.device)
-        mid_lse = torch.empty((bsz, hq, s_sh + s_own), dtype=torch.float32, device=q.device)
-        _shared_launch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, plan, mid_o, mid_lse, s_sh,
-                       sm_scale, bm, bn, nw, ns)
-        decode_partial(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, plan.shared_lens,
-                       mid_o, mid_lse, s_sh, s_own, sm_scale, bn, nw, ns)
-        merge_splits(mid_o, mid_lse, out)
-        return out
-    states = []
-    for s, shared in ((s_sh, True), (s_own, False)):
-        mid_o = torch.empty((bsz, hq, s, d), dtype=torch.float32, device=q.device)
-        mid_lse = torch.empty((bsz, hq, s), dtype=torch.float32, device=q.device)
-        if shared:
-            _shared_launch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, plan, mid_o, mid_lse, s,
-                           sm_scale, bm, bn, nw, ns)
-        else:
-            decode_partial(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, plan.shared_lens,
-                           mid_o, mid_lse, 0, s, sm_scale, bn, nw, ns)
-        o = torch.empty((bsz, hq, d), dtype=torch.float32, device=q.device)
-        lse = torch.empty((bsz, hq), dtype=torch.float32, device=q.device)
-        merge_splits(mid_o, mid_lse, o, lse)
-        states.append((o, lse))
-    return merge_state(states[0][0], states[0][1], states[1][0], states[1][1], out=out)
 
 
 def cascade_decode_attention_ref(

@@ -1,0 +1,85 @@
+"""EngineInbox: what other threads hand the scheduler thread — requests to add, ids to abort,
+calls to run between steps, and the stop — as small typed messages on one queue. Promises: the
+scheduler thread applies them in order between steps; after the stop, `refuse_all` answers every
+message still queued, so no caller waits forever."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .request import Req
+    from .scheduler import Scheduler
+
+
+@dataclass
+class AddRequest:
+    req: Req
+
+
+@dataclass
+class AbortRequest:
+    rid: str
+
+
+@dataclass
+class RunCall:
+    fn: Callable[[], Any]
+    result: Future
+
+
+@dataclass
+class Stop:
+    pass
+
+
+Message = AddRequest | AbortRequest | RunCall | Stop
+
+
+class EngineInbox:
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Message] = queue.Queue()
+
+    def put(self, msg: Message) -> None:
+        self._queue.put(msg)
+
+    def drain(self, scheduler: Scheduler, block: bool) -> bool:
+        """Apply every queued message (waiting up to 0.5 s for the first when `block`); False once
+        the stop is read."""
+        try:
+            msg = self._queue.get(timeout=0.5) if block else self._queue.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if isinstance(msg, Stop):
+                return False
+            if isinstance(msg, AddRequest):
+                scheduler.add_request(msg.req)
+            elif isinstance(msg, AbortRequest):
+                scheduler.abort(msg.rid)
+            else:
+                try:
+                    msg.result.set_result(msg.fn())
+                except Exception as e:
+                    msg.result.set_exception(e)
+            try:
+                msg = self._queue.get_nowait()
+            except queue.Empty:
+                return True
+
+    def refuse_all(self) -> None:
+        """After shutdown: answer what is still queued (requests get an abort result, calls an error)."""
+        while True:
+            try:
+                msg = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(msg, AddRequest):
+                msg.req.finished_reason = {"type": "abort", "message": "engine shut down"}
+                msg.req.sink({"text": "", "output_ids": [], "meta_info": msg.req.meta_info()})
+            elif isinstance(msg, RunCall):
+                msg.result.set_exception(RuntimeError("engine is shut down"))
