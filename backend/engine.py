@@ -125,8 +125,8 @@ class Engine:
         self._closed = False
         if disable_jump_forward is None:
             # A jump-forward runs its forced tokens as an eager extend step while plain decode steps
-            # replay CUDA graphs; with graphs the pass it saves costs less than the pass it adds
-            # (suite, H200: 0.42x), so it is on only where every step is eager.
+            # replay CUDA graphs, so with graphs the pass it adds costs more than the passes it
+            # saves (the suite's JSON workload measures both); it is on where every step is eager.
             disable_jump_forward = self.runner.graph_runner is not None
         self.disable_jump_forward = disable_jump_forward  # grammar jump-forward (backend/constrained.py)
         if self.device.type == "cuda":  # index the vocabulary for grammars now, not on the first request
