@@ -37,13 +37,24 @@ class _Waiter:
         self.ack: Future = Future()
         self.lock = threading.Lock()
         self.abandoned = False  # the caller went away before the ack: abort its requests on arrival
+        self.failed: str | None = None  # the engine process is gone: every queue ends with an abort
 
     def queue(self, k: int) -> Any:
         with self.lock:
             q = self.queues.get(k)
             if q is None:
                 q = self.queues[k] = asyncio.Queue() if self.loop is not None else queue.Queue()
+                if self.failed is not None:
+                    q.put_nowait(_aborted(self.failed))
             return q
+
+    def fail(self, why: str) -> None:
+        """End every request of this call with an abort chunk, also those not yet waited on."""
+        with self.lock:
+            self.failed = why
+            ks = list(self.queues)
+        for k in ks:
+            self.deliver(k, _aborted(why))
 
     def deliver(self, k: int, item: dict[str, Any]) -> None:
         q = self.queue(k)
@@ -121,9 +132,7 @@ class EngineProcess:
         for call_id, waiter in list(self._waiters.items()):
             if not waiter.ack.done():
                 waiter.ack.set_exception(RuntimeError(why))
-            for k in list(waiter.queues):
-                waiter.deliver(k, {"text": "", "output_ids": [],
-                                   "meta_info": {"finish_reason": {"type": "abort", "message": why}}})
+            waiter.fail(why)
             self._waiters.pop(call_id, None)
 
     def _start(self, loop: asyncio.AbstractEventLoop | None, kwargs: dict[str, Any]) -> tuple[int, _Waiter]:
@@ -242,6 +251,10 @@ class EngineProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _aborted(why: str) -> dict[str, Any]:
+    return {"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": why}}}
 
 
 def _rebuild(err: tuple[str, str]) -> Exception:

@@ -65,3 +65,19 @@ def test_pin_prefix_round_trip(proc) -> None:
     assert not proc.flush_cache()  # a pinned prefix refuses the flush
     proc.unpin_prefix(handle)
     assert proc.flush_cache()
+
+
+def test_engine_process_death_ends_every_waiter() -> None:
+    """The child killed mid-batch: the blocked caller gets an abort result for every request of
+    the batch (also those it had not started waiting on), and later calls are refused."""
+    import threading
+
+    ep = EngineProcess(max_total_tokens=2048)
+    try:
+        threading.Timer(2.0, ep._proc.kill).start()
+        outs = ep.generate(["a b c", "d e f"], {"max_new_tokens": 2000, "ignore_eos": True})
+        assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort", "abort"]
+        with pytest.raises(RuntimeError):
+            ep.generate("x", GREEDY)
+    finally:
+        ep.shutdown()
