@@ -20,6 +20,7 @@ import prefix_sharing  # noqa: E402
 from constrained_decode import SCHEMA  # noqa: E402
 from offline_throughput import make_workload  # noqa: E402
 
+from radixlm.backend.cascade_cost import copy_bytes_per_s  # noqa: E402
 from radixlm.backend.engine import Engine  # noqa: E402
 from radixlm.kernels import compiled_kernel_count  # noqa: E402
 
@@ -91,20 +92,9 @@ def greedy(n: int) -> dict[str, Any]:
 
 
 def copy_bandwidth(device: torch.device) -> float | None:
-    """Device-to-device copy bandwidth in bytes/s (read + write), the decode roofline's ceiling."""
-    if device.type != "cuda":
-        return None
-    src = torch.empty(1 << 29, dtype=torch.uint8, device=device).random_()
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    return 20 * 2 * src.numel() / (start.elapsed_time(end) / 1e3)
+    """Device-to-device copy bandwidth in bytes/s (read + write), the decode roofline's ceiling:
+    the engine's own start-up measurement (backend/cascade_cost.py)."""
+    return copy_bytes_per_s(device) if device.type == "cuda" else None
 
 
 def decode_b1(engine: Engine, in_len: int, out_len: int) -> dict[str, Any]:
