@@ -50,13 +50,17 @@ def allocate_token_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
     return torch.full((batch, (vocab_size + 31) // 32), -1, dtype=torch.int32)
 
 
-def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
-                         indices: torch.Tensor | None = None) -> None:
+def apply_token_bitmask_(
+    logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None
+) -> None:
     """In place: logits[i, t] = -inf where bitmask row i (or row j for logits[indices[j]]) forbids t."""
     from radixlm.kernels import bitmask as kb
 
     if logits.is_cuda:
-        kb.apply_token_bitmask_triton_(logits, bitmask.to(logits.device, non_blocking=True),
-                                       None if indices is None else indices.to(logits.device))
+        kb.apply_token_bitmask_triton_(
+            logits,
+            bitmask.to(logits.device, non_blocking=True),
+            None if indices is None else indices.to(logits.device),
+        )
     else:
         kb.apply_token_bitmask_cpu_(logits, bitmask, indices)

@@ -16,7 +16,11 @@ from interegular.fsm import anything_else
 
 MAX_CODEPOINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
-UTF8_LENGTHS = ((2, 0xC2, 0xDF, 0x80, 0x7FF), (3, 0xE0, 0xEF, 0x800, 0xFFFF), (4, 0xF0, 0xF4, 0x10000, MAX_CODEPOINT))
+UTF8_LENGTHS = (
+    (2, 0xC2, 0xDF, 0x80, 0x7FF),
+    (3, 0xE0, 0xEF, 0x800, 0xFFFF),
+    (4, 0xF0, 0xF4, 0x10000, MAX_CODEPOINT),
+)
 
 Ranges = list[tuple[int, int]]
 
@@ -152,7 +156,9 @@ def _prune(trans: np.ndarray, accepting: np.ndarray) -> ByteDFA:
     return ByteDFA(new_trans.astype(np.int32), accepting[np.array(order)].copy())
 
 
-_UNICODE_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\(?:u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|x\{([0-9a-fA-F]{1,6})\})")
+_UNICODE_ESCAPE = re.compile(
+    r"(?<!\\)((?:\\\\)*)\\(?:u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|x\{([0-9a-fA-F]{1,6})\})"
+)
 
 
 def _expand_unicode_escapes(regex: str) -> str:
@@ -203,8 +209,14 @@ def _crawl(alphabet, initial, final, follow):  # type: ignore[no-untyped-def]
                 states.append(nxt)
             fsm_map[i][transition] = j
         i += 1
-    return interegular.fsm.FSM(alphabet=alphabet, states=range(len(states)), initial=0, finals=finals,
-                               map=fsm_map, __no_validation__=True)
+    return interegular.fsm.FSM(
+        alphabet=alphabet,
+        states=range(len(states)),
+        initial=0,
+        finals=finals,
+        map=fsm_map,
+        __no_validation__=True,
+    )
 
 
 interegular.fsm.crawl = _crawl  # behaviour-preserving speed-up, see _crawl

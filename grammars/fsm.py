@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from radixlm.grammars.byte_dfa import ByteDFA, regex_to_byte_dfa
-from radixlm.grammars.token_index import CHUNK_STATES, TokenVocab, extend_trans, mask_rows
+from .byte_dfa import ByteDFA, regex_to_byte_dfa
+from .token_index import CHUNK_STATES, TokenVocab, extend_trans, mask_rows
 
 
 def _source_digest() -> str:
@@ -113,7 +113,9 @@ class FSMGrammar:
         return self._jump[state]
 
     def allows(self, state: int, token: int) -> bool:
-        return 0 <= token < self.vocab.vocab_size and bool((self.mask_row(state)[token >> 5] >> (token & 31)) & 1)
+        return 0 <= token < self.vocab.vocab_size and bool(
+            (self.mask_row(state)[token >> 5] >> (token & 31)) & 1
+        )
 
     def next_state(self, state: int, token: int) -> int:
         """State after an allowed non-stop token (-1 if the token is not allowed)."""
@@ -129,8 +131,15 @@ class FSMGrammar:
         return state
 
 
-def compile_regex(regex: str, vocab: TokenVocab, *, timeout_s: float = 30.0, max_states: int = 10_000,
-                  use_disk_cache: bool = True, lazy: bool = False) -> FSMGrammar:
+def compile_regex(
+    regex: str,
+    vocab: TokenVocab,
+    *,
+    timeout_s: float = 30.0,
+    max_states: int = 10_000,
+    use_disk_cache: bool = True,
+    lazy: bool = False,
+) -> FSMGrammar:
     """regex → FSMGrammar; ValueError for invalid/unsupported regex, too many states or timeout.
     lazy=True returns once the DFA is built (rows fill on demand); complete() + save_to_disk_cache() later."""
     path = _cache_path(regex, vocab)

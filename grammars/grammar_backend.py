@@ -12,25 +12,34 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from radixlm.grammars.base import CompiledGrammar, EngineName, GrammarKind
-from radixlm.grammars.fsm import FSMGrammar, compile_regex, save_to_disk_cache
-from radixlm.grammars.json_schema import (
+from .base import CompiledGrammar, EngineName, GrammarKind
+from .fsm import FSMGrammar, compile_regex, save_to_disk_cache
+from .json_schema import (
     NotRegularError,
     check_schema,
     json_schema_to_regex,
     normalize_json_schema,
 )
-from radixlm.grammars.schema_policy import PreparedSchema, generation_policy, one_of_pointers, prepare
-from radixlm.grammars.token_index import TokenVocab, vocab_from_tokenizer
+from .schema_policy import PreparedSchema, generation_policy, one_of_pointers, prepare
+from .token_index import TokenVocab, vocab_from_tokenizer
 
 KINDS = ("regex", "json_schema", "ebnf", "json")
 ENGINES = ("fsm", "xgrammar", "llguidance", "auto")
 
 
 class GrammarBackend:
-    def __init__(self, tokenizer: Any, vocab_size: int, *, stop_token_ids: list[int] | None = None,
-                 max_threads: int = 2, compile_timeout_s: float = 30.0, max_states: int = 10_000,
-                 use_disk_cache: bool = True, max_cached: int = 256) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        *,
+        stop_token_ids: list[int] | None = None,
+        max_threads: int = 2,
+        compile_timeout_s: float = 30.0,
+        max_states: int = 10_000,
+        use_disk_cache: bool = True,
+        max_cached: int = 256,
+    ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = int(vocab_size)
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -59,7 +68,7 @@ class GrammarBackend:
     def xgrammar(self) -> Any:
         with self._lock:
             if self._xgr is None:
-                from radixlm.grammars.xgrammar_backend import XGrammarCompiler
+                from .xgrammar_backend import XGrammarCompiler
 
                 self._xgr = XGrammarCompiler(self.tokenizer, self.vocab_size, self.stop_token_ids)
             return self._xgr
@@ -68,17 +77,21 @@ class GrammarBackend:
     def llguidance(self) -> Any:
         with self._lock:
             if self._llg is None:
-                from radixlm.grammars.llguidance_backend import LLGuidanceCompiler
+                from .llguidance_backend import LLGuidanceCompiler
 
                 self._llg = LLGuidanceCompiler(self.tokenizer, self.vocab_size, self.stop_token_ids)
             return self._llg
 
-    def compile(self, kind: GrammarKind, spec: Any, engine: EngineName = "auto", strict: bool = True) -> CompiledGrammar:
+    def compile(
+        self, kind: GrammarKind, spec: Any, engine: EngineName = "auto", strict: bool = True
+    ) -> CompiledGrammar:
         """Compile (or fetch from cache); ValueError naming the problem. strict applies to JSON schemas:
         False drops the assertions the grammar cannot enforce (named in .dropped_keywords)."""
         return self.compile_async(kind, spec, engine, strict).result()
 
-    def compile_async(self, kind: GrammarKind, spec: Any, engine: EngineName = "auto", strict: bool = True) -> Future:
+    def compile_async(
+        self, kind: GrammarKind, spec: Any, engine: EngineName = "auto", strict: bool = True
+    ) -> Future:
         """Future of a CompiledGrammar; validation errors of the arguments raise at once."""
         key = (*self._key(kind, spec, engine), bool(strict))
         with self._lock:
@@ -135,7 +148,7 @@ class GrammarBackend:
         return self._fsm(regex)
 
     def _llguidance_schema(self, prepared: PreparedSchema, strict: bool) -> CompiledGrammar:
-        from radixlm.grammars.schema_matcher import SchemaGrammar
+        from .schema_matcher import SchemaGrammar
 
         if prepared.schema is False:
             raise ValueError("invalid JSON schema: it matches nothing")
@@ -146,7 +159,10 @@ class GrammarBackend:
             if strict or "oneOf constraints are not supported" not in str(e):
                 raise ValueError(f"JSON schema not supported: {e}") from e
         # non-strict: a oneOf llguidance cannot prove exclusive is enforced as anyOf, and named
-        dropped = [*prepared.dropped, *(f"oneOf at {ptr} (as anyOf)" for ptr in one_of_pointers(prepared.schema))]
+        dropped = [
+            *prepared.dropped,
+            *(f"oneOf at {ptr} (as anyOf)" for ptr in one_of_pointers(prepared.schema)),
+        ]
         try:
             return SchemaGrammar(self.llguidance, prepared.schema, generation, dropped, coerce_one_of=True)
         except ValueError as e:
@@ -154,8 +170,14 @@ class GrammarBackend:
 
     def _fsm(self, regex: str) -> CompiledGrammar:
         """Ready once the DFA is built; the mask rows are filled on demand and by a background task."""
-        grammar = compile_regex(regex, self.vocab, timeout_s=self.compile_timeout_s, max_states=self.max_states,
-                                use_disk_cache=self.use_disk_cache, lazy=True)
+        grammar = compile_regex(
+            regex,
+            self.vocab,
+            timeout_s=self.compile_timeout_s,
+            max_states=self.max_states,
+            use_disk_cache=self.use_disk_cache,
+            lazy=True,
+        )
         if not grammar.is_complete:
             grammar.mask_row(0)
             try:

@@ -12,23 +12,22 @@ from typing import Any
 
 import jsonschema
 
-from radixlm.grammars.json_pattern import PatternError, pattern_body_regex
+from .json_pattern import PatternError, pattern_body_regex
 
 # Assertion keywords of every draft; a schema object using one that the regex translation does not
 # handle (TRANSLATED) goes to a grammar engine instead. Other keywords are annotations or unknown.
-ASSERTIONS = frozenset({
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
-    "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength", "pattern",
-    "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "if", "then",
-    "else", "not", "uniqueItems", "patternProperties", "dependentSchemas", "dependentRequired",
-    "dependencies", "contains", "minContains", "maxContains", "propertyNames", "unevaluatedProperties",
-    "unevaluatedItems", "minProperties", "maxProperties", "$dynamicRef", "$recursiveRef", "additionalItems",
-})
-TRANSLATED = frozenset({
-    "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum",
-    "const", "anyOf", "allOf", "$ref", "minLength", "maxLength", "pattern", "format", "minimum",
-    "maximum", "exclusiveMinimum", "exclusiveMaximum",
-})
+ASSERTIONS = frozenset(
+    "type properties required additionalProperties items prefixItems minItems maxItems enum const "
+    "anyOf oneOf allOf $ref minLength maxLength pattern format minimum maximum exclusiveMinimum "
+    "exclusiveMaximum multipleOf if then else not uniqueItems patternProperties dependentSchemas "
+    "dependentRequired dependencies contains minContains maxContains propertyNames "
+    "unevaluatedProperties unevaluatedItems minProperties maxProperties $dynamicRef $recursiveRef "
+    "additionalItems".split()
+)
+TRANSLATED = frozenset(
+    "type properties required additionalProperties items minItems maxItems enum const anyOf allOf "
+    "$ref minLength maxLength pattern format minimum maximum exclusiveMinimum exclusiveMaximum".split()
+)
 # Keywords that decide the value alone: beside other assertions they need a grammar engine.
 EXCLUSIVE = ("$ref", "anyOf", "allOf")
 JSON_TYPES = frozenset({"object", "array", "string", "integer", "number", "boolean", "null"})
@@ -63,7 +62,9 @@ def normalize_json_schema(schema: Any) -> str:
     elif isinstance(schema, (dict, bool)):
         obj = schema
     else:
-        raise ValueError(f"json_schema must be a JSON string, dict or pydantic model class, got {type(schema).__name__}")
+        raise ValueError(
+            f"json_schema must be a JSON string, dict or pydantic model class, got {type(schema).__name__}"
+        )
     if not isinstance(obj, (dict, bool)):
         raise ValueError(f"invalid JSON schema: expected an object, got {type(obj).__name__}")
     return json.dumps(obj, ensure_ascii=False)
@@ -74,7 +75,9 @@ def check_schema(schema: Any, path: str = "#") -> None:
     if isinstance(schema, bool):
         return
     if not isinstance(schema, dict):
-        raise ValueError(f"invalid JSON schema at {path}: expected object or boolean, got {type(schema).__name__}")
+        raise ValueError(
+            f"invalid JSON schema at {path}: expected object or boolean, got {type(schema).__name__}"
+        )
     for key, val in schema.items():
         if key in ("properties", "$defs", "definitions"):
             if not isinstance(val, dict):
@@ -92,8 +95,9 @@ def check_schema(schema: Any, path: str = "#") -> None:
     for t in types if isinstance(types, list) else [types] if types is not None else []:
         if t not in JSON_TYPES:
             raise ValueError(f"invalid JSON schema at {path}: unknown type {t!r}")
-    if "required" in schema and not (isinstance(schema["required"], list)
-                                     and all(isinstance(r, str) for r in schema["required"])):
+    if "required" in schema and not (
+        isinstance(schema["required"], list) and all(isinstance(r, str) for r in schema["required"])
+    ):
         raise ValueError(f"invalid JSON schema at {path}: 'required' must be a list of strings")
     if "enum" in schema and not (isinstance(schema["enum"], list) and schema["enum"]):
         raise ValueError(f"invalid JSON schema at {path}: 'enum' must be a non-empty array")
@@ -229,8 +233,13 @@ class _Converter:
         if t is None:
             t = "object" if "properties" in s else "array" if "items" in s else None
         handler = {
-            "string": self.string, "integer": self.integer, "number": self.number, "object": self.object,
-            "array": self.array, "boolean": lambda _: "(true|false)", "null": lambda _: "null",
+            "string": self.string,
+            "integer": self.integer,
+            "number": self.number,
+            "object": self.object,
+            "array": self.array,
+            "boolean": lambda _: "(true|false)",
+            "null": lambda _: "null",
         }.get(t)
         if handler is None:
             raise NotRegularError("schema without a type allows any JSON value (xgrammar)")
@@ -239,7 +248,9 @@ class _Converter:
     def string(self, s: dict) -> str:
         used = {"format", "pattern", "minLength", "maxLength"}.intersection(s)
         if used & {"format", "pattern"} and len(used) > 1:
-            raise NotRegularError("a string with several of format / pattern / lengths needs a grammar engine")
+            raise NotRegularError(
+                "a string with several of format / pattern / lengths needs a grammar engine"
+            )
         if "format" in s:
             fmt = s["format"]
             if fmt not in FORMATS:
@@ -303,8 +314,10 @@ class _Converter:
                 pair = '"' + STRING_CHAR + '*"' + KEY_SEP + self.convert(extra)
                 return rf"\{{({pair}({ITEM_SEP}{pair})*)?\}}"
             raise NotRegularError("object without 'properties' allows any members (xgrammar)")
-        items = [(literal_regex(name) + KEY_SEP + self.convert(sub), name in required)
-                 for name, sub in props.items()]
+        items = [
+            (literal_regex(name) + KEY_SEP + self.convert(sub), name in required)
+            for name, sub in props.items()
+        ]
         return r"\{" + self._members(items) + r"\}"
 
     @staticmethod

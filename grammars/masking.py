@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
-from radixlm.grammars.base import allocate_token_bitmask, apply_token_bitmask_
 from radixlm.kernels.bitmask import unpack_bitmask_cpu
+
+from .base import allocate_token_bitmask, apply_token_bitmask_
 
 
 def fill_bitmask(reqs: Sequence[Any], vocab_size: int) -> tuple[torch.Tensor, list[int]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import jsonschema
 
-from radixlm.grammars.llguidance_backend import LLGuidanceCompiled, LLGuidanceCompiler, LLGuidanceMatcher
+from .llguidance_backend import LLGuidanceCompiled, LLGuidanceCompiler, LLGuidanceMatcher
 
 # Formats llguidance enforces that jsonschema's checker lacks here (no optional packages installed).
 _EXTRA_FORMATS = {
@@ -19,9 +19,7 @@ _EXTRA_FORMATS = {
         r"(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\Z"
     ),
     "uri": re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:[^\s\"<>\\^`{|}]*\Z"),
-    "duration": re.compile(
-        r"P(?!\Z)(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?)?\Z"
-    ),
+    "duration": re.compile(r"P(?!\Z)(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?)?\Z"),
 }
 
 

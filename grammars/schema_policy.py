@@ -10,8 +10,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixlm.grammars.schema_rewrite import rewrite
-from radixlm.grammars.schema_walk import resolve_pointer, walk
+from .schema_rewrite import rewrite
+from .schema_walk import resolve_pointer, walk
 
 # Assertions no grammar here enforces in general (simple cases are rewritten first, schema_rewrite).
 UNENFORCEABLE = frozenset(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixlm.grammars.schema_walk import resolve_pointer, walk
+from .schema_walk import resolve_pointer, walk
 
 ALL_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 

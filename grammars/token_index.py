@@ -175,7 +175,9 @@ def _chunk_allowed(trans_ext: np.ndarray, states: np.ndarray, trie: TokenTrie, d
         cur, prev_col = nxt, col
 
 
-def mask_rows(trans_ext: np.ndarray, accepting: np.ndarray, states: np.ndarray, vocab: TokenVocab) -> np.ndarray:
+def mask_rows(
+    trans_ext: np.ndarray, accepting: np.ndarray, states: np.ndarray, vocab: TokenVocab
+) -> np.ndarray:
     """Bitmask rows [len(states), ceil(V/32)] int32 for some states of the DFA (trans_ext = trans plus
     a last all -1 row): bit t is set iff token t's bytes stay alive from the state, or t is a stop
     token and the state accepts."""

@@ -9,10 +9,13 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
-from radixlm.grammars.token_index import detect_vocab_type, special_token_ids
+from .token_index import detect_vocab_type, special_token_ids
 
-_VOCAB_TYPES = {"byte_level": xgr.VocabType.BYTE_LEVEL, "byte_fallback": xgr.VocabType.BYTE_FALLBACK,
-                "raw": xgr.VocabType.RAW}
+_VOCAB_TYPES = {
+    "byte_level": xgr.VocabType.BYTE_LEVEL,
+    "byte_fallback": xgr.VocabType.BYTE_FALLBACK,
+    "raw": xgr.VocabType.RAW,
+}
 
 
 def make_tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> xgr.TokenizerInfo:
@@ -82,7 +85,7 @@ class XGrammarMatcher:
 # - integers, fractions and exponents have unbounded digit runs, which a small model at temperature
 #   1.0 can loop on until max_new_tokens: bound them like our regexes (16 / 16 / 3 digits).
 _EBNF_FIXES = (
-    (r'[^\"\\\r\n]', r'[^\"\\\0-\x1f]'),
+    (r"[^\"\\\r\n]", r"[^\"\\\0-\x1f]"),
     ("[1-9] [0-9]*", "[1-9] [0-9]{0, 15}"),
     ('("." basic_number_digits{1, -1})', '("." basic_number_digits{1, 16})'),
     ("basic_number_4 basic_number_digits{1, -1}", "basic_number_4 basic_number_digits{1, 3}"),

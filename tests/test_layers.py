@@ -33,9 +33,8 @@ KNOWN_CYCLES: set[tuple[str, ...]] = {
     # tensors it reads, part of the scheduler/model-runner redesign.
     ("backend/cuda_graph_runner.py", "backend/model_runner.py"),
 }
-# Folders whose intra-folder imports are still absolute: grammars/ is being changed by other
-# work; the rewrite is mechanical (the same as backend/ and kernels/ got) once it settles.
-RELATIVE_PENDING: set[str] = {"grammars"}
+# Folders whose intra-folder imports are still absolute. Empty is the goal.
+RELATIVE_PENDING: set[str] = set()
 
 
 @dataclass(frozen=True)
