@@ -75,6 +75,11 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
 # interval a busy loop keeps the scheduler from launching the next GPU step for up to 5 ms.
 GIL_SWITCH_INTERVAL_S = 0.0005
 
+# Longer than the idle expiry of common client pools (httpx, and so the openai client: 5 s), so
+# the client always drops an idle connection first. With equal timeouts a request sent on a
+# pooled connection can meet the server's close and fail with a connection reset.
+KEEP_ALIVE_S = 65
+
 
 def make_server(app: Any, log_level: str = "warning", drain_timeout_s: float = 30.0) -> RadixServer:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
@@ -82,6 +87,7 @@ def make_server(app: Any, log_level: str = "warning", drain_timeout_s: float = 3
         app,
         log_level=log_level,
         timeout_graceful_shutdown=int(drain_timeout_s) + 10,
+        timeout_keep_alive=KEEP_ALIVE_S,
         lifespan="on",
         access_log=False,
     )
