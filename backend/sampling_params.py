@@ -1,18 +1,33 @@
-"""SamplingParams: SGLang's sampling keys, validated once at submission. Unknown keys and
-out-of-range values raise ValueError naming the key, before any model work."""
+"""The one definition of a request's sampling parameters (SGLang's names): each key, its
+default, the types a wire format may send, its value check, and the names other front ends use
+for it (OpenAI's `max_tokens`, the language's `gen(max_tokens=...)`). The engine validates a
+request here once at submission; the server's request models and the language's `gen` are
+derived from it, so a key or a bound is changed in this file only."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
-from typing import Any
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, get_type_hints
 
 GREEDY_TEMPERATURE = 1e-5
+DEFAULT_MAX_NEW_TOKENS = 128
+# Names the OpenAI API and the language's gen() use for the same keys.
+FRONTEND_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+# Keys whose None is a value of its own (no seed, no constraint), not "not set".
+NONE_MEANS_UNSET_EXCEPT = ("seed", "regex", "json_schema", "ebnf")
+CONSTRAINT_KEYS = ("regex", "json_schema", "ebnf")
+
+
+def _wire(t: Any, **kw: Any) -> Any:
+    """A field whose wire format also takes `t` (normalized by from_dict)."""
+    return field(metadata={"wire": t}, **kw)
 
 
 @dataclass
 class SamplingParams:
-    max_new_tokens: int = 128
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     min_new_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
@@ -21,8 +36,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] = _wire(str | list[str], default_factory=list)
+    stop_token_ids: list[int] = _wire(int | list[int], default_factory=list)
     ignore_eos: bool = False
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
@@ -30,7 +45,8 @@ class SamplingParams:
     n: int = 1
     seed: int | None = None
     regex: str | None = None
-    json_schema: Any = None  # str (JSON), dict, or pydantic model class; normalised to str
+    # str (JSON), dict, or pydantic model class; normalized to str
+    json_schema: Any = _wire(str | dict[str, Any], default=None)
     json_schema_strict: bool = True  # False: assertions the grammar cannot enforce are dropped and named
     ebnf: str | None = None
 
@@ -38,55 +54,23 @@ class SamplingParams:
     def from_dict(cls, d: dict[str, Any] | SamplingParams | None) -> SamplingParams:
         if isinstance(d, SamplingParams):
             return d
-        d = dict(d or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
-        d = {k: v for k, v in d.items() if v is not None or k in ("seed", "regex", "json_schema", "ebnf")}
-        if isinstance(d.get("stop"), str):
-            d["stop"] = [d["stop"]]
-        if isinstance(d.get("stop_token_ids"), int):
-            d["stop_token_ids"] = [d["stop_token_ids"]]
+        d = normalize(check_keys(d))
         p = cls(**d)
         p.validate()
         return p
 
     def validate(self) -> None:
-        _check_int("max_new_tokens", self.max_new_tokens, 0)
-        _check_int("min_new_tokens", self.min_new_tokens, 0)
+        for f in fields(self):
+            _CHECKS[f.name](f.name, getattr(self, f.name))
         if self.min_new_tokens > self.max_new_tokens:
             raise ValueError(
                 f"min_new_tokens ({self.min_new_tokens}) must not exceed max_new_tokens ({self.max_new_tokens})"
             )
-        _check_range("temperature", self.temperature, 0.0, None)
-        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or (self.top_k < 1 and self.top_k != -1):
-            raise ValueError(f"top_k must be -1 (disabled) or a positive integer, got {self.top_k!r}")
-        _check_range("min_p", self.min_p, 0.0, 1.0)
-        _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
-        _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
-        _check_range("repetition_penalty", self.repetition_penalty, 0.01, 2.0)
-        _check_int("n", self.n, 1)
-        if self.seed is not None:
-            _check_int("seed", self.seed, 0)
-        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError("stop must be a non-empty string or a list of non-empty strings")
-        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
-            raise ValueError("stop_token_ids must be non-negative integers")
-        self._normalize_grammar()
-
-    def _normalize_grammar(self) -> None:
-        given = [k for k in ("regex", "json_schema", "ebnf") if getattr(self, k) is not None]
+        given = [k for k in CONSTRAINT_KEYS if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"only one of regex / json_schema / ebnf per request, got {', '.join(given)}")
         if self.json_schema is not None and not isinstance(self.json_schema, str):
             self.json_schema = schema_to_json_string(self.json_schema)
-        for k in ("regex", "ebnf"):
-            v = getattr(self, k)
-            if v is not None and (not isinstance(v, str) or not v):
-                raise ValueError(f"{k} must be a non-empty string")
 
     @property
     def is_greedy(self) -> bool:
@@ -100,11 +84,52 @@ class SamplingParams:
     @property
     def grammar(self) -> tuple[str, str] | None:
         """(kind, spec) of the request's constraint, if any."""
-        for k in ("regex", "json_schema", "ebnf"):
+        for k in CONSTRAINT_KEYS:
             v = getattr(self, k)
             if v is not None:
                 return k, v
         return None
+
+
+SAMPLING_KEYS: tuple[str, ...] = tuple(f.name for f in fields(SamplingParams))
+
+
+def check_keys(d: dict[str, Any] | None) -> dict[str, Any]:
+    """A copy of `d`; ValueError naming any key that is not a sampling parameter."""
+    d = dict(d or {})
+    unknown = sorted(set(d) - set(SAMPLING_KEYS))
+    if unknown:
+        raise ValueError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+    return d
+
+
+def normalize(d: dict[str, Any]) -> dict[str, Any]:
+    """Wire shapes → field shapes: None drops a key (but stays a value where it means one), a
+    single stop string or stop token id becomes a list."""
+    d = {k: v for k, v in d.items() if v is not None or k in NONE_MEANS_UNSET_EXCEPT}
+    if isinstance(d.get("stop"), str):
+        d["stop"] = [d["stop"]]
+    if isinstance(d.get("stop_token_ids"), int) and not isinstance(d["stop_token_ids"], bool):
+        d["stop_token_ids"] = [d["stop_token_ids"]]
+    return d
+
+
+def check_values(d: dict[str, Any], names: dict[str, str] | None = None) -> None:
+    """Each given key's own check, without the checks across keys (for partial option sets such
+    as one gen's overrides, which meet the program's defaults later). Errors name a key as
+    `names` maps it (the caller's spelling, e.g. OpenAI's max_tokens)."""
+    for k, v in normalize(check_keys(d)).items():
+        _CHECKS[k]((names or {}).get(k, k), v)
+
+
+def wire_fields() -> dict[str, tuple[Any, Any]]:
+    """Each key → (the types a request body may send for it, its default), for request models."""
+    hints = get_type_hints(SamplingParams)
+    out = {}
+    for f in fields(SamplingParams):
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        out[f.name] = (f.metadata.get("wire", hints[f.name]), default)
+    return out
 
 
 def schema_to_json_string(schema: Any) -> str:
@@ -114,16 +139,93 @@ def schema_to_json_string(schema: Any) -> str:
     to_schema = getattr(schema, "model_json_schema", None)
     if callable(to_schema):
         return json.dumps(to_schema())
-    raise ValueError(f"json_schema must be a JSON string, a dict or a pydantic model class, got {type(schema).__name__}")
+    raise ValueError(
+        f"json_schema must be a JSON string, a dict or a pydantic model class, got {type(schema).__name__}"
+    )
 
 
-def _check_int(name: str, v: Any, lo: int) -> None:
-    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-        raise ValueError(f"{name} must be an integer ≥ {lo}, got {v!r}")
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _check_range(name: str, v: Any, lo: float, hi: float | None) -> None:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
-    if not ok or v != v:  # NaN
-        bound = f"[{lo}, {hi}]" if hi is not None else f"≥ {lo}"
-        raise ValueError(f"{name} must be {bound}, got {v!r}")
+def _int(lo: int) -> Callable[[str, Any], None]:
+    def check(name: str, v: Any) -> None:
+        if not _is_int(v) or v < lo:
+            kind = {0: "a non-negative integer", 1: "a positive integer"}.get(lo, f"an integer ≥ {lo}")
+            raise ValueError(f"{name} must be {kind}, got {v!r}")
+
+    return check
+
+
+def _range(lo: float, hi: float | None, lo_open: bool = False) -> Callable[[str, Any], None]:
+    def check(name: str, v: Any) -> None:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # NaN fails
+        ok = ok and (v > lo if lo_open else v >= lo) and (hi is None or v <= hi)
+        if not ok:
+            left = "(" if lo_open else "["
+            bound = f"in {left}{lo}, {hi}]" if hi is not None else f"≥ {lo}"
+            raise ValueError(f"{name} must be {bound}, got {v!r}")
+
+    return check
+
+
+def _top_k(name: str, v: Any) -> None:
+    if not _is_int(v) or (v < 1 and v != -1):
+        raise ValueError(f"{name} must be -1 (disabled) or a positive integer, got {v!r}")
+
+
+def _bool(name: str, v: Any) -> None:
+    if not isinstance(v, bool):
+        raise ValueError(f"{name} must be true or false, got {v!r}")
+
+
+def _optional(check: Callable[[str, Any], None]) -> Callable[[str, Any], None]:
+    return lambda name, v: None if v is None else check(name, v)
+
+
+def _stop(name: str, v: Any) -> None:
+    if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
+        raise ValueError(f"{name} must be a non-empty string or a list of non-empty strings")
+
+
+def _stop_ids(name: str, v: Any) -> None:
+    if not isinstance(v, list) or not all(_is_int(t) and t >= 0 for t in v):
+        raise ValueError(f"{name} must be non-negative integers")
+
+
+def _text(name: str, v: Any) -> None:
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"{name} must be a non-empty string")
+
+
+def _schema(name: str, v: Any) -> None:
+    if not isinstance(v, (str, dict)) and not callable(getattr(v, "model_json_schema", None)):
+        raise ValueError(
+            f"{name} must be a JSON string, a dict or a pydantic model class, got {type(v).__name__}"
+        )
+
+
+_CHECKS: dict[str, Callable[[str, Any], None]] = {
+    "max_new_tokens": _int(0),
+    "min_new_tokens": _int(0),
+    "temperature": _range(0.0, None),
+    "top_p": _range(0.0, 1.0, lo_open=True),
+    "top_k": _top_k,
+    "min_p": _range(0.0, 1.0),
+    "frequency_penalty": _range(-2.0, 2.0),
+    "presence_penalty": _range(-2.0, 2.0),
+    "repetition_penalty": _range(0.01, 2.0),
+    "stop": _stop,
+    "stop_token_ids": _stop_ids,
+    "ignore_eos": _bool,
+    "no_stop_trim": _bool,
+    "skip_special_tokens": _bool,
+    "spaces_between_special_tokens": _bool,
+    "n": _int(1),
+    "seed": _optional(_int(0)),
+    "regex": _optional(_text),
+    "json_schema": _optional(_schema),
+    "json_schema_strict": _bool,
+    "ebnf": _optional(_text),
+}
+assert set(_CHECKS) == set(SAMPLING_KEYS), "every sampling key has exactly one check"

@@ -9,25 +9,30 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from radixlm.backend.sampling_params import FRONTEND_NAMES, SAMPLING_KEYS, check_values
+
 if TYPE_CHECKING:
     from radixlm.choices import ChoicesSamplingMethod
 
-# Sampling keys a gen may set, mapped to the engine's (SGLang's) names.
-GEN_TO_ENGINE_KEYS = {
-    "max_tokens": "max_new_tokens",
-    "min_tokens": "min_new_tokens",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
-    "ignore_eos": "ignore_eos",
-    "regex": "regex",
-    "json_schema": "json_schema",
-}
+# Sampling keys a gen may set, under the names gen() uses (max_tokens, ...), mapped to the one
+# definition's (radixlm.backend.sampling_params); values are checked there too.
+GEN_SAMPLING_KEYS = (
+    "max_new_tokens",
+    "min_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "ignore_eos",
+    "regex",
+    "json_schema",
+)
+GEN_TO_ENGINE_KEYS = {FRONTEND_NAMES.get(k, k): k for k in GEN_SAMPLING_KEYS}
+_GEN_NAMES = {k: FRONTEND_NAMES.get(k, k) for k in SAMPLING_KEYS}
 # Options that are not sampling parameters but ride along with a request.
 LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
 
@@ -182,9 +187,10 @@ def make_gen(name: str | None, options: dict[str, Any], dtype: Any = None) -> Ge
         raise ValueError("gen: give at most one of regex and json_schema")
     if dtype is not None and "regex" not in sampling and "json_schema" not in sampling:
         sampling["regex"] = _DTYPE_REGEX[dtype]
-    for key in ("max_new_tokens", "min_new_tokens"):
-        if key in sampling and (not isinstance(sampling[key], int) or sampling[key] < 0):
-            raise ValueError(f"gen: {key} must be a non-negative int, got {sampling[key]!r}")
+    try:
+        check_values(sampling, _GEN_NAMES)
+    except ValueError as e:
+        raise ValueError(f"gen: {e}") from e
     return Gen(name, sampling, logprob, dtype, schema_cls)
 
 

@@ -13,6 +13,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from radixlm.backend.sampling_params import (
+    CONSTRAINT_KEYS,
+    DEFAULT_MAX_NEW_TOKENS,
+    SAMPLING_KEYS,
+    check_values,
+)
 from radixlm.backend_base import ProgramBackend
 from radixlm.interpreter import Executor, _StopTrace
 from radixlm.ir import Expr
@@ -23,21 +29,9 @@ _exit_hook_registered = False
 # Tracing pre-caches a constant prefix only when it is at least this many tokens long.
 PRECACHE_MIN_TOKENS = 32
 
-_RUN_SAMPLING_KEYS = (
-    "max_new_tokens",
-    "min_new_tokens",
-    "stop",
-    "stop_token_ids",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-    "ignore_eos",
-    "seed",
-)
+# Sampling options a run sets for every gen: the one definition's keys (radixlm.backend.
+# sampling_params) except those that belong to a single request (n, its constraint).
+_RUN_SAMPLING_KEYS = tuple(k for k in SAMPLING_KEYS if k not in ("n", *CONSTRAINT_KEYS, "json_schema_strict"))
 _RUN_LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
 
 
@@ -71,6 +65,7 @@ def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
     if unknown:
         raise ValueError(f"unknown run option(s): {sorted(unknown)}")
     sampling = {k: options[k] for k in _RUN_SAMPLING_KEYS if options.get(k) is not None}
+    check_values(sampling)
     logprob = {k: options[k] for k in _RUN_LOGPROB_KEYS if options.get(k) is not None}
     return sampling, logprob
 
@@ -134,7 +129,7 @@ class Program:
     def run(
         self,
         *args: Any,
-        max_new_tokens: int = 128,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         stream: bool = False,
         backend: ProgramBackend | None = None,
         **options: Any,
@@ -179,7 +174,7 @@ class Program:
         self,
         batch_kwargs: list[dict[str, Any]],
         *,
-        max_new_tokens: int = 128,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         num_threads: int | str = "auto",
         progress_bar: bool = False,
         generator_style: bool = False,

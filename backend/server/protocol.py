@@ -1,6 +1,7 @@
 """Request/response shapes of the HTTP server (native SGLang-style API and OpenAI API).
 Every request model forbids unknown fields, so a typo is a 422 with the field's name, never
-silently ignored; value checks here are cheap shape checks, the engine does the deep ones."""
+silently ignored. Sampling fields are built from the one definition (backend/sampling_params.py):
+its keys, wire types and value checks; the engine does the checks across keys."""
 
 from __future__ import annotations
 
@@ -8,8 +9,17 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
+from ..sampling_params import CONSTRAINT_KEYS, FRONTEND_NAMES, SAMPLING_KEYS, check_values, wire_fields
 from .openai_fields import ClientFields
 
 MAX_TOP_LOGPROBS = 20
@@ -25,29 +35,35 @@ class _Strict(BaseModel):
 # ---------------------------------------------------------------- native API
 
 
-class SamplingParams(_Strict):
-    """The engine's sampling parameters (SGLang names)."""
+def _optional(keys: tuple[str, ...], names: dict[str, str] | None = None) -> dict[str, Any]:
+    """pydantic fields for sampling keys, every one optional (None: not set), typed as the one
+    definition's wire types and renamed by `names` (OpenAI's max_tokens, ...)."""
+    wire = wire_fields()
+    return {(names or {}).get(k, k): (wire[k][0] | None, None) for k in keys}
 
-    max_new_tokens: int | None = Field(default=None, ge=0)
-    min_new_tokens: int | None = Field(default=None, ge=0)
-    temperature: float | None = Field(default=None, ge=0.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool | None = None
-    no_stop_trim: bool | None = None
-    skip_special_tokens: bool | None = None
-    spaces_between_special_tokens: bool | None = None
-    n: int | None = Field(default=None, ge=1, le=MAX_SEQUENCES)
-    seed: int | None = None
-    regex: str | None = None
-    json_schema: str | dict[str, Any] | None = None
-    ebnf: str | None = None
+
+class _CheckedSampling(_Strict):
+    """Runs the one definition's value check on each sampling field a client set, so an error
+    names the field as the client spelled it."""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _value(cls, v: Any, info: ValidationInfo) -> Any:
+        name = info.field_name or ""
+        key = _ENGINE_NAMES.get(name, name)
+        if v is not None and key in SAMPLING_KEYS:
+            check_values({key: v}, {key: name})
+        return v
+
+
+_ENGINE_NAMES = {v: k for k, v in FRONTEND_NAMES.items()}
+
+
+_NativeSampling = create_model("_NativeSampling", __base__=_CheckedSampling, **_optional(SAMPLING_KEYS))
+
+
+class SamplingParams(_NativeSampling):  # type: ignore[misc,valid-type]
+    """The engine's sampling parameters (SGLang names), as defined in backend/sampling_params.py."""
 
     def to_engine(self) -> dict[str, Any]:
         """Only the fields the client set, without `n` (the server fans out samples itself)."""
@@ -135,34 +151,31 @@ class ResponseFormat(_Strict):
         return self
 
 
-class _SamplingExtras(ClientFields):
-    """OpenAI sampling fields plus radixlm/SGLang extras shared by completions and chat."""
+# Sampling keys an OpenAI request sets under their own names; max tokens and n have their own
+# OpenAI fields with per-endpoint defaults.
+_OPENAI_KEYS = tuple(k for k in SAMPLING_KEYS if k not in ("max_new_tokens", "n"))
+
+
+class _OpenAIChecked(ClientFields, _CheckedSampling):
+    pass
+
+
+_OpenAISampling = create_model(
+    "_OpenAISampling", __base__=_OpenAIChecked, **_optional(_OPENAI_KEYS, FRONTEND_NAMES)
+)
+
+
+class _SamplingExtras(_OpenAISampling):  # type: ignore[misc,valid-type]
+    """OpenAI fields shared by completions and chat; every sampling key of the one definition
+    (SGLang's extras such as top_k, regex, json_schema included) under its OpenAI name."""
 
     model: str | None = None
     n: int = Field(default=1, ge=1, le=MAX_SEQUENCES)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     user: str | None = None
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
-    # extras
-    top_k: int | None = Field(default=None, ge=-1)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    min_tokens: int | None = Field(default=None, ge=0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0)
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool | None = None
-    no_stop_trim: bool | None = None
-    skip_special_tokens: bool | None = None
-    regex: str | None = None
-    json_schema: str | dict[str, Any] | None = None
-    ebnf: str | None = None
     rid: str | None = None
 
     @model_validator(mode="after")
@@ -174,35 +187,17 @@ class _SamplingExtras(ClientFields):
     def sampling_params(self, max_new_tokens: int | None) -> dict[str, Any]:
         """The engine sampling params for one sample (constraint from response_format too)."""
         sp: dict[str, Any] = {"max_new_tokens": max_new_tokens}
-        for ours, theirs in (
-            ("temperature", "temperature"),
-            ("top_p", "top_p"),
-            ("seed", "seed"),
-            ("presence_penalty", "presence_penalty"),
-            ("frequency_penalty", "frequency_penalty"),
-            ("top_k", "top_k"),
-            ("min_p", "min_p"),
-            ("min_tokens", "min_new_tokens"),
-            ("repetition_penalty", "repetition_penalty"),
-            ("stop", "stop"),
-            ("stop_token_ids", "stop_token_ids"),
-            ("ignore_eos", "ignore_eos"),
-            ("no_stop_trim", "no_stop_trim"),
-            ("skip_special_tokens", "skip_special_tokens"),
-            ("regex", "regex"),
-            ("json_schema", "json_schema"),
-            ("ebnf", "ebnf"),
-        ):
-            value = getattr(self, ours)
+        for key in _OPENAI_KEYS:
+            value = getattr(self, FRONTEND_NAMES.get(key, key))
             if value is not None:
-                sp[theirs] = value
+                sp[key] = value
         guided = self.guided_constraints()
-        if guided and any(k in sp for k in ("regex", "json_schema", "ebnf")):
+        if guided and any(k in sp for k in CONSTRAINT_KEYS):
             raise ValueError("guided_*/structured_outputs cannot be combined with regex/json_schema/ebnf")
         sp.update(guided)
         fmt = self.response_format
         if fmt is not None and fmt.type != "text":
-            if any(k in sp for k in ("regex", "json_schema", "ebnf")):
+            if any(k in sp for k in CONSTRAINT_KEYS):
                 raise ValueError("response_format cannot be combined with regex/json_schema/ebnf")
             sp["json_schema"] = fmt.json_schema.schema_ if fmt.type == "json_schema" else {"type": "object"}
             if fmt.type == "json_schema" and fmt.json_schema.strict is False:

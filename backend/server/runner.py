@@ -12,10 +12,10 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..sampling_params import DEFAULT_MAX_NEW_TOKENS
 from .metrics import ServerMetrics
 
 _LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs")
-ENGINE_DEFAULT_MAX_NEW_TOKENS = 128
 
 
 @dataclass
@@ -90,10 +90,8 @@ class Runner:
         if self.max_prompt_tokens is not None and n_tokens > self.max_prompt_tokens:
             raise ValueError(f"prompt has {n_tokens} tokens; the limit is {self.max_prompt_tokens}")
         if "max_new_tokens" not in seq.sampling_params and self.limits.max_new_tokens is not None:
-            # the engine's default (128) must not slip past a configured limit
-            seq.sampling_params["max_new_tokens"] = min(
-                ENGINE_DEFAULT_MAX_NEW_TOKENS, self.limits.max_new_tokens
-            )
+            # the engine's default must not slip past a configured limit
+            seq.sampling_params["max_new_tokens"] = min(DEFAULT_MAX_NEW_TOKENS, self.limits.max_new_tokens)
         max_new = seq.sampling_params.get("max_new_tokens")
         if max_new is not None and self.max_new_tokens is not None and max_new > self.max_new_tokens:
             raise ValueError(f"max_new_tokens {max_new} exceeds the limit {self.max_new_tokens}")
