@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .prefix_cache import TreeNode
     from .request import Req
 
 # Defaults (each a keyword argument of find_cascade_groups, so tests can lower them). A cascade
@@ -47,8 +48,11 @@ class _Option:
 
 
 def find_cascade_groups(
-    reqs: Sequence[Req], min_shared_len: int = MIN_SHARED_LEN, min_group_size: int = 2,
-    min_saved_fraction: float = MIN_SAVED_FRACTION, min_saved_tokens: int = MIN_SAVED_TOKENS,
+    reqs: Sequence[Req],
+    min_shared_len: int = MIN_SHARED_LEN,
+    min_group_size: int = 2,
+    min_saved_fraction: float = MIN_SAVED_FRACTION,
+    min_saved_tokens: int = MIN_SAVED_TOKENS,
 ) -> CascadeGroups | None:
     """Group decode requests by their deepest shared radix-tree ancestors, or None when cascade
     would not pay (no group, or the saved reads are below the thresholds). The decode step's
@@ -59,7 +63,7 @@ def find_cascade_groups(
         return None
     # The grouping depends only on each request's locked node and shareable length, which change
     # when requests join, leave or finish a prompt — not every step: the last answer is kept.
-    key = (min_shared_len, min_group_size, *[(r.last_node, _limit(r)) for r in reqs])
+    key = (min_shared_len, min_group_size, *[(_node(r), _limit(r)) for r in reqs])
     groups = _last_groups.get(key)
     if groups is None:
         groups = _group(reqs, min_shared_len, min_group_size)
@@ -75,9 +79,13 @@ def find_cascade_groups(
 _last_groups: dict[tuple, list[tuple[int, list[int]]]] = {}  # one entry (it holds its nodes alive)
 
 
+def _node(req: Req) -> TreeNode | None:
+    return req.cache_handle.node if req.cache_handle is not None else None
+
+
 def _limit(req: Req) -> int:
     """Tokens of a request that may be shared: its cached prefix (tree slots), within its KV."""
-    return min(req.prefix_len, req.kv_len) if req.last_node is not None else 0
+    return min(req.prefix_len, req.kv_len) if req.cache_handle is not None else 0
 
 
 def _group(reqs: Sequence[Req], min_shared_len: int, min_group_size: int) -> list[tuple[int, list[int]]]:
@@ -90,7 +98,7 @@ def _group(reqs: Sequence[Req], min_shared_len: int, min_group_size: int) -> lis
 
 
 class _TouchedTree:
-    """The part of the radix tree on the paths root -> req.last_node of the batch, with each node's
+    """The part of the radix tree on the paths root -> each request's cache handle node, with each node's
     depth (tokens from the root) and the positions of the requests whose path ends there. Requests
     with fewer than min_shared_len shareable tokens stay out (they can only be singletons)."""
 
@@ -104,8 +112,9 @@ class _TouchedTree:
             limit = _limit(req)
             self.limit.append(limit)
             if limit >= min_shared_len:
-                self._add_path(req.last_node)
-                self.own.setdefault(req.last_node, []).append(i)
+                node = req.cache_handle.node  # type: ignore[union-attr]  # a limit > 0 has a handle
+                self._add_path(node)
+                self.own.setdefault(node, []).append(i)
 
     def _add_path(self, node: Any) -> None:
         path = []
@@ -150,7 +159,9 @@ def _settle(tree: _TouchedTree, min_shared_len: int, min_group_size: int) -> lis
     return best.groups
 
 
-def _node_options(own: list[int], child_opts: list[list[_Option]], d: int, min_group_size: int) -> list[_Option]:
+def _node_options(
+    own: list[int], child_opts: list[list[_Option]], d: int, min_group_size: int
+) -> list[_Option]:
     """Options of one node of depth d (0: too shallow to group at): choose each child's option as
     if leftovers were grouped here (weight d) or not (weight 0), then close a group here or not."""
     everyone = own + [i for opts in child_opts for i in opts[0].leftover]  # opts[0]: pass all up

@@ -12,8 +12,8 @@ import torch
 from .model_runner import ScheduledItem
 
 if TYPE_CHECKING:
+    from .cache_manager import CacheManager
     from .model_runner import ModelRunner
-    from .radix_cache import BasePrefixCache
 
 POOLINGS = ("last", "mean")
 
@@ -32,16 +32,14 @@ def check_inputs(id_lists: list[list[int]], pooling: str, context_len: int, voca
             raise ValueError(f"token ids must be in [0, {vocab_size})")
 
 
-def embed(runner: ModelRunner, cache: BasePrefixCache, ids: list[int], pooling: str) -> list[float]:
+def embed(runner: ModelRunner, kv: CacheManager, ids: list[int], pooling: str) -> list[float]:
     """One prompt's embedding (call on the scheduler thread, between steps)."""
     row = runner.req_table.alloc()
     if row is None:
         raise RuntimeError("no free request row to embed with (too many running requests)")
     slots = None
     try:
-        short = len(ids) - runner.allocator.available_size()
-        if short > 0:
-            cache.evict(short)
+        kv.make_room(len(ids))
         slots = runner.allocator.alloc(len(ids))
         if slots is None:
             raise RuntimeError(f"no room in the KV pool for {len(ids)} tokens to embed")
@@ -57,8 +55,9 @@ def embed(runner: ModelRunner, cache: BasePrefixCache, ids: list[int], pooling: 
         runner.req_table.free(row)
 
 
-def embedding_inputs(tokenizer: object, prompt: str | list[str] | None,
-                     input_ids: list[int] | list[list[int]] | None) -> list[list[int]]:
+def embedding_inputs(
+    tokenizer: object, prompt: str | list[str] | None, input_ids: list[int] | list[list[int]] | None
+) -> list[list[int]]:
     """Token id lists from exactly one of prompt (a string or strings) and input_ids (a list or lists)."""
     if (prompt is None) == (input_ids is None):
         raise ValueError("give exactly one of prompt and input_ids")

@@ -30,7 +30,8 @@ from .loader import default_model_path, load_config, resolve_model_dir
 from .loop_mailbox import LoopMailbox, coalesce_chunks
 from .model_config import ModelConfig, named_shape_config
 from .model_runner import ModelRunner, resolve_dtype
-from .radix_cache import NoPrefixCache, RadixCache
+from .prefix_cache import BasePrefixCache, NoPrefixCache
+from .radix_cache import RadixCache
 from .request import Req
 from .sampler import Sampler
 from .scheduler import Scheduler
@@ -104,8 +105,7 @@ class Engine:
             disable_cuda_graph=disable_cuda_graph, cuda_graph_max_bs=cuda_graph_max_bs,
             cascade_graphs=not disable_cascade,
         )
-        alloc = self.runner.allocator
-        self.cache = NoPrefixCache(alloc) if disable_radix_cache else RadixCache(alloc)
+        self.cache: BasePrefixCache = NoPrefixCache() if disable_radix_cache else RadixCache()
         chunk = chunked_prefill_size if chunked_prefill_size is not None else limits.chunked_prefill_size(self.device)
         chunk = chunk if chunk > 0 else config.context_len
         max_running_requests = self.runner.max_running_requests
@@ -307,7 +307,7 @@ class Engine:
             s.settle()
             if s.has_work() or s.pinned:
                 return False
-            self.cache.reset()
+            s.kv.flush()
             return True
 
         return self._call(flush)
@@ -319,7 +319,7 @@ class Engine:
         with self._tok_lock:
             id_lists = embedding_inputs(self.tokenizer, prompt, input_ids)
         check_inputs(id_lists, pooling, self.model_config.context_len, self.model_config.vocab_size)
-        return self._call(lambda: [embed(self.runner, self.cache, ids, pooling) for ids in id_lists])
+        return self._call(lambda: [embed(self.runner, self.scheduler.kv, ids, pooling) for ids in id_lists])
 
     def pin_prefix(self, input_ids: list[int]) -> int:
         """Prefill input_ids into the cache and keep them locked until unpin_prefix(handle)."""

@@ -1,16 +1,17 @@
 """The prefix-cache contract every cache honours (BasePrefixCache: match / insert / lock / evict,
-stated in its docstrings), its tree node handle, and NoPrefixCache, the cache when disabled.
-Promises: a cache owns the KV slots it holds and frees them to the TokenSlotAllocator itself."""
+stated in its docstrings), the handle a cache gives out for a cached prefix, and NoPrefixCache, the
+cache when disabled. Promises: a cache never frees KV slots itself; slots it gives up (evict, reset)
+are returned to the caller, which owns the allocator."""
 
 from __future__ import annotations
 
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
-
-from .kv_pool import TokenSlotAllocator
 
 _node_ids = itertools.count()
 
@@ -39,12 +40,14 @@ def _as_slot_tensor(indices: torch.Tensor, n: int) -> torch.Tensor:
 class TreeNode:
     """One edge of the radix tree: a run of tokens (key) and their KV slots (value).
 
-    lock_ref counts the running requests whose locked path passes through this node; a node
-    with lock_ref > 0 is protected. last_access is a logical clock (larger = more recent)."""
+    lock_ref counts the locked handles whose path passes through this node; a node with
+    lock_ref > 0 is protected. last_access is a logical clock (larger = more recent)."""
 
     __slots__ = ("key", "value", "children", "parent", "lock_ref", "last_access", "node_id")
 
-    def __init__(self, key: list[int], value: torch.Tensor, parent: TreeNode | None, last_access: int) -> None:
+    def __init__(
+        self, key: list[int], value: torch.Tensor, parent: TreeNode | None, last_access: int
+    ) -> None:
         self.key = key
         self.value = value
         self.children: dict[int | tuple[int, ...], TreeNode] = {}
@@ -62,105 +65,134 @@ class TreeNode:
         return f"TreeNode(id={self.node_id}, key={head}{more}, len={len(self.key)}, lock={self.lock_ref})"
 
 
+@dataclass(frozen=True, eq=False)
+class CacheHandle:
+    """A cached prefix of cached_len tokens, ending at `node` (the root for an empty prefix).
+
+    Splits keep it valid: a split puts the new node above, so `node` still ends at the same
+    token. Eviction or reset of an unlocked handle's node makes it stale (lock raises). Readers
+    of the tree's shape (cascade grouping) follow node.parent; nothing else looks inside."""
+
+    node: TreeNode
+    cached_len: int
+
+
+class PrefixMatch(NamedTuple):
+    slots: torch.Tensor  # int64 CPU copy of the prefix's KV slots; len == handle.cached_len
+    handle: CacheHandle
+
+
+class InsertResult(NamedTuple):
+    cached_len: int  # length of the key's prefix that was already cached before this insert
+    handle: CacheHandle  # the prefix the cache now holds for this key (not locked)
+
+
 class BasePrefixCache(ABC):
-    """Contract between the scheduler and a prefix cache.
+    """Contract between the cache manager and a prefix cache.
 
-    Ownership: every KV slot is free in the allocator, held by exactly one running request,
-    or held by the cache — never two, never none. Slots move into the cache only through
-    insert(); they leave it only through evict() / reset() (which free them) or when insert()
-    frees a caller's duplicate.
+    Ownership: every KV slot is free in the allocator, held by exactly one running request, or
+    held by the cache — never two, never none. Slots move into the cache only through insert();
+    they leave it only through evict() and reset(), which return them: the caller frees them.
+    A cache holds no allocator and never frees a slot.
 
-    Locking: a request that reuses cached slots locks the node match_prefix returned
-    (inc_lock_ref) before anything else can evict, and unlocks it (dec_lock_ref) when it no
-    longer needs those slots. A lock protects the whole path node → root from eviction.
-    Every inc_lock_ref is paired with exactly one dec_lock_ref on the same node object.
+    Locking: a request that reuses cached slots locks the handle match_prefix returned before
+    anything else can evict, and unlocks it when it no longer needs those slots. A lock protects
+    the whole prefix from eviction. Every lock is paired with exactly one unlock of the same
+    handle. The prefix-length bookkeeping (which of a request's slots are the cache's) is the
+    caller's: the first handle.cached_len slots of a locked request are the cache's."""
 
-    Nodes stay valid handles across splits: splitting puts a new node above the split one,
-    so a locked or returned node still ends at the same token.
-    """
-
-    root_node: TreeNode
-    disabled: bool = False  # True only for NoPrefixCache: nothing is ever shared
+    # Whether match_prefix can ever return a non-empty prefix. Admission policies that order by
+    # reuse skip their work when it is False.
+    shares_prefixes: bool = True
 
     @abstractmethod
-    def match_prefix(self, key: list[int]) -> tuple[torch.Tensor, TreeNode]:
-        """Longest cached prefix of key: (int64 CPU tensor of its KV slots, last matched node).
-        Splits a node when the match ends inside it. Updates LRU access time. Does not lock.
-        The returned tensor is a copy the caller may keep."""
+    def match_prefix(self, key: list[int]) -> PrefixMatch:
+        """Longest cached prefix of key, as its slots and an unlocked handle. Marks the matched
+        part as recently used and may split a node so the handle ends on a node boundary; the
+        set of cached tokens does not change. The slots are safe to use once the handle is locked."""
 
     @abstractmethod
     def cached_len(self, key: list[int]) -> int:
-        """Length of key's longest cached prefix, read-only: no split, no LRU update."""
+        """Length of key's longest cached prefix, read-only: no split, no recency update."""
 
     @abstractmethod
-    def insert(self, key: list[int], indices: torch.Tensor) -> int:
-        """Cache key → slots. Returns the length of key's prefix that was already cached.
-        Where a position was already cached under a DIFFERENT slot, the caller's slot is a
-        duplicate and insert frees it to the allocator; positions whose slot equals the tree's
-        (the caller got it from match_prefix) are left alone. After insert the tree owns all of
-        key's slots (with page_size > 1: all slots of key's page-aligned part; the caller keeps
-        the slots of the last, partial page)."""
+    def insert(self, key: list[int], slots: torch.Tensor) -> InsertResult:
+        """Offer key → slots to the cache; returns (cached_len, handle).
+
+        The cache takes the slots of positions [cached_len, handle.cached_len): they are its own
+        from now on. Positions below cached_len were already cached: where the caller's slot is
+        one it got from match_prefix (below its locked handle's cached_len) it is the cache's
+        already; the others — [caller's locked cached_len, cached_len) — are duplicates the caller
+        frees (and stops reading: slots_of(handle) has the cache's). Positions from
+        handle.cached_len on stay the caller's (a partial page, or a cache that keeps nothing)."""
 
     @abstractmethod
-    def inc_lock_ref(self, node: TreeNode) -> None:
-        """Lock the path node → root: none of it can be evicted until dec_lock_ref(node)."""
+    def slots_of(self, handle: CacheHandle) -> torch.Tensor:
+        """The KV slots of the handle's prefix (int64 CPU copy, handle.cached_len long)."""
 
     @abstractmethod
-    def dec_lock_ref(self, node: TreeNode) -> None:
-        """Undo one inc_lock_ref(node). Raises RuntimeError if the path was not locked."""
+    def lock(self, handle: CacheHandle) -> None:
+        """Protect the handle's prefix from eviction until unlock(handle). Raises RuntimeError
+        for a stale handle (its prefix was evicted or reset)."""
 
     @abstractmethod
-    def evict(self, num_tokens: int) -> int:
-        """Free at least num_tokens cached slots (fewer only when fewer are evictable),
-        removing unlocked leaves least-recently-used first; a parent whose last child goes
-        becomes a leaf and a candidate itself. Returns the number of slots freed."""
+    def unlock(self, handle: CacheHandle) -> None:
+        """Undo one lock(handle). Raises RuntimeError if the prefix was not locked."""
+
+    @abstractmethod
+    def evict(self, num_tokens: int) -> torch.Tensor:
+        """Remove at least num_tokens cached slots (fewer only when fewer are evictable), unlocked
+        leaves least-recently-used first; a parent whose last child goes becomes a candidate
+        itself. Returns the removed slots (int64 CPU): the caller frees them."""
 
     @abstractmethod
     def evictable_size(self) -> int:
-        """Cached slots on no locked path."""
+        """Cached slots no locked handle protects."""
 
     @abstractmethod
     def protected_size(self) -> int:
-        """Cached slots on some locked path."""
+        """Cached slots some locked handle protects."""
 
     def total_size(self) -> int:
         """All cached slots: evictable_size() + protected_size()."""
         return self.evictable_size() + self.protected_size()
 
     @abstractmethod
-    def reset(self) -> None:
-        """Free every cached slot. The caller ensures nothing is locked (else RuntimeError)."""
+    def reset(self) -> torch.Tensor:
+        """Drop everything; returns every cached slot for the caller to free. Raises RuntimeError
+        while anything is locked. Handles given out before are stale afterwards."""
 
 
 class NoPrefixCache(BasePrefixCache):
-    """The cache when disabled: nothing is ever cached. match → empty; insert frees every
-    given slot and returns 0; locks are no-ops; sizes are 0."""
+    """The cache when disabled: it keeps nothing. Every match is empty; insert takes no slot
+    (cached_len 0, an empty handle), so the caller keeps and frees all of them; locks are no-ops."""
 
-    disabled = True
+    shares_prefixes = False
 
-    def __init__(self, allocator: TokenSlotAllocator, page_size: int = 1) -> None:
-        self.allocator = allocator
-        self.page_size = page_size
-        self.root_node = TreeNode([], _empty_slots(), None, 0)
+    def __init__(self) -> None:
+        self._empty = CacheHandle(TreeNode([], _empty_slots(), None, 0), 0)
 
-    def match_prefix(self, key: list[int]) -> tuple[torch.Tensor, TreeNode]:
-        return _empty_slots(), self.root_node
+    def match_prefix(self, key: list[int]) -> PrefixMatch:
+        return PrefixMatch(_empty_slots(), self._empty)
 
     def cached_len(self, key: list[int]) -> int:
         return 0
 
-    def insert(self, key: list[int], indices: torch.Tensor) -> int:
-        self.allocator.free(_as_slot_tensor(indices, len(_as_token_list(key))))
-        return 0
+    def insert(self, key: list[int], slots: torch.Tensor) -> InsertResult:
+        _as_slot_tensor(slots, len(_as_token_list(key)))  # the same input checks as a real cache
+        return InsertResult(0, self._empty)
 
-    def inc_lock_ref(self, node: TreeNode) -> None:
+    def slots_of(self, handle: CacheHandle) -> torch.Tensor:
+        return _empty_slots()
+
+    def lock(self, handle: CacheHandle) -> None:
         return None
 
-    def dec_lock_ref(self, node: TreeNode) -> None:
+    def unlock(self, handle: CacheHandle) -> None:
         return None
 
-    def evict(self, num_tokens: int) -> int:
-        return 0
+    def evict(self, num_tokens: int) -> torch.Tensor:
+        return _empty_slots()
 
     def evictable_size(self) -> int:
         return 0
@@ -168,11 +200,5 @@ class NoPrefixCache(BasePrefixCache):
     def protected_size(self) -> int:
         return 0
 
-    def reset(self) -> None:
-        return None
-
-    def all_cached_sequences(self) -> dict[tuple[int, ...], list[int]]:
-        return {}
-
-    def check_invariants(self) -> None:
-        return None
+    def reset(self) -> torch.Tensor:
+        return _empty_slots()

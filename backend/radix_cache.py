@@ -1,26 +1,37 @@
-"""The radix tree prefix cache (RadixAttention) over the KV pool. The tree owns the KV slots it
-caches and frees them to the TokenSlotAllocator (duplicate insert, evict, reset); it promises that
-a locked path is never evicted, that evictable + protected == total, and that match_prefix returns
-the longest cached prefix."""
+"""The radix tree prefix cache (RadixAttention) over KV slot ids. It honours BasePrefixCache's
+contract: it holds slots but never frees one (evict and reset return them), a locked prefix is
+never evicted, evictable + protected == total, and match_prefix returns the longest cached prefix.
+The invariant walk over the whole tree lives with the tests (tests/cache_checks.py)."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterator
 
 import torch
 
-from .kv_pool import TokenSlotAllocator
 from .prefix_cache import (
     BasePrefixCache,
+    CacheHandle,
+    InsertResult,
     NoPrefixCache,
+    PrefixMatch,
     TreeNode,
     _as_slot_tensor,
     _as_token_list,
     _empty_slots,
 )
 
-__all__ = ["BasePrefixCache", "NoPrefixCache", "RadixCache", "TreeNode"]
+__all__ = [
+    "BasePrefixCache",
+    "CacheHandle",
+    "InsertResult",
+    "NoPrefixCache",
+    "PrefixMatch",
+    "RadixCache",
+    "TreeNode",
+]
 
 
 def _common_prefix_len(node_key: list[int], key: list[int], start: int, stop: int) -> int:
@@ -46,10 +57,9 @@ class RadixCache(BasePrefixCache):
     O(depth); evict is O(L + k log L) for L unlocked leaves and k evicted nodes (the set of
     unlocked leaves is kept up to date, so no walk over the tree)."""
 
-    def __init__(self, allocator: TokenSlotAllocator, page_size: int = 1) -> None:
+    def __init__(self, page_size: int = 1) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
-        self.allocator = allocator
         self.page_size = page_size
         self._clock = itertools.count(1)
         self._init_tree()
@@ -62,10 +72,10 @@ class RadixCache(BasePrefixCache):
 
     # ---- public API -------------------------------------------------------------------
 
-    def match_prefix(self, key: list[int]) -> tuple[torch.Tensor, TreeNode]:
+    def match_prefix(self, key: list[int]) -> PrefixMatch:
         key = _as_token_list(key)
-        node, _, values = self._walk(key, next(self._clock))
-        return (torch.cat(values) if values else _empty_slots()), node
+        node, matched, values = self._walk(key, next(self._clock))
+        return PrefixMatch(torch.cat(values) if values else _empty_slots(), CacheHandle(node, matched))
 
     def cached_len(self, key: list[int]) -> int:
         key = _as_token_list(key)
@@ -82,22 +92,26 @@ class RadixCache(BasePrefixCache):
             node = child
         return pos
 
-    def insert(self, key: list[int], indices: torch.Tensor) -> int:
+    def insert(self, key: list[int], slots: torch.Tensor) -> InsertResult:
         key = _as_token_list(key)
-        indices = _as_slot_tensor(indices, len(key))
+        slots = _as_slot_tensor(slots, len(key))
         tick = next(self._clock)
-        node, matched, values = self._walk(key, tick)
-        if matched:
-            mine = indices[:matched]
-            duplicate = mine != torch.cat(values)
-            if bool(duplicate.any()):
-                self.allocator.free(mine[duplicate])
+        node, matched, _ = self._walk(key, tick)
         aligned = len(key) - len(key) % self.page_size
         if matched < aligned:
-            self._add_leaf(node, key[matched:aligned], indices[matched:aligned].clone(), tick)
-        return matched
+            node = self._add_leaf(node, key[matched:aligned], slots[matched:aligned].clone(), tick)
+        return InsertResult(matched, CacheHandle(node, aligned))
 
-    def inc_lock_ref(self, node: TreeNode) -> None:
+    def slots_of(self, handle: CacheHandle) -> torch.Tensor:
+        self._check_attached(handle.node)
+        values, node = [], handle.node
+        while node.parent is not None:
+            values.append(node.value)
+            node = node.parent
+        return torch.cat(values[::-1]) if values else _empty_slots()
+
+    def lock(self, handle: CacheHandle) -> None:
+        node = handle.node
         self._check_attached(node)
         while node.parent is not None:
             if node.lock_ref == 0:
@@ -107,11 +121,12 @@ class RadixCache(BasePrefixCache):
             node.lock_ref += 1
             node = node.parent
 
-    def dec_lock_ref(self, node: TreeNode) -> None:
+    def unlock(self, handle: CacheHandle) -> None:
+        node = handle.node
         self._check_attached(node)
         while node.parent is not None:
             if node.lock_ref <= 0:
-                raise RuntimeError(f"dec_lock_ref on an unlocked node {node}")
+                raise RuntimeError(f"unlock of an unlocked prefix at {node}")
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._evictable += len(node.key)
@@ -120,9 +135,9 @@ class RadixCache(BasePrefixCache):
                     self._evictable_leaves.add(node)
             node = node.parent
 
-    def evict(self, num_tokens: int) -> int:
+    def evict(self, num_tokens: int) -> torch.Tensor:
         if num_tokens <= 0 or not self._evictable_leaves:
-            return 0
+            return _empty_slots()
         heap = [(n.last_access, n.node_id, n) for n in self._evictable_leaves]
         heapq.heapify(heap)
         freed, slots = 0, []
@@ -134,8 +149,7 @@ class RadixCache(BasePrefixCache):
             if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 self._evictable_leaves.add(parent)
                 heapq.heappush(heap, (parent.last_access, parent.node_id, parent))
-        self.allocator.free(torch.cat(slots))
-        return freed
+        return torch.cat(slots)
 
     def evictable_size(self) -> int:
         return self._evictable
@@ -143,15 +157,14 @@ class RadixCache(BasePrefixCache):
     def protected_size(self) -> int:
         return self._protected
 
-    def reset(self) -> None:
+    def reset(self) -> torch.Tensor:
         if self._protected:
             raise RuntimeError(f"reset while {self._protected} cached tokens are locked")
         slots = [n.value for n in self._iter_nodes() if n.parent is not None]
-        if slots:
-            self.allocator.free(torch.cat(slots))
         for node in self._iter_nodes():
             node.parent = None  # stale handles now fail _check_attached
         self._init_tree()
+        return torch.cat(slots) if slots else _empty_slots()
 
     # ---- tree mechanics ---------------------------------------------------------------
 
@@ -197,12 +210,13 @@ class RadixCache(BasePrefixCache):
         upper.children[self._child_key(child.key, 0)] = child
         return upper
 
-    def _add_leaf(self, parent: TreeNode, key: list[int], value: torch.Tensor, tick: int) -> None:
+    def _add_leaf(self, parent: TreeNode, key: list[int], value: torch.Tensor, tick: int) -> TreeNode:
         leaf = TreeNode(key, value, parent, tick)
         parent.children[self._child_key(key, 0)] = leaf
         self._evictable += len(key)
         self._evictable_leaves.discard(parent)
         self._evictable_leaves.add(leaf)
+        return leaf
 
     def _detach_leaf(self, node: TreeNode) -> TreeNode:
         parent = node.parent
@@ -217,69 +231,9 @@ class RadixCache(BasePrefixCache):
         if node.parent is None and node is not self.root_node:
             raise RuntimeError(f"{node} is not in the tree (evicted or reset)")
 
-    def _iter_nodes(self):
+    def _iter_nodes(self) -> Iterator[TreeNode]:
         stack = [self.root_node]
         while stack:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
-
-    # ---- debugging / tests ------------------------------------------------------------
-
-    def all_cached_sequences(self) -> dict[tuple[int, ...], list[int]]:
-        """Every root → leaf path: its tokens → their KV slots (O(total); for tests)."""
-        out: dict[tuple[int, ...], list[int]] = {}
-        stack: list[tuple[TreeNode, tuple[int, ...], list[int]]] = [(self.root_node, (), [])]
-        while stack:
-            node, toks, slots = stack.pop()
-            toks, slots = toks + tuple(node.key), slots + node.value.tolist()
-            if node.children:
-                stack.extend((c, toks, slots) for c in node.children.values())
-            elif node.parent is not None:
-                out[toks] = slots
-        return out
-
-    def check_invariants(self) -> None:
-        """Walk the whole tree and raise AssertionError on any broken invariant (for tests)."""
-        evictable = protected = 0
-        leaves: set[TreeNode] = set()
-        slots: list[torch.Tensor] = []
-        for node in self._iter_nodes():
-            for k, child in node.children.items():
-                _require(child.parent is node, f"{child} has a wrong parent")
-                _require(k == self._child_key(child.key, 0), f"{child} is filed under {k}")
-            if node is self.root_node:
-                _require(not node.key and node.lock_ref == 0, "root holds tokens or locks")
-                continue
-            self._check_node(node)
-            if node.parent is not self.root_node:
-                _require(node.parent.lock_ref >= node.lock_ref, f"{node} locked more than its parent")
-            if node.lock_ref:
-                protected += len(node.key)
-            else:
-                evictable += len(node.key)
-                if not node.children:
-                    leaves.add(node)
-            slots.append(node.value)
-        _require(evictable == self._evictable, f"evictable {self._evictable} != walked {evictable}")
-        _require(protected == self._protected, f"protected {self._protected} != walked {protected}")
-        _require(leaves == self._evictable_leaves, "evictable-leaf set out of date")
-        self._check_slots(torch.cat(slots) if slots else _empty_slots())
-
-    def _check_node(self, node: TreeNode) -> None:
-        _require(len(node.key) > 0, f"{node} is empty")
-        _require(len(node.key) % self.page_size == 0, f"{node} is not page-aligned")
-        _require(node.value.dtype == torch.int64 and node.value.device.type == "cpu", f"{node} value type")
-        _require(node.value.numel() == len(node.key), f"{node} has {node.value.numel()} slots")
-        _require(node.lock_ref >= 0, f"{node} has a negative lock count")
-
-    def _check_slots(self, slots: torch.Tensor) -> None:
-        _require(slots.unique().numel() == slots.numel(), "a KV slot is cached twice")
-        _require(bool((slots > 0).all()) and bool((slots <= self.allocator.size).all()), "bad slot id")
-        if self.allocator.debug_checks and slots.numel():
-            _require(not bool(self.allocator.is_free_mask()[slots].any()), "a cached slot is free")
-
-
-def _require(cond: bool, msg: str) -> None:
-    if not cond:
-        raise AssertionError(msg)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .prefix_cache import CacheHandle
 from .sampling_params import SamplingParams
 from .tokenizer import IncrementalDetokenizer
 
@@ -32,12 +33,13 @@ class Req:
     pin_handle: int | None = None  # prefill-only request whose cached prefix stays locked (pin_prefix)
 
     output_ids: list[int] = field(default_factory=list)
-    # KV placement: row in req_to_token; the first prefix_len tokens' slots belong to the radix
-    # tree (locked through last_node), the rest up to kv_len are the request's own.
+    # KV placement: row in req_to_token; the first prefix_len tokens' slots belong to the prefix
+    # cache (locked through cache_handle, prefix_len == its cached_len), the rest up to kv_len are
+    # the request's own.
     req_pool_idx: int | None = None
     prefix_len: int = 0
     kv_len: int = 0
-    last_node: Any = None
+    cache_handle: CacheHandle | None = None
     cached_tokens: int = 0
     admitted_once: bool = False
     num_retractions: int = 0

@@ -10,24 +10,15 @@ from typing import Any
 
 import torch
 
-from .radix_cache import BasePrefixCache, RadixCache
-
-
-class _NullAllocator:
-    """Stands in for the KV allocator of the scratch tree, whose 'slots' are all 0."""
-
-    size = 0
-    debug_checks = False
-
-    def free(self, indices: torch.Tensor) -> None:
-        return None
+from .prefix_cache import BasePrefixCache
+from .radix_cache import RadixCache
 
 
 class _SharedPrefixes:
     """The token sequences admitted so far in one scheduling pass (a scratch radix tree)."""
 
     def __init__(self) -> None:
-        self._tree = RadixCache(_NullAllocator())  # type: ignore[arg-type]
+        self._tree = RadixCache()  # its 'slots' are all 0: only the token paths matter
 
     def add(self, key: list[int]) -> None:
         self._tree.insert(key, torch.zeros(len(key), dtype=torch.int64))
@@ -53,7 +44,7 @@ class SchedulePolicy:
         prefilled (their uncached tokens count as 'being computed'); `budget`: prompt tokens
         the step can take — dedup looks no further than that. Held-back requests are left out
         of the returned list (they stay in the queue)."""
-        if self.cache.disabled or not waiting:
+        if not self.cache.shares_prefixes or not waiting:
             return waiting
         lpm = len(waiting) <= self.lpm_queue_limit
         matched = {id(r): self._cached_len(r) for r in waiting} if lpm else {}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any
 
 import torch
 
@@ -20,6 +19,7 @@ from .forward_batch import to_device
 from .kv_pool import ReqToTokenTable
 from .model_runner import ModelRunner, ScheduledItem
 from .output_processor import OutputProcessor
+from .prefix_cache import BasePrefixCache, CacheHandle
 from .request import Req
 from .request_queues import RequestQueues
 from .sampler import Sampler
@@ -31,7 +31,9 @@ logger = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, cache: Any, sampler: Sampler, cfg: SchedulerConfig) -> None:
+    def __init__(
+        self, runner: ModelRunner, cache: BasePrefixCache, sampler: Sampler, cfg: SchedulerConfig
+    ) -> None:
         self.runner = runner
         self.cache = cache
         self.sampler = sampler
@@ -40,7 +42,9 @@ class Scheduler:
         self.queues = RequestQueues()
         self.kv = CacheManager(cache, runner.allocator, runner.req_table)
         self.policy = SchedulePolicy(cache)
-        self.planner = BatchPlanner(self.queues, self.kv, cfg, self.stats, sampler, self.policy, self._drain_inflight)
+        self.planner = BatchPlanner(
+            self.queues, self.kv, cfg, self.stats, sampler, self.policy, self._drain_inflight
+        )
         self.outputs = OutputProcessor(self.queues, self.kv, cfg, self.stats)
         self.inflight: LaunchedStep | None = None  # launched, not yet processed (overlap only)
 
@@ -58,7 +62,7 @@ class Scheduler:
         return self.queues.chunked
 
     @property
-    def pinned(self) -> dict[int, Any]:
+    def pinned(self) -> dict[int, CacheHandle]:
         return self.kv.pinned
 
     @property
@@ -186,8 +190,9 @@ class Scheduler:
     # ---- launch: the forward and its sampling, queued on the device --------------------
     def launch(self, plan: StepPlan) -> LaunchedStep:
         prev = self.inflight
-        fb = self.runner.build_batch(plan.items, torch.cat(plan.slots), prev.tokens if prev else None,
-                                     plan.cascade, plan.num_decode)
+        fb = self.runner.build_batch(
+            plan.items, torch.cat(plan.slots), prev.tokens if prev else None, plan.cascade, plan.num_decode
+        )
         logits = self.runner.forward(fb)
         self.stats.forward_passes += 1
         if "cascade_plan" in fb.extras:
@@ -222,14 +227,18 @@ class Scheduler:
         step.tokens, step.tokens_host = tokens, to_host(tokens)
         for k, req in enumerate(step.gen):
             if raw is not None and req.return_logprob:
-                step.out_logprobs[k] = LogprobRows.launch(raw[k : k + 1], tokens[k : k + 1], req.top_logprobs_num)
+                step.out_logprobs[k] = LogprobRows.launch(
+                    raw[k : k + 1], tokens[k : k + 1], req.top_logprobs_num
+                )
             if self.cfg.overlap:  # it decodes next step from this token, read on the device
                 req.pending, req.pending_step = k, step
-                if k >= step.plan.num_decode and not req.finished:  # a prompt that just finished joins the decoders
+                # a prompt that just finished joins the decoders
+                if k >= step.plan.num_decode and not req.finished:
                     self.queues.running.append(req)
 
-    def _launch_input_logprobs(self, step: LaunchedStep, i: int, req: Req, item: ScheduledItem,
-                               rows: torch.Tensor) -> None:
+    def _launch_input_logprobs(
+        self, step: LaunchedStep, i: int, req: Req, item: ScheduledItem, rows: torch.Tensor
+    ) -> None:
         if rows.shape[0] == 0:
             return
         first = max(max(req.logprob_start_len - 1, 0), item.start)

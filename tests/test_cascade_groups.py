@@ -1,5 +1,6 @@
-"""find_cascade_groups on real radix trees: requests placed the way the scheduler places them
-(match_prefix + lock + table write, prefill, re-lock the deeper node, decode tokens). Checked
+"""find_cascade_groups on real radix trees: requests placed by the scheduler's CacheManager
+(cached prefix locked on a table row, prefill, the prompt offered to the cache and re-locked,
+decode tokens). Checked
 against the request table (every member's row agrees on the shared part) and a naive reference
 (longest common prefix of the members' token lists, capped by their cached lengths); then the
 groups drive make_cascade_plan + cascade_decode_attention, compared with plain decode attention."""
@@ -16,9 +17,11 @@ import sys
 
 import pytest
 import torch
+from cache_checks import check_invariants as check_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from radixlm.backend.cache_manager import CacheManager
 from radixlm.backend.cascade_groups import CascadeGroups, find_cascade_groups
 from radixlm.backend.kv_pool import ReqToTokenTable, TokenSlotAllocator
 from radixlm.backend.radix_cache import NoPrefixCache, RadixCache
@@ -34,27 +37,23 @@ class Placer:
 
     def __init__(self, radix: bool = True, size: int = 1 << 15) -> None:
         self.alloc = TokenSlotAllocator(size)
-        self.cache = RadixCache(self.alloc) if radix else NoPrefixCache(self.alloc)
+        self.cache = RadixCache() if radix else NoPrefixCache()
         self.table = ReqToTokenTable(64, 4096, "cpu")
+        self.kv = CacheManager(self.cache, self.alloc, self.table)
 
     def run(self, prompt: list[int], n_out: int) -> Req:
-        """Place, prefill, re-lock the prompt's own node (_cache_unfinished), decode n_out tokens."""
-        req = Req(f"r{self.table.available_size()}", list(prompt), SamplingParams(), lambda _: None,
-                  IncrementalDetokenizer(None))
-        req.req_pool_idx = self.table.alloc()
-        slots, node = self.cache.match_prefix(req.all_ids[: req.max_prefix_len()])
-        self.cache.inc_lock_ref(node)
-        req.last_node, req.prefix_len = node, int(slots.numel())
-        self.table.write(req.req_pool_idx, 0, slots)
+        """Place, prefill, offer the prompt to the cache and re-lock it, decode n_out tokens."""
+        req = Req(
+            f"r{self.table.available_size()}",
+            list(prompt),
+            SamplingParams(),
+            lambda _: None,
+            IncrementalDetokenizer(None),
+        )
+        assert self.kv.place(req) and req.req_pool_idx is not None
         self.table.write(req.req_pool_idx, req.prefix_len, self.alloc.alloc(req.seq_len - req.prefix_len))
         req.kv_len = req.seq_len
-        if not self.cache.disabled:
-            self.cache.insert(req.all_ids, self.table.read(req.req_pool_idx, 0, req.seq_len))
-            slots, node = self.cache.match_prefix(req.all_ids)
-            self.table.write(req.req_pool_idx, 0, slots)
-            self.cache.dec_lock_ref(req.last_node)
-            self.cache.inc_lock_ref(node)
-            req.last_node, req.prefix_len = node, int(slots.numel())
+        self.kv.cache_unfinished(req, req.seq_len)
         for k in range(n_out):  # the sampled token is appended; the next decode step writes its KV
             if k:
                 self.table.write(req.req_pool_idx, req.kv_len, self.alloc.alloc(1))
@@ -105,7 +104,8 @@ def test_forks_make_one_group_with_the_full_shared_prefix() -> None:
     placer = Placer()
     doc = rand_ids(4000, rng)  # default thresholds: 5 * 4000 saved of ~24,000 reads
     reqs = [placer.run(doc + rand_ids(5, rng), 3) for _ in range(6)]
-    assert len({id(r.last_node) for r in reqs}) == 6  # each re-locked its own node under the shared one
+    # each re-locked its own node under the shared one
+    assert len({id(r.cache_handle.node) for r in reqs}) == 6
     groups = find_cascade_groups(reqs)
     assert groups is not None
     check_invariants(placer, reqs, groups, 512)
@@ -121,7 +121,8 @@ def test_answer_follows_a_changed_batch() -> None:
     reqs = [placer.run(doc + rand_ids(3, rng), 2) for _ in range(4)]
     first = find_cascade_groups(reqs, **LOW)
     assert first is not None and first.group_sizes == [4] and first == find_cascade_groups(reqs, **LOW)
-    reqs[2].last_node, reqs[2].prefix_len = placer.cache.root_node, 0  # as if re-placed without a match
+    reqs[2].cache_handle = placer.cache.match_prefix([]).handle  # as if re-placed without a match
+    reqs[2].prefix_len = 0
     again = find_cascade_groups(reqs, **LOW)
     assert again is not None and again.order == [0, 1, 3, 2] and again.group_sizes == [3, 1]
     assert again.shared_lens == [600, 0] and again.saved_tokens == 2 * 600
@@ -175,7 +176,9 @@ def test_unrelated_short_or_uncached_batches_give_none() -> None:
     doc = rand_ids(100, rng)  # shared, but shorter than min_shared_len
     reqs = [placer.run(doc + rand_ids(5, rng), 2) for _ in range(4)]
     assert find_cascade_groups(reqs, min_saved_fraction=0.0, min_saved_tokens=0) is None
-    assert find_cascade_groups(reqs, min_shared_len=100, min_saved_fraction=0.0, min_saved_tokens=0) is not None
+    assert (
+        find_cascade_groups(reqs, min_shared_len=100, min_saved_fraction=0.0, min_saved_tokens=0) is not None
+    )
     doc = rand_ids(600, rng)  # shared, but the own parts dominate the reads: 1800 saved of ~6000
     reqs = [placer.run(doc + rand_ids(900, rng), 2) for _ in range(4)]
     assert find_cascade_groups(reqs, min_saved_tokens=0) is None
@@ -184,7 +187,7 @@ def test_unrelated_short_or_uncached_batches_give_none() -> None:
     assert find_cascade_groups([placer.run(doc + rand_ids(2, rng), 2)]) is None  # a single request
     off = Placer(radix=False)
     reqs = [off.run(doc + rand_ids(5, rng), 2) for _ in range(4)]
-    assert all(r.last_node is off.cache.root_node for r in reqs)
+    assert all(r.cache_handle is not None and r.cache_handle.cached_len == r.prefix_len == 0 for r in reqs)
     assert find_cascade_groups(reqs, **LOW) is None
     with pytest.raises(ValueError, match="min_group_size"):
         find_cascade_groups(reqs, min_group_size=1)
@@ -192,6 +195,7 @@ def test_unrelated_short_or_uncached_batches_give_none() -> None:
 
 def best_partition_saving(reqs: list[Req], min_shared_len: int) -> int:
     """Brute force over all partitions (small batches): the most KV reads any grouping saves."""
+
     def value(group: list[Req]) -> int:
         s = common_cached_prefix(group) if len(group) > 1 else 0
         return (len(group) - 1) * s if s >= min_shared_len else 0
@@ -229,7 +233,7 @@ def test_invariants_against_naive_reference(case) -> None:
     prompts, outs, min_shared = case
     placer = Placer(size=4096)
     reqs = [placer.run(p, n) for p, n in zip(prompts, outs)]
-    placer.cache.check_invariants()
+    check_tree(placer.cache, placer.alloc)
     groups = find_cascade_groups(reqs, min_shared_len=min_shared, min_saved_fraction=0.0, min_saved_tokens=0)
     best = best_partition_saving(reqs, min_shared)
     if groups is None:
@@ -315,10 +319,20 @@ def _attention_check() -> dict:
         lens = torch.tensor(seq)
         plan = make_cascade_plan(groups.group_sizes, groups.shared_lens, seq, "cpu")
         assert use_triton(q), "the interpreter is not on"
-        got = cascade_decode_attention(q, pool.k_buffers[0], pool.v_buffers[0], placer.table.table, rows, lens,
-                                       plan, block_m=16, block_n=16).double()
-        ref, _ = decode_attention_ref(q.double(), pool.k_buffers[0].double(), pool.v_buffers[0].double(),
-                                      placer.table.table, rows, lens)
+        got = cascade_decode_attention(
+            q,
+            pool.k_buffers[0],
+            pool.v_buffers[0],
+            placer.table.table,
+            rows,
+            lens,
+            plan,
+            block_m=16,
+            block_n=16,
+        ).double()
+        ref, _ = decode_attention_ref(
+            q.double(), pool.k_buffers[0].double(), pool.v_buffers[0].double(), placer.table.table, rows, lens
+        )
         out[str(dtype)] = float((got - ref).norm() / ref.norm())
     return out
 
@@ -329,7 +343,7 @@ def test_groups_drive_cascade_attention_like_plain_decode() -> None:
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")]
     assert lines, f"checker crashed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
-    res = json.loads(lines[-1][len("RESULTS "):])
+    res = json.loads(lines[-1][len("RESULTS ") :])
     assert sorted(map(tuple, res["groups"])) == [(1, 0), (2, 25), (4, 40)]
     assert res["torch.float32"] < 1e-4  # the bounds of tests/kernel_checks.BOUND
     assert res["torch.bfloat16"] < 1e-2

@@ -9,6 +9,8 @@ import random
 from typing import Any
 
 import pytest
+import torch
+from cache_checks import check_invariants
 
 from radixlm.backend.engine import Engine
 from radixlm.backend.radix_cache import RadixCache
@@ -30,7 +32,9 @@ def shared_prefix_workload(tok: Any) -> list[list[int]]:
     """Few-shot questions behind one prefix, a tree of branches, and exact repeats."""
     shot = tok.encode("Examples: " + words(70, 1), add_special_tokens=False)
     root = tok.encode("Story: " + words(30, 2), add_special_tokens=False)
-    few = [shot + tok.encode(f" Question {i}: " + words(5, 10 + i), add_special_tokens=False) for i in range(6)]
+    few = [
+        shot + tok.encode(f" Question {i}: " + words(5, 10 + i), add_special_tokens=False) for i in range(6)
+    ]
     tree = [root + tok.encode(f" Branch {i} " + words(4, 20 + i), add_special_tokens=False) for i in range(4)]
     return few + tree + [few[0], tree[0]]
 
@@ -79,7 +83,7 @@ def test_greedy_outputs_same_with_cache_on_and_off(engine, nocache, workload, re
     assert cached == sum(o["meta_info"]["cached_tokens"] for o in first + again)
     # The second pass finds each prompt whole in the cache (its prompt and outputs went in).
     assert all(o["meta_info"]["cached_tokens"] == o["meta_info"]["prompt_tokens"] - 1 for o in again)
-    engine._call(engine.cache.check_invariants)
+    engine._call(lambda: check_invariants(engine.cache, engine.runner.allocator))
     _restored(engine)
 
 
@@ -108,7 +112,9 @@ def test_second_chat_turn_reuses_first_turn_prompt_and_output(engine, nocache) -
     engine.flush_cache()
     out1 = engine.generate(input_ids=turn1, sampling_params=greedy(10))
     follow = tok.encode("<|im_end|>\n", add_special_tokens=False)
-    turn2 = turn1 + out1["output_ids"] + follow + encode_chat([{"role": "user", "content": "And two more?"}])[1:]
+    turn2 = (
+        turn1 + out1["output_ids"] + follow + encode_chat([{"role": "user", "content": "And two more?"}])[1:]
+    )
     out2 = engine.generate(input_ids=turn2, sampling_params=greedy(10))
     # Everything but the last output token's KV (never forwarded) is reused from turn 1.
     assert out2["meta_info"]["cached_tokens"] >= len(turn1) + len(out1["output_ids"]) - 1
@@ -121,7 +127,9 @@ def test_second_chat_turn_reuses_first_turn_prompt_and_output(engine, nocache) -
 def test_requests_sharing_an_uncached_prefix_compute_it_once(engine, nocache) -> None:
     tok = engine.tokenizer
     prefix = tok.encode("Shared context: " + words(120, 5), add_special_tokens=False)
-    prompts = [prefix + tok.encode(f" Item {i}: " + words(3, 30 + i), add_special_tokens=False) for i in range(6)]
+    prompts = [
+        prefix + tok.encode(f" Item {i}: " + words(3, 30 + i), add_special_tokens=False) for i in range(6)
+    ]
     engine.flush_cache()
     before = engine.get_stats()["computed_prompt_tokens"]
     deferred = engine.scheduler.policy.num_deferred
@@ -164,20 +172,24 @@ class EvictionAudit:
         self._evict = self.cache.evict
         self.cache.evict = self.evict  # type: ignore[method-assign]
 
-    def evict(self, n: int) -> int:
+    def evict(self, n: int) -> torch.Tensor:
         nodes = [x for x in self.cache._iter_nodes() if x.parent is not None]
         users = self._users()
-        freed = self._evict(n)
-        self.freed += freed
+        gone = self._evict(n)
+        self.freed += int(gone.numel())
         try:
-            self._check(nodes, users, freed)
+            self._check(nodes, users, gone)
         except AssertionError as e:
             self.errors.append(str(e))
-        return freed
+        return gone
 
     def _users(self) -> list[tuple[list[int], list[int], int]]:
         """(token ids, KV slots, tree-owned prefix length) of every request holding KV."""
-        reqs = [*self.sched.running, *self.sched.waiting, *([self.sched.chunked] if self.sched.chunked else [])]
+        reqs = [
+            *self.sched.running,
+            *self.sched.waiting,
+            *([self.sched.chunked] if self.sched.chunked else []),
+        ]
         table = self.sched.req_table.table
         return [
             (r.all_ids[: r.kv_len], table[r.req_pool_idx, : r.kv_len].tolist(), r.prefix_len)
@@ -185,17 +197,20 @@ class EvictionAudit:
             if r.req_pool_idx is not None
         ]
 
-    def _check(self, nodes: list, users: list, freed: int) -> None:
-        self.cache.check_invariants()
+    def _check(self, nodes: list, users: list, returned: torch.Tensor) -> None:
+        check_invariants(self.cache)
         gone = [x for x in nodes if x.parent is None]
-        assert sum(len(x.key) for x in gone) == freed, "evict's count differs from what left"
+        left = sorted(s for x in gone for s in x.value.tolist())
+        assert left == sorted(returned.tolist()), "evict returned other slots than those that left"
         assert all(x.lock_ref == 0 for x in gone), "a locked node was evicted"
         stay = [x.last_access for x in self.cache._evictable_leaves]
         if gone and stay:
             assert max(x.last_access for x in gone) <= min(stay), "evicted a leaf newer than one kept"
-        free = self.cache.allocator.is_free_mask()
+        free = self.sched.kv.allocator.is_free_mask()
+        evicted = set(left)
         for ids, slots, prefix_len in users:
             assert not bool(free[slots].any()), "a running request's KV slot was freed"
+            assert not evicted & set(slots), "a running request's KV slot was evicted"
             assert cached_slots_along(self.cache, ids)[:prefix_len] == slots[:prefix_len], "prefix evicted"
 
 
@@ -207,7 +222,10 @@ def test_memory_pressure_evicts_only_unlocked_leaves_lru_first(nocache) -> None:
         tok = eng.tokenizer
         shared = tok.encode("Common header: " + words(40, 6), add_special_tokens=False)
         warm = [tok.encode(f"Old {i}: " + words(30, 40 + i), add_special_tokens=False) for i in range(4)]
-        live = [shared + tok.encode(f" Task {i}: " + words(6, 50 + i), add_special_tokens=False) for i in range(10)]
+        live = [
+            shared + tok.encode(f" Task {i}: " + words(6, 50 + i), add_special_tokens=False)
+            for i in range(10)
+        ]
         for p in warm:  # fill the cache with finished, unlocked sequences
             eng.generate(input_ids=p, sampling_params=greedy(6))
         outs = eng.generate(input_ids=live, sampling_params=greedy(16))
@@ -215,7 +233,7 @@ def test_memory_pressure_evicts_only_unlocked_leaves_lru_first(nocache) -> None:
         assert audit.freed > 0, "the pool was never under pressure"
         want = nocache.generate(input_ids=live, sampling_params=greedy(16))
         assert output_ids(outs) == output_ids(want)
-        eng._call(eng.cache.check_invariants)
+        eng._call(lambda: check_invariants(eng.cache, eng.runner.allocator))
         _restored(eng)
     finally:
         eng.shutdown()

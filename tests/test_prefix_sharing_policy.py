@@ -31,12 +31,14 @@ class FakeReq:
         return self.seq_len - 1
 
 
+ALLOC = TokenSlotAllocator(1 << 16)
+
+
 def cache_with(*seqs: list[int]) -> RadixCache:
-    alloc = TokenSlotAllocator(4096)
-    cache = RadixCache(alloc)
+    cache = RadixCache()
     for s in seqs:
         prefix, _ = cache.match_prefix(s)
-        cache.insert(s, torch.cat([prefix, alloc.alloc(len(s) - len(prefix))]))
+        cache.insert(s, torch.cat([prefix, ALLOC.alloc(len(s) - len(prefix))]))
     return cache
 
 
@@ -78,7 +80,7 @@ def test_shared_uncached_prefix_goes_once() -> None:
     assert policy.order([a, b, c, d]) == [a, d, c]
     assert policy.num_deferred == 1
     # Once a's prompt is cached, b shares nothing uncached with anyone and goes.
-    cache.insert(a.all_ids, torch.cat([cache.match_prefix(a.all_ids)[0], cache.allocator.alloc(52)]))
+    cache.insert(a.all_ids, torch.cat([cache.match_prefix(a.all_ids)[0], ALLOC.alloc(52)]))
     assert policy.order([b, c]) == [b, c]
 
 
@@ -104,7 +106,7 @@ def test_dedup_looks_only_as_far_as_the_budget() -> None:
 
 
 def test_disabled_cache_is_plain_fcfs() -> None:
-    cache = NoPrefixCache(TokenSlotAllocator(16))
+    cache = NoPrefixCache()
     shared = rand_ids(100, 16)
     reqs = [FakeReq(shared + [i]) for i in range(3)]
     assert SchedulePolicy(cache).order(reqs) == reqs

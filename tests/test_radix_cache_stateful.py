@@ -1,21 +1,23 @@
 """Hypothesis stateful test of RadixCache against a naive model: a dict from every cached
 prefix (tuple of tokens, whole pages) to its last page's KV slots and last-access tick, plus simulated
-running requests that own slots and lock what they matched. After every step: the tree
-caches exactly the model's prefixes with the same slots; each slot is free, owned by one
-request, or cached — never two, never none; sizes match the locks; nothing locked is evicted;
-evictions go least-recently-used first."""
+running requests that own slots and lock what they matched, driven the way the cache manager
+drives the cache (it frees what evict returns and the duplicates insert reports). After every
+step: the tree caches exactly the model's prefixes with the same slots; each slot is free, owned
+by one request, or cached — never two, never none; sizes match the locks; nothing locked is
+evicted; evictions go least-recently-used first; the cache itself never frees a slot."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+from cache_checks import all_cached_sequences, check_invariants, path_tokens
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from radixlm.backend.kv_pool import TokenSlotAllocator
-from radixlm.backend.radix_cache import RadixCache, TreeNode
+from radixlm.backend.radix_cache import CacheHandle, RadixCache
 
 POOL = 40
 keys = st.lists(st.integers(0, 1), min_size=1, max_size=10)
@@ -27,15 +29,7 @@ class Req:
     key: list[int]
     slots: list[int]
     cached_len: int  # slots[:cached_len] belong to the tree (locked); the rest to the request
-    node: TreeNode
-
-
-def path_tokens(node: TreeNode) -> list[int]:
-    out: list[int] = []
-    while node.parent is not None:
-        out = node.key + out
-        node = node.parent
-    return out
+    handle: CacheHandle
 
 
 class RadixModelMachine(RuleBasedStateMachine):
@@ -44,7 +38,7 @@ class RadixModelMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.alloc = TokenSlotAllocator(POOL)
-        self.cache = RadixCache(self.alloc, page_size=self.page_size)
+        self.cache = RadixCache(page_size=self.page_size)
         self.slot_of: dict[tuple[int, ...], tuple[int, ...]] = {}  # cached prefix → its last page's slots
         self.tick_of: dict[tuple[int, ...], int] = {}  # ... → when it was last matched/inserted
         self.clock = 0
@@ -79,25 +73,26 @@ class RadixModelMachine(RuleBasedStateMachine):
 
     def tree_prefixes(self) -> dict[tuple[int, ...], tuple[int, ...]]:
         out: dict[tuple[int, ...], tuple[int, ...]] = {}
-        for toks, slots in self.cache.all_cached_sequences().items():
+        for toks, slots in all_cached_sequences(self.cache).items():
             for j in self.page_ends(len(toks)):
                 out[toks[:j]] = tuple(slots[j - self.page_size : j])
         return out
 
     # ---- checked operations -----------------------------------------------------------
 
-    def match(self, key: list[int]) -> tuple[list[int], TreeNode]:
+    def match(self, key: list[int]) -> tuple[list[int], CacheHandle]:
         want = self.expected_match(key)
         assert self.cache.cached_len(key) == want
-        got, node = self.cache.match_prefix(key)
-        assert got.dtype == torch.int64 and got.numel() == want
+        got, handle = self.cache.match_prefix(key)
+        assert got.dtype == torch.int64 and got.numel() == want == handle.cached_len
         assert got.tolist() == self.slots_of(key, want)
-        assert path_tokens(node) == key[:want]
+        assert path_tokens(handle.node) == key[:want]
         self.stamp(key, want)
-        return got.tolist(), node
+        return got.tolist(), handle
 
-    def insert(self, key: list[int], slots: list[int]) -> None:
-        """Insert and update the model; duplicates must come back to the allocator."""
+    def insert(self, key: list[int], slots: list[int], held: int) -> CacheHandle:
+        """Insert as a request whose first `held` slots came from its locked match, update the
+        model, and free the duplicates the way the cache manager does: slots[held:cached_len]."""
         n = self.aligned(len(key))
         want_prefix = self.expected_match(key)
         dups = []
@@ -108,23 +103,30 @@ class RadixModelMachine(RuleBasedStateMachine):
             else:
                 dups += [a for a, b in zip(mine, self.slot_of[p]) if a != b]
         free_before = self.alloc.available_size()
-        assert self.cache.insert(key, torch.tensor(slots, dtype=torch.int64)) == want_prefix
-        assert self.alloc.available_size() == free_before + len(dups)
-        if dups:
-            assert bool(self.alloc.is_free_mask()[torch.tensor(dups)].all())
+        res = self.cache.insert(key, torch.tensor(slots, dtype=torch.int64))
+        assert self.alloc.available_size() == free_before  # the cache frees nothing itself
+        assert res.cached_len == want_prefix and res.handle.cached_len == n
+        assert path_tokens(res.handle.node) == key[:n]
+        assert sorted(slots[held : res.cached_len]) == sorted(dups), "the caller's duplicate rule is wrong"
+        self.alloc.free(torch.tensor(slots[held : res.cached_len], dtype=torch.int64))
+        assert self.cache.slots_of(res.handle).tolist() == self.slots_of(key, n)
         self.stamp(key, n)
+        return res.handle
 
     def evict(self, n: int) -> None:
         before = dict(self.slot_of)
         locked = self.locked_prefixes()
         evictable = len(before) - len(locked)
         free_before = self.alloc.available_size()
-        freed = self.cache.evict(n)
+        gone = self.cache.evict(n)
+        assert self.alloc.available_size() == free_before  # returned, not freed
         after = self.tree_prefixes()
         assert all(p in before and before[p] == s for p, s in after.items())
         removed = set(before) - set(after)
         assert not removed & locked, "evicted a locked prefix"
-        assert freed == len(removed) * self.page_size == self.alloc.available_size() - free_before
+        assert sorted(gone.tolist()) == sorted(s for p in removed for s in before[p])
+        self.alloc.free(gone)
+        freed = int(gone.numel())
         evictable *= self.page_size
         assert freed >= n if n <= evictable else freed == evictable
         self.check_lru(removed, after, locked)
@@ -145,17 +147,17 @@ class RadixModelMachine(RuleBasedStateMachine):
 
     @rule(key=keys)
     def start_request(self, key: list[int]) -> None:
-        prefix, node = self.match(key)
-        self.cache.inc_lock_ref(node)
+        prefix, handle = self.match(key)
+        self.cache.lock(handle)
         rid, self.next_rid = self.next_rid, self.next_rid + 1
-        self.reqs[rid] = req = Req(key, prefix, len(prefix), node)  # its lock counts while evicting
+        self.reqs[rid] = req = Req(key, prefix, len(prefix), handle)  # its lock counts while evicting
         need = len(key) - len(prefix)
         if need > self.alloc.available_size():
             self.evict(need - self.alloc.available_size())
         new = self.alloc.alloc(need)
         if new is None:
             del self.reqs[rid]
-            self.cache.dec_lock_ref(node)
+            self.cache.unlock(handle)
             return
         req.slots = prefix + new.tolist()
 
@@ -176,28 +178,27 @@ class RadixModelMachine(RuleBasedStateMachine):
         """Chunked prefill: cache key[:k] while the request keeps running on the tree's slots."""
         req = self.reqs[self.pick(i)]
         k = req.cached_len + cut % (len(req.key) - req.cached_len + 1)
-        self.insert(req.key[:k], req.slots[:k])
-        prefix, node = self.match(req.key[:k])
-        assert len(prefix) >= req.cached_len
-        self.cache.inc_lock_ref(node)
-        self.cache.dec_lock_ref(req.node)
-        req.slots[: len(prefix)] = prefix
-        req.cached_len, req.node = len(prefix), node
+        handle = self.insert(req.key[:k], req.slots[:k], req.cached_len)
+        assert handle.cached_len >= req.cached_len
+        self.cache.lock(handle)
+        self.cache.unlock(req.handle)
+        req.slots[: handle.cached_len] = self.cache.slots_of(handle).tolist()  # duplicates replaced
+        req.cached_len, req.handle = handle.cached_len, handle
 
     @precondition(lambda self: self.reqs)
     @rule(i=picks)
     def finish_request(self, i: int) -> None:
         req = self.reqs.pop(self.pick(i))
-        self.insert(req.key, req.slots)
-        self.alloc.free(torch.tensor(req.slots[self.aligned(len(req.key)) :], dtype=torch.int64))
-        self.cache.dec_lock_ref(req.node)
+        handle = self.insert(req.key, req.slots, req.cached_len)
+        self.alloc.free(torch.tensor(req.slots[handle.cached_len :], dtype=torch.int64))
+        self.cache.unlock(req.handle)
 
     @precondition(lambda self: self.reqs)
     @rule(i=picks)
     def abort_request(self, i: int) -> None:
         req = self.reqs.pop(self.pick(i))
         self.alloc.free(torch.tensor(req.slots[req.cached_len :], dtype=torch.int64))
-        self.cache.dec_lock_ref(req.node)
+        self.cache.unlock(req.handle)
 
     @rule(key=keys)
     def match_only(self, key: list[int]) -> None:
@@ -210,7 +211,9 @@ class RadixModelMachine(RuleBasedStateMachine):
     @precondition(lambda self: not self.reqs)
     @rule()
     def reset(self) -> None:
-        self.cache.reset()
+        gone = self.cache.reset()
+        assert sorted(gone.tolist()) == sorted(s for page in self.slot_of.values() for s in page)
+        self.alloc.free(gone)
         self.slot_of.clear()
         self.tick_of.clear()
         assert self.alloc.available_size() == POOL
@@ -219,7 +222,7 @@ class RadixModelMachine(RuleBasedStateMachine):
 
     @invariant()
     def tree_matches_model(self) -> None:
-        self.cache.check_invariants()
+        check_invariants(self.cache, self.alloc)
         assert self.tree_prefixes() == self.slot_of
         locked = self.locked_prefixes()
         assert self.cache.protected_size() == len(locked) * self.page_size
