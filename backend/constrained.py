@@ -52,6 +52,9 @@ class RequestGrammar:
         self.spec = spec
         self.matcher: GrammarMatcher | None = None
         self._report: dict[str, Any] | None = None
+        # [start, end) output positions the grammar wrote by jump-forward (read by traces; only
+        # a jump appends here, so plain decode steps pay nothing)
+        self.jump_spans: list[list[int]] = []
 
     def report(self, req: Any) -> dict[str, Any]:
         """meta_info entries of a finished request: keywords dropped (non-strict), and for a JSON
@@ -113,6 +116,7 @@ class RequestGrammar:
         if replaced:  # the sampled token is gone from the output: so is its penalty count
             forget_token(req, tok)
         req.output_ids.extend(new_ids)
+        self.jump_spans.append([len(req.output_ids) - len(new_ids), len(req.output_ids)])
         for t in new_ids:
             record_token(req, t)
         added = new_ids if replaced else [tok, *new_ids]

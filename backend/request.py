@@ -154,6 +154,9 @@ class Req:
             "cached_tokens": self.cached_tokens,
             "finish_reason": self.finished_reason,
         }
+        spans = getattr(self.grammar, "jump_spans", None) if self.grammar is not None else None
+        if spans:  # output positions written by jump-forward (constrained requests only)
+            m["jump_forward_spans"] = [list(s) for s in spans]
         if self.finished and self.grammar is not None and hasattr(self.grammar, "report"):
             m.update(self.grammar.report(self))  # dropped keywords; the JSON-schema check of the output
         if self.return_logprob:
