@@ -1,6 +1,7 @@
 """The `radixlm` command: `radixlm serve [options]` starts the HTTP server; `radixlm run FILE
 [args...]` runs a program file as __main__ with the default backend set to an in-process
-engine (or to a running server with --url). It lives with the language because it composes
+engine (or to a running server with --url); `radixlm trace URL PROGRAM` prints a served
+program's run as a tree (trace_cli.py). It lives with the language because it composes
 both: the server, and the programs it serves or runs."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from radixlm.backend.server.launch import add_engine_args, engine_kwargs
 from radixlm.backend.server.serve_cmd import serve, serve_parser
 
-USAGE = "usage: radixlm {serve,run} ...  (radixlm serve --help, radixlm run --help)"
+USAGE = "usage: radixlm {serve,run,trace} ...  (radixlm serve --help, radixlm run --help, ...)"
 HELP = f"""{USAGE}
 
 radixlm: structured-output and agent-program runtime for LLMs.
@@ -24,11 +25,15 @@ commands:
                              registered programs (/programs) and API docs (/docs)
   run FILE [args...]         run a Python program file with an in-process engine (or --url SERVER)
                              as the default backend
+  trace URL PROGRAM [--args NAME=VALUE ...]
+                             run a program registered on a server and print its trace as a tree
+                             (the browser shows the same at URL/studio)
 
 examples:
   radixlm serve                                   # the default model (SmolLM2-135M) on 127.0.0.1:30000
   radixlm serve model.gguf --port 8000 --served-model-name my-model
   radixlm run examples/quickstart.py
+  radixlm trace http://127.0.0.1:30000 tree_of_thought --args problem="2+3?"
   python -m radixlm.launch_server --model-path hf_folder --port 30000   # SGLang-style
 
 The first use of a GGUF model converts it once into ~/.cache/radixlm (about 20 s)."""
@@ -87,6 +92,10 @@ def main(argv: list[str] | None = None) -> None:
         serve_with_programs(serve_parser().parse_args(rest))
     elif command == "run":
         run_file(rest)
+    elif command == "trace":
+        from radixlm.trace_cli import main as trace_main
+
+        raise SystemExit(trace_main(rest))
     else:
         raise SystemExit(f"radixlm: unknown command {command!r}\n{USAGE}")
 

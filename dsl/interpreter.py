@@ -203,7 +203,8 @@ class Executor:
         return list(self.ids_)
 
     def _child(self) -> Executor:
-        kid = Executor(self.backend, self.arguments, self.sampling, self.logprob, self.stream, self.program_name)
+        # type(self): a subclass's forks are of that class too (a traced run's branches are traced)
+        kid = type(self)(self.backend, self.arguments, self.sampling, self.logprob, self.stream, self.program_name)
         kid.text_, kid.ids_, kid.pending_ = self.text_, list(self.ids_), self.pending_
         kid.messages_ = [dict(m) for m in self.messages_]
         kid.cur_role, kid.cur_role_begin_pos = self.cur_role, self.cur_role_begin_pos

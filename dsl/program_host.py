@@ -1,7 +1,7 @@
 """The language side of the server's program endpoint: `ProgramsHost` finds the `@function`
 programs in modules or files the operator names at start-up and runs one on the engine the
-server hands it. It implements the server's `ProgramHost` interface, so the server never
-imports the language."""
+server hands it, plainly or traced (the studio's event stream). It implements the server's
+`ProgramHost` interface, so the server never imports the language."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 from radixlm.backend.server.programs import ProgramRegistry, ProgramResult, ProgramSignature
 from radixlm.program import Program
 from radixlm.state import ProgramState
+from radixlm.trace_run import TraceRun, start_trace
 
 
 class ProgramsHost:
@@ -42,6 +43,10 @@ class ProgramsHost:
 
         state = self._programs[name].run(backend=Runtime(engine=engine), stream=stream, **options, **args)
         return _StateRun(state)
+
+    def trace(self, name: str, engine: Any, *, options: dict[str, Any], args: dict[str, Any]) -> TraceRun:
+        """Start a traced, streaming run whose events the server's trace endpoint relays."""
+        return start_trace(self._programs[name], engine, options, args)
 
 
 class _StateRun:

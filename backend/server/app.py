@@ -1,7 +1,7 @@
-"""FastAPI app factory: one engine per app. Owns cross-cutting HTTP policy (API key on every
-route but /health, body-size limit, error shapes: 400 bad JSON/value, 422 bad fields, 401,
-413, 503 + Retry-After) and the native SGLang-style routes; OpenAI and program routes are
-mounted from their own modules."""
+"""FastAPI app factory: one engine per app. Owns cross-cutting HTTP policy (API key, or the
+studio's session cookie, on every route but /health; body-size limit; error shapes: 400 bad
+JSON/value, 422 bad fields, 401, 413, 503 + Retry-After) and the native SGLang-style routes;
+OpenAI, program, trace and studio routes are mounted from their own modules."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import docs, embeddings_api, info, native, openai_api
+from . import docs, embeddings_api, info, native, openai_api, studio, trace_api
 from . import programs as programs_api
 from .access_log import AccessLogMiddleware
 from .metrics import ServerMetrics
@@ -28,7 +28,7 @@ from .protocol import error_body
 from .runner import Overloaded, Runner, ServerLimits
 from .streams import ClientGone
 
-PUBLIC_PATHS = frozenset({"/health"})
+PUBLIC_PATHS = frozenset({"/health", studio.LOGIN_PATH})
 logger = logging.getLogger("radixlm.server")
 PROGRAM_BODY_HINT = (
     ' (POST /programs/{name} expects {"args": {<the program\'s arguments>}, "stream": false, '
@@ -77,6 +77,8 @@ def create_app(
     openai_api.register(app)
     embeddings_api.register(app)
     programs_api.register(app)
+    trace_api.register(app)
+    studio.register(app, api_key)
     docs.register(app)
     return app
 
@@ -214,8 +216,12 @@ class _GuardMiddleware:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v for k, v in scope.get("headers", [])}
-        if self.key is not None and scope.get("path") not in PUBLIC_PATHS and not self._authorized(headers):
-            await _error(401, "missing or wrong API key", "authentication_error")(scope, receive, send)
+        path = scope.get("path", "")
+        if self.key is not None and path not in PUBLIC_PATHS and not self._authorized(headers):
+            page = studio.unauthorized_page(path)  # a browser at /studio gets the key form
+            await (page or _error(401, "missing or wrong API key", "authentication_error"))(
+                scope, receive, send
+            )
             return
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
@@ -234,7 +240,9 @@ class _GuardMiddleware:
         else:
             given = headers.get("x-api-key", b"")
         assert self.key is not None
-        return hmac.compare_digest(given, self.key)
+        return hmac.compare_digest(given, self.key) or studio.cookie_authorized(
+            headers.get("cookie", b""), self.key
+        )
 
     async def _read_body(self, receive: Any) -> bytes | None:
         chunks: list[bytes] = []

@@ -1,0 +1,79 @@
+"""The trace endpoint: POST /programs/{name}/trace takes the body POST /programs/{name} takes and
+answers an SSE stream of the run's trace events (schema in docs/studio.md), ending with a `done`
+event and `data: [DONE]`. The language side records the events (`TraceHost.trace`); the server
+only relays them. Promise: a client leaving the stream cancels the run (its engine requests are
+aborted), exactly as for a streamed program run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from fastapi import FastAPI, HTTPException, Request
+
+from .programs import ProgramRegistry, _run_events, _validated_args
+from .protocol import ProgramRunRequest
+from .streams import SSE_DONE, sse, sse_response, until_disconnect
+
+POLL_S = 0.03  # how often a stream looks for new events (tokens arrive slower than this on CPU)
+
+
+class TracedRun(Protocol):
+    """A started traced run: its events so far, and whether the last one (`done`) is in."""
+
+    @property
+    def is_finished(self) -> bool: ...
+
+    def events(self, start: int = 0) -> list[dict[str, Any]]: ...
+
+
+class TraceHost(Protocol):
+    """A ProgramHost that can also run a program traced."""
+
+    def trace(
+        self, name: str, engine: Any, *, options: dict[str, Any], args: dict[str, Any]
+    ) -> TracedRun: ...
+
+
+async def trace_events(run: TracedRun) -> AsyncIterator[bytes]:
+    """Every event of the run as SSE, in order, then [DONE]."""
+    cursor = 0
+    while True:
+        finished = run.is_finished  # read first: the events read after it are then complete
+        events = run.events(cursor)
+        cursor += len(events)
+        for event in events:
+            yield sse(event)
+        if finished:
+            break
+        await asyncio.sleep(POLL_S)
+    yield SSE_DONE
+
+
+def register(app: FastAPI) -> None:
+    @app.post("/programs/{name}/trace")
+    async def trace_program(name: str, req: ProgramRunRequest, request: Request) -> Any:
+        reg: ProgramRegistry | None = app.state.programs
+        if reg is None:
+            raise HTTPException(404, "no programs are registered on this server (start it with --programs)")
+        host = reg.host
+        if not callable(getattr(host, "trace", None)):
+            raise HTTPException(501, "this server's program host cannot trace runs")
+        entry = reg.get(name)
+        kwargs = _validated_args(entry, req.args)
+        options = req.sampling_options(app.state.runner.max_new_tokens)
+        if not app.state.runner.accepting:
+            raise HTTPException(503, "server is shutting down", headers={"Retry-After": "1"})
+        run = reg.admit(app.state.engine)
+        try:
+            traced = await until_disconnect(
+                request, asyncio.to_thread(host.trace, name, run.view, options=options, args=kwargs)
+            )
+            return await sse_response(request, _run_events(run, trace_events(traced)))
+        except BaseException:
+            run.cancel()  # client gone or the run could not start: abort what it submitted
+            raise
+        finally:
+            if not run.handed_over:
+                run.finish()
