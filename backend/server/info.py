@@ -41,18 +41,33 @@ class ChatTemplateRequest(_Strict):
 
 
 def render_chat(
-    tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool, kwargs: dict[str, Any] | None
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    kwargs: dict[str, Any] | None,
+    continue_final_message: bool = False,
 ) -> str:
-    """The model's chat template applied to `messages`; ValueError when it has none or refuses."""
+    """The model's chat template applied to `messages`; ValueError when it has none or refuses.
+    With `continue_final_message` the text ends inside the last message, open for more."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("this model's tokenizer has no chat template")
     extra = dict(kwargs or {})
-    for reserved in ("tokenize", "add_generation_prompt", "conversation", "messages"):
+    for reserved in (
+        "tokenize",
+        "add_generation_prompt",
+        "continue_final_message",
+        "conversation",
+        "messages",
+    ):
         if reserved in extra:
             raise ValueError(f"chat_template_kwargs may not set {reserved!r}")
     try:
         return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            continue_final_message=continue_final_message,
+            **extra,
         )
     except Exception as exc:  # jinja raises its own errors for messages a template refuses
         raise ValueError(f"chat template rejected the messages: {exc}") from exc

@@ -1,7 +1,8 @@
 """Native, SGLang-compatible routes: /generate (text or input_ids, single or batch, SSE
 streaming whose events carry the cumulative text and output_ids like SGLang's, each event's own
 output logprobs with their running count `output_token_logprobs_length`, and end with
-`data: [DONE]`), /health, /health_generate, /model_info, /flush_cache, /abort_request."""
+`data: [DONE]`), /health, /health_generate, /model_info, /get_load, /flush_cache, /abort_request.
+/generate takes SGLang's other fields as sglang_fields.py states (sglang-router sends them)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def build_seqs(req: GenerateRequest) -> list[Seq]:
                     logprob_start_len=req.logprob_start_len,
                     top_logprobs_num=req.top_logprobs_num,
                     index=len(seqs),
+                    log_metrics=req.log_metrics,
                 )
             )
     return seqs
@@ -140,6 +142,7 @@ def register(app: FastAPI) -> None:
 
     @app.post("/generate")
     async def generate(req: GenerateRequest, request: Request) -> Any:
+        req.check_supported()
         seqs = build_seqs(req)
         runner.check(seqs)
         group = req.rid if isinstance(req.rid, str) and len(seqs) > 1 else None
@@ -185,6 +188,20 @@ def register(app: FastAPI) -> None:
 
     app.get("/model_info")(model_info)
     app.get("/get_model_info")(model_info)
+
+    @app.get("/get_load")
+    async def get_load() -> list[dict[str, Any]]:
+        """SGLang's load report (one entry per DP rank; a replica is one rank), which
+        sglang-router's load monitor reads."""
+        stats = engine.get_stats()
+        return [
+            {
+                "dp_rank": 0,
+                "num_reqs": stats["num_running"] + stats["num_waiting"],
+                "num_waiting_reqs": stats["num_waiting"],
+                "num_tokens": stats["kv_total_slots"] - stats["kv_free_slots"],
+            }
+        ]
 
     @app.post("/flush_cache")
     async def flush_cache() -> Response:

@@ -350,6 +350,7 @@ def register(app: FastAPI) -> None:
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Any:
         _log_user(request, req.user)
+        req.check_supported()
         seqs = _completion_seqs(req)
         runner.check(seqs)
         runner.reserve(seqs)
@@ -368,6 +369,7 @@ def register(app: FastAPI) -> None:
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
         _log_user(request, req.user)
+        req.check_supported()
         plan = plan_tools(req)
         ctx = _ChatCtx(req, plan, chat_prompt_ids(tok.tokenizer, req, plan),
                        req.sampling_params(req.max_new_tokens()), tok)

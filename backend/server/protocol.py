@@ -21,6 +21,7 @@ from pydantic import (
 
 from ..sampling_params import CONSTRAINT_KEYS, FRONTEND_NAMES, SAMPLING_KEYS, check_values, wire_fields
 from .openai_fields import ClientFields
+from .sglang_fields import GenerateFields, SGLangOpenAIFields
 
 MAX_TOP_LOGPROBS = 20
 # Hard ceiling on prompts x n per request, checked before any fan-out: otherwise a huge `n` would
@@ -72,7 +73,7 @@ class SamplingParams(_NativeSampling):  # type: ignore[misc,valid-type]
         return out
 
 
-class GenerateRequest(_Strict):
+class GenerateRequest(GenerateFields):
     """POST /generate: one prompt or a batch, as text or token ids."""
 
     text: str | list[str] | None = None
@@ -156,7 +157,7 @@ class ResponseFormat(_Strict):
 _OPENAI_KEYS = tuple(k for k in SAMPLING_KEYS if k not in ("max_new_tokens", "n"))
 
 
-class _OpenAIChecked(ClientFields, _CheckedSampling):
+class _OpenAIChecked(ClientFields, SGLangOpenAIFields, _CheckedSampling):
     pass
 
 
@@ -191,6 +192,7 @@ class _SamplingExtras(_OpenAISampling):  # type: ignore[misc,valid-type]
             value = getattr(self, FRONTEND_NAMES.get(key, key))
             if value is not None:
                 sp[key] = value
+        sp["seed"] = self.seed_value(self.seed)
         guided = self.guided_constraints()
         if guided and any(k in sp for k in CONSTRAINT_KEYS):
             raise ValueError("guided_*/structured_outputs cannot be combined with regex/json_schema/ebnf")
@@ -298,6 +300,9 @@ class ChatCompletionRequest(_SamplingExtras):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None  # passed to the chat template (e.g. enable_thinking)
+    # SGLang's: the last (assistant) message is continued instead of answered with a new turn
+    continue_final_message: bool = False
+    stream_reasoning: bool | None = None  # accepted, no effect (see sglang_fields.INFORMATIONAL)
 
     @model_validator(mode="after")
     def _tool_choice_valid(self) -> ChatCompletionRequest:
@@ -311,6 +316,8 @@ class ChatCompletionRequest(_SamplingExtras):
             raise ValueError("tool_choice 'required' needs tools")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise ValueError("continue_final_message needs the last message to be the assistant's")
         return self
 
     def max_new_tokens(self) -> int | None:

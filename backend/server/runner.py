@@ -46,6 +46,7 @@ class Seq:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     index: int = 0
+    log_metrics: bool = True  # false: kept out of the latency histograms (SGLang's log_metrics)
 
 
 class Runner:
@@ -164,7 +165,8 @@ class Runner:
                 out = await self.engine.async_generate(stream=False, rid=seq.rid, **self._kwargs(seq))
                 finished = True
                 yield out
-            self.metrics.observe_finished(seq_e2e=time.perf_counter() - start)
+            if seq.log_metrics:
+                self.metrics.observe_finished(seq_e2e=time.perf_counter() - start)
         finally:
             if not finished:
                 self.engine.abort_request(seq.rid)
@@ -195,7 +197,7 @@ class Runner:
         try:
             async for chunk in agen:
                 t = time.perf_counter()
-                new_ids = len(chunk.get("output_ids") or [])
+                new_ids = len(chunk.get("output_ids") or []) if seq.log_metrics else 0
                 if new_ids:
                     if n_out == 0:
                         self.metrics.ttft.observe(t - start)

@@ -166,5 +166,5 @@ def chat_prompt_ids(tokenizer: Any, req: ChatCompletionRequest, plan: ToolPlan) 
             messages.insert(0, {"role": "system", "content": tool_text})
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("this model's tokenizer has no chat template; use /v1/completions")
-    text = render_chat(tokenizer, messages, True, req.chat_template_kwargs)
+    text = render_chat(tokenizer, messages, True, req.chat_template_kwargs, req.continue_final_message)
     return list(tokenizer.encode(text, add_special_tokens=False))
