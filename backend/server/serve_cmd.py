@@ -1,6 +1,7 @@
 """The `radixlm serve` command (also `python -m radixlm.launch_server`): its options, each with help
 and its default shown; the model as a positional argument or --model-path; logging set up before
-anything slow; a busy port reported before the model loads; the server run until SIGINT/SIGTERM."""
+anything slow; a busy port reported before the model loads; the server run until SIGINT/SIGTERM.
+With --dp N, N replicas behind sglang-router on the same port instead (dp.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import socket
 from typing import Any
 
+from .dp import POLICIES
 from .launch import add_engine_args, add_server_args, bind_socket, engine_kwargs
 from .programs import ProgramLoader
 from .runner import ServerLimits
@@ -67,6 +69,19 @@ def serve_parser(prog: str = "radixlm serve") -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", default=None, help="the model (same as --model-path)")
     add_server_args(p)
     add_engine_args(p)
+    g = p.add_argument_group("data parallelism")
+    g.add_argument(
+        "--dp",
+        type=int,
+        default=1,
+        help="replicas of the model, each a server with its own engine, behind sglang-router on --port",
+    )
+    g.add_argument(
+        "--router-policy",
+        default="cache_aware",
+        choices=POLICIES,
+        help="sglang-router's policy across replicas (with --dp)",
+    )
     for action in p._actions:
         if action.help is None and action.dest in OPTION_HELP:
             action.help = OPTION_HELP[action.dest]
@@ -111,7 +126,14 @@ def serve(args: argparse.Namespace, load_programs: ProgramLoader | None = None) 
             raise SystemExit("radixlm serve: give the model once (positional or --model-path), not both")
         args.model_path = args.model
     setup_logging(args.log_level)
+    if args.dp < 1:
+        raise SystemExit(f"radixlm serve: --dp must be at least 1, got {args.dp}")
     sock = open_port(args.host, args.port)
+    if args.dp > 1:
+        from .dp import serve_dp
+
+        serve_dp(serve_parser(), args, sock)
+        return
     limits: ServerLimits = limits_from_args(args)
     registry = None
     if args.programs:

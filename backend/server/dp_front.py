@@ -1,0 +1,118 @@
+"""The one URL of `radixlm serve --dp N`: a pass-through proxy that sends every request to
+sglang-router, except the routes the router has no route for (it answers 404 to them): program
+runs go to one replica chosen by its running program count, so a run and all its forks execute
+in that replica's engine and share its KV; tokenization and server facts go to any replica.
+Bodies stream through unbuffered; a client that goes away closes the upstream request."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+# Paths sglang-router does not proxy; program runs among them need one replica per run.
+PROGRAM_PREFIX = "/programs"
+REPLICA_PATHS = frozenset(
+    {"/tokenize", "/detokenize", "/apply_chat_template", "/get_server_info", "/server_info", "/version"}
+)
+# Headers that describe one hop, not the message (RFC 9110 section 7.6.1), plus the ones the
+# proxy recomputes.
+HOP_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
+
+
+class FrontRouting:
+    """Which upstream serves a path; counts program runs per replica to balance them."""
+
+    def __init__(self, router_url: str, replica_urls: list[str]) -> None:
+        self.router_url = router_url
+        self.replica_urls = list(replica_urls)
+        self.running = [0] * len(replica_urls)
+        self._turn = itertools.cycle(range(len(replica_urls)))
+
+    def target(self, path: str) -> tuple[str, int | None]:
+        """(base URL, replica index when the request is a program run to count)."""
+        if path == PROGRAM_PREFIX or path.startswith(PROGRAM_PREFIX + "/"):
+            if path.count("/") >= 2:  # POST /programs/{name}: a run
+                i = self._least_busy()
+                return self.replica_urls[i], i
+            return self.replica_urls[next(self._turn)], None
+        if path in REPLICA_PATHS:
+            return self.replica_urls[next(self._turn)], None
+        return self.router_url, None
+
+    def _least_busy(self) -> int:
+        start = next(self._turn)  # ties rotate instead of always picking replica 0
+        order = [(start + k) % len(self.running) for k in range(len(self.running))]
+        return min(order, key=lambda i: self.running[i])
+
+
+def create_front(router_url: str, replica_urls: list[str]) -> Starlette:
+    routing = FrontRouting(router_url, replica_urls)
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
+
+    async def proxy(request: Request) -> Response:
+        base, replica = routing.target(request.url.path)
+        url = base + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        upstream = client.build_request(request.method, url, headers=headers, content=await request.body())
+        try:
+            resp = await client.send(upstream, stream=True)
+        except httpx.HTTPError as exc:
+            return _unavailable(base, exc)
+        if replica is not None:
+            routing.running[replica] += 1
+        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
+        return StreamingResponse(_relay(resp, routing, replica), resp.status_code, out_headers)
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        yield
+        await client.aclose()
+
+    app = Starlette(routes=[Route("/{path:path}", proxy, methods=METHODS)], lifespan=lifespan)
+    app.state.routing = routing
+    return app
+
+
+async def _relay(resp: httpx.Response, routing: FrontRouting, replica: int | None) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in resp.aiter_raw():
+            yield chunk
+    finally:
+        await resp.aclose()  # also when the client left: the upstream request is cancelled
+        if replica is not None:
+            routing.running[replica] -= 1
+
+
+def _unavailable(base: str, exc: Exception) -> Response:
+    body: dict[str, Any] = {
+        "error": {
+            "message": f"upstream {base} unavailable: {type(exc).__name__}",
+            "type": "server_error",
+            "param": None,
+            "code": 503,
+        }
+    }
+    return Response(json.dumps(body), 503, media_type="application/json", headers={"Retry-After": "1"})
