@@ -187,7 +187,11 @@
       b.className = h.ok ? "ok" : "failed";
       b.textContent = `${h.program} · ${h.ok ? "ok" : "error"} · ${h.elapsed === null ? "–" : h.elapsed.toFixed(2) + " s"}`;
       b.setAttribute("aria-current", String(h.id === selectedId));
-      b.addEventListener("click", () => { showRun(h); $("download").disabled = false; renderHistory(h.id); });
+      b.addEventListener("click", () => {
+        if (state.controller) return setStatus("A run is in progress: stop it (Escape) to browse finished runs.");
+        showRun(h);
+        renderHistory(h.id);
+      });
       li.append(b);
       return li;
     }));
