@@ -14,6 +14,10 @@ class TorchAttentionBackend:
     """Stores the new K/V into the pool, then attends: new tokens see their request's cached
     prefix and, causally, each other."""
 
+    supports_cascade = False  # attends per request: a cascade plan would change nothing
+    accepts_stored_kv = False
+    supports_cuda_graphs = False  # reads host-side lengths
+
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch
     ) -> torch.Tensor:

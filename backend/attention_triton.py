@@ -1,16 +1,15 @@
 """TritonAttentionBackend: the GPU attention path. Per layer it stores the step's new K/V into the
 KV pool (one kernel), then runs split-K paged decode (or cascade decode when the batch carries a
-CascadePlan in fb.extras["cascade_plan"]) for decode batches, else paged extend attention.
+CascadePlan in fb.cascade_plan) for decode batches, else paged extend attention.
 Promises: the same outputs as the torch reference backend up to rounding, no host sync."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 
-from radixlm.kernels.cascade_attention import CascadePlan, cascade_decode_attention
+from radixlm.kernels.cascade_attention import cascade_decode_attention
 from radixlm.kernels.decode_attention import choose_num_splits, decode_attention
 from radixlm.kernels.extend_attention import extend_attention
 from radixlm.kernels.kv_store import kv_store
@@ -21,30 +20,32 @@ from .forward_batch import ForwardBatch
 class TritonAttentionBackend:
     """Implements the AttentionBackend protocol with radixlm.kernels."""
 
-    def __init__(self, runner: Any = None, *, sm_scale: float | None = None, num_sms: int | None = None) -> None:
-        """runner: the ModelRunner that owns the device (unused today; kept for plans that need it)."""
-        self.runner = runner
+    def __init__(self, *, sm_scale: float | None = None, num_sms: int | None = None) -> None:
         self.sm_scale = sm_scale
         self._num_sms = num_sms
 
     def num_sms(self, device: torch.device) -> int:
         if self._num_sms is None:
-            self._num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+            self._num_sms = (
+                torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+            )
         return self._num_sms
 
     def decode_splits(self, fb: ForwardBatch, num_kv_heads: int, device: torch.device) -> int:
         """Split count for the whole step (all layers), from host-side lengths only."""
-        splits = fb.extras.get("decode_num_splits")
-        if splits is None:
-            splits = choose_num_splits(fb.batch_size, num_kv_heads, max(fb.seq_lens_cpu, default=1),
-                                       self.num_sms(device))
-            fb.extras["decode_num_splits"] = splits
-        return splits
+        if fb.decode_num_splits is None:
+            fb.decode_num_splits = choose_num_splits(
+                fb.batch_size, num_kv_heads, max(fb.seq_lens_cpu, default=1), self.num_sms(device)
+            )
+        return fb.decode_num_splits
 
+    supports_cascade = True
     accepts_stored_kv = True  # decode may pass k/v None: the model's rope kernel stored them
+    supports_cuda_graphs = True  # lengths come from device tensors; host lists only size grids
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int,
-                fb: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int, fb: ForwardBatch
+    ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] → [T, Hq * D] in q's dtype."""
         k_buf, v_buf = fb.kv_pool.k_buffers[layer], fb.kv_pool.v_buffers[layer]
         if k is not None and v is not None:
@@ -57,19 +58,46 @@ class TritonAttentionBackend:
         q = q if q.stride(-1) == 1 else q.contiguous()
         scale = self.sm_scale if self.sm_scale is not None else 1.0 / math.sqrt(d)
         if fb.is_decode:
-            plan: CascadePlan | None = fb.extras.get("cascade_plan")
-            if plan is not None:
-                out = cascade_decode_attention(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices,
-                                               fb.seq_lens, plan, scale,
-                                               shared_splits=fb.extras.get("cascade_shared_splits"),
-                                               own_splits=fb.extras.get("cascade_own_splits"))
+            if fb.cascade_plan is not None:
+                out = cascade_decode_attention(
+                    q,
+                    k_buf,
+                    v_buf,
+                    fb.req_to_token,
+                    fb.req_pool_indices,
+                    fb.seq_lens,
+                    fb.cascade_plan,
+                    scale,
+                    shared_splits=fb.cascade_shared_splits,
+                    own_splits=fb.cascade_own_splits,
+                )
             else:
-                out = decode_attention(q, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.seq_lens, scale,
-                                       num_splits=self.decode_splits(fb, k_buf.shape[1], q.device))
+                out = decode_attention(
+                    q,
+                    k_buf,
+                    v_buf,
+                    fb.req_to_token,
+                    fb.req_pool_indices,
+                    fb.seq_lens,
+                    scale,
+                    num_splits=self.decode_splits(fb, k_buf.shape[1], q.device),
+                )
         else:
             assert k is not None and v is not None
             k, v = (x.to(k_buf.dtype) if x.dtype != k_buf.dtype else x for x in (k, v))
             k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (k, v))
-            out = extend_attention(q, k, v, k_buf, v_buf, fb.req_to_token, fb.req_pool_indices, fb.prefix_lens,
-                                   fb.extend_lens, fb.extend_start_loc, max(fb.extend_lens_cpu, default=0), scale)
+            out = extend_attention(
+                q,
+                k,
+                v,
+                k_buf,
+                v_buf,
+                fb.req_to_token,
+                fb.req_pool_indices,
+                fb.prefix_lens,
+                fb.extend_lens,
+                fb.extend_start_loc,
+                max(fb.extend_lens_cpu, default=0),
+                scale,
+            )
         return out.to(dtype).reshape(t, hq * d)

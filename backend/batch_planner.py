@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import cascade_groups
+from .cascade_groups import CascadeGrouper
 from .model_runner import ScheduledItem
 from .request import Req
 from .step_output import StepPlan
@@ -28,8 +29,16 @@ logger = logging.getLogger(__name__)
 
 
 class BatchPlanner:
-    def __init__(self, queues: RequestQueues, kv: CacheManager, cfg: SchedulerConfig, stats: SchedulerStats,
-                 sampler: Sampler, policy: SchedulePolicy, drain_inflight: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        queues: RequestQueues,
+        kv: CacheManager,
+        cfg: SchedulerConfig,
+        stats: SchedulerStats,
+        sampler: Sampler,
+        policy: SchedulePolicy,
+        drain_inflight: Callable[[], bool],
+    ) -> None:
         """drain_inflight: process the in-flight step now; False when there is none."""
         self.queues = queues
         self.kv = kv
@@ -38,6 +47,9 @@ class BatchPlanner:
         self.sampler = sampler
         self.policy = policy
         self.drain_inflight = drain_inflight
+        self.grouper = (
+            CascadeGrouper()
+        )  # the cascade grouping of the last decode batch, reused while it holds
 
     def schedule(self) -> StepPlan | None:
         plan = StepPlan([], [], [], [])
@@ -81,13 +93,20 @@ class BatchPlanner:
             return batch
         cost = self.cfg.cascade_cost
         if cost is None:
-            groups = cascade_groups.find_cascade_groups(batch)
+            groups = self.grouper.find(batch)
         else:  # the measured cost model decides, not the fixed thresholds
-            groups = cascade_groups.find_cascade_groups(batch, min_shared_len=cascade_groups.MIN_KERNEL_SHARED_LEN,
-                                                        min_saved_fraction=0.0, min_saved_tokens=0)
-            if groups is not None and not cost.pays(groups.saved_tokens, len(batch),
-                                                    sum(1 for s in groups.shared_lens if s > 0)):
-                self.stats.extra["cascade_declined_steps"] = self.stats.extra.get("cascade_declined_steps", 0) + 1
+            groups = self.grouper.find(
+                batch,
+                min_shared_len=cascade_groups.MIN_KERNEL_SHARED_LEN,
+                min_saved_fraction=0.0,
+                min_saved_tokens=0,
+            )
+            if groups is not None and not cost.pays(
+                groups.saved_tokens, len(batch), sum(1 for s in groups.shared_lens if s > 0)
+            ):
+                self.stats.extra["cascade_declined_steps"] = (
+                    self.stats.extra.get("cascade_declined_steps", 0) + 1
+                )
                 groups = None
         if groups is None:
             return batch

@@ -1,6 +1,8 @@
-"""Cascade groups for a decode batch, read from the radix tree: which running requests share a long
-cached prefix (the same KV slots), in what order the batch must run so each group is contiguous,
-and how many KV reads that saves. Promises: host-only (no device work), O(batch * tree depth);
+"""Cascade planning for a decode batch, all host-side: the groups, read from the radix tree (which
+running requests share a long cached prefix — the same KV slots —, in what order the batch must
+run so each group is contiguous, and how many KV reads that saves), the memo of the last grouping
+(CascadeGrouper, owned by the batch planner), and the kernels' CascadePlan built from a grouping.
+Promises: grouping is host-only, O(batch * tree depth), and the plan costs one non-blocking copy;
 every group's members hold the same slots for the first `shared` tokens, shared <= each member's
 prefix_len <= its KV length, so each member keeps at least its new token as its own part."""
 
@@ -8,7 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.kernels.cascade_plan import CascadePlan
+
+from .forward_batch import to_device_packed
 
 if TYPE_CHECKING:
     from .prefix_cache import TreeNode
@@ -47,6 +55,46 @@ class _Option:
         return self.value + len(self.leftover) * weight
 
 
+Grouping = list[tuple[int, list[int]]]  # (shared length, member positions) per group
+
+
+class CascadeGrouper:
+    """find_cascade_groups with a memo of its last grouping, owned by the batch planner. The
+    grouping depends only on each request's locked node and shareable length, which change when
+    requests join, leave or finish a prompt — not every step. The memo keeps its nodes alive until
+    the next call (one entry)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[tuple[object, ...], Grouping] | None = None
+
+    def find(
+        self,
+        reqs: Sequence[Req],
+        min_shared_len: int = MIN_SHARED_LEN,
+        min_group_size: int = 2,
+        min_saved_fraction: float = MIN_SAVED_FRACTION,
+        min_saved_tokens: int = MIN_SAVED_TOKENS,
+    ) -> CascadeGroups | None:
+        """Group decode requests by their deepest shared radix-tree ancestors, or None when cascade
+        would not pay (no group, or the saved reads are below the thresholds). The decode step's
+        sequence length of a request is taken as kv_len + 1 (its new token is written at kv_len)."""
+        if min_group_size < 2:
+            raise ValueError(f"min_group_size must be at least 2, got {min_group_size}")
+        if len(reqs) < min_group_size:
+            return None
+        key = (min_shared_len, min_group_size, *[(_node(r), _limit(r)) for r in reqs])
+        if self._last is not None and self._last[0] == key:
+            groups = self._last[1]
+        else:
+            groups = _group(reqs, min_shared_len, min_group_size)
+            self._last = (key, groups)
+        saved = sum((len(m) - 1) * s for s, m in groups)
+        total = sum(r.kv_len + 1 for r in reqs)
+        if not groups or saved < min_saved_tokens or saved < min_saved_fraction * total:
+            return None
+        return _layout(len(reqs), groups, saved)
+
+
 def find_cascade_groups(
     reqs: Sequence[Req],
     min_shared_len: int = MIN_SHARED_LEN,
@@ -54,29 +102,40 @@ def find_cascade_groups(
     min_saved_fraction: float = MIN_SAVED_FRACTION,
     min_saved_tokens: int = MIN_SAVED_TOKENS,
 ) -> CascadeGroups | None:
-    """Group decode requests by their deepest shared radix-tree ancestors, or None when cascade
-    would not pay (no group, or the saved reads are below the thresholds). The decode step's
-    sequence length of a request is taken as kv_len + 1 (its new token is written at kv_len)."""
-    if min_group_size < 2:
-        raise ValueError(f"min_group_size must be at least 2, got {min_group_size}")
-    if len(reqs) < min_group_size:
-        return None
-    # The grouping depends only on each request's locked node and shareable length, which change
-    # when requests join, leave or finish a prompt — not every step: the last answer is kept.
-    key = (min_shared_len, min_group_size, *[(_node(r), _limit(r)) for r in reqs])
-    groups = _last_groups.get(key)
-    if groups is None:
-        groups = _group(reqs, min_shared_len, min_group_size)
-        _last_groups.clear()
-        _last_groups[key] = groups
-    saved = sum((len(m) - 1) * s for s, m in groups)
-    total = sum(r.kv_len + 1 for r in reqs)
-    if not groups or saved < min_saved_tokens or saved < min_saved_fraction * total:
-        return None
-    return _layout(len(reqs), groups, saved)
+    """CascadeGrouper.find without a memo (one call)."""
+    return CascadeGrouper().find(reqs, min_shared_len, min_group_size, min_saved_fraction, min_saved_tokens)
 
 
-_last_groups: dict[tuple, list[tuple[int, list[int]]]] = {}  # one entry (it holds its nodes alive)
+def make_cascade_plan(
+    group_sizes: list[int], shared_lens: list[int], seq_lens: list[int], device: torch.device | str
+) -> CascadePlan:
+    """The kernels' CascadePlan from per-group sizes and shared lengths and per-request lengths, in
+    one non-blocking host→device copy (a blocking copy would stall the overlap scheduler every
+    cascade step; each view is 16-byte aligned, so Triton compiles no new variants)."""
+    if sum(group_sizes) != len(seq_lens) or len(shared_lens) != len(group_sizes):
+        raise ValueError("group sizes must cover the batch and match the shared lengths")
+    if any(n < 0 for n in group_sizes) or any(s < 0 for s in shared_lens):
+        raise ValueError("group sizes and shared lengths must be >= 0")
+    per_req = [s for s, n in zip(shared_lens, group_sizes) for _ in range(n)]
+    if any(s > n for s, n in zip(per_req, seq_lens)):
+        raise ValueError("a shared prefix is longer than a member's sequence")
+    ptr = [0]
+    for n in group_sizes:
+        ptr.append(ptr[-1] + n)
+    sh = [g for g, (s, n) in enumerate(zip(shared_lens, group_sizes)) if s > 0 and n > 0]
+    d_ptr, d_shared, d_per_req, d_sh = to_device_packed([ptr, shared_lens, per_req, sh], device)
+    max_own = max((n - s for n, s in zip(seq_lens, per_req)), default=0)
+    max_sg = max((group_sizes[g] for g in sh), default=0)
+    return CascadePlan(
+        d_ptr,
+        d_shared,
+        d_per_req,
+        max(group_sizes, default=0),
+        max(shared_lens, default=0),
+        max_own,
+        d_sh,
+        max_sg,
+    )
 
 
 def _node(req: Req) -> TreeNode | None:
@@ -103,11 +162,11 @@ class _TouchedTree:
     with fewer than min_shared_len shareable tokens stay out (they can only be singletons)."""
 
     def __init__(self, reqs: Sequence[Req], min_shared_len: int) -> None:
-        self.depth: dict[Any, int] = {}
-        self.kids: dict[Any, list[Any]] = {}
-        self.own: dict[Any, list[int]] = {}
+        self.depth: dict[TreeNode, int] = {}
+        self.kids: dict[TreeNode, list[TreeNode]] = {}
+        self.own: dict[TreeNode, list[int]] = {}
         self.limit: list[int] = []
-        self.root: Any = None
+        self.root: TreeNode | None = None
         for i, req in enumerate(reqs):
             limit = _limit(req)
             self.limit.append(limit)
@@ -116,7 +175,7 @@ class _TouchedTree:
                 self._add_path(node)
                 self.own.setdefault(node, []).append(i)
 
-    def _add_path(self, node: Any) -> None:
+    def _add_path(self, node: TreeNode) -> None:
         path = []
         while node not in self.depth and node.parent is not None:
             path.append(node)
@@ -130,7 +189,8 @@ class _TouchedTree:
             self.depth[child] = d
             self.kids.setdefault(child.parent, []).append(child)
 
-    def post_order(self) -> list[Any]:
+    def post_order(self) -> list[TreeNode]:
+        assert self.root is not None, "called on a tree with no request path"
         out, stack = [], [self.root]
         while stack:
             node = stack.pop()
@@ -145,7 +205,7 @@ def _settle(tree: _TouchedTree, min_shared_len: int, min_group_size: int) -> lis
     with leftovers, best fully grouped) and its parent picks one per child, weighing a leftover
     member at the parent's depth. A chain node (one child, no request of its own) only forwards
     its child's options: grouping there is never better than at the deeper child."""
-    options: dict[Any, list[_Option]] = {}
+    options: dict[TreeNode, list[_Option]] = {}
     for node in tree.post_order():
         kids = tree.kids.get(node, [])
         own = tree.own.get(node, [])

@@ -21,15 +21,35 @@ import torch
 from radixlm.kernels.cascade_attention import CascadePlan, fused_layout, resolve_config
 from radixlm.kernels.decode_attention import choose_num_splits
 
+from .cuda_graph_inputs import (
+    CASCADE_GROUPS_CAP,
+    GraphTarget,
+    StaticCascadePlan,
+    StaticDecodeInputs,
+    sync_host_lists,
+)
 from .forward_batch import ForwardBatch
 
 if TYPE_CHECKING:
     from .model_config import ModelConfig
-    from .model_runner import ModelRunner
+
+__all__ = [
+    "CASCADE_GROUPS_CAP",
+    "CudaGraphCapture",
+    "CudaGraphRunner",
+    "GraphTarget",
+    "StaticCascadePlan",
+    "StaticDecodeInputs",
+    "activation_bytes_per_row",
+    "bucket_for",
+    "capture_batch_sizes",
+    "fit_max_bs",
+    "sync_host_lists",
+    "try_create",
+]
 
 logger = logging.getLogger(__name__)
 
-CASCADE_GROUPS_CAP = 4  # shared groups one cascade graph serves; a batch with more runs eagerly
 CAPTURE_RESERVE_BYTES = 512 << 20  # cuBLAS workspaces, Triton modules, allocator slack
 ROW_SAFETY = 2  # the per-row activation estimate is doubled before it is trusted
 
@@ -67,108 +87,15 @@ def activation_bytes_per_row(config: ModelConfig, dtype: torch.dtype, num_splits
     return in_dtype * size + 4 * fp32
 
 
-def fit_max_bs(requested: int, bytes_per_row: int, free_bytes: int,
-               reserve_bytes: int = CAPTURE_RESERVE_BYTES) -> int:
+def fit_max_bs(
+    requested: int, bytes_per_row: int, free_bytes: int, reserve_bytes: int = CAPTURE_RESERVE_BYTES
+) -> int:
     """The largest batch size <= requested whose (safety-doubled) activations fit in free memory
     after the reserve; 0 when not even one row fits."""
     room = free_bytes - reserve_bytes
     if room <= 0 or bytes_per_row <= 0:
         return 0
     return max(0, min(requested, room // (bytes_per_row * ROW_SAFETY)))
-
-
-class StaticDecodeInputs:
-    """The device buffers every graph reads, max_bs rows each, allocated once and only written in
-    place. Rows >= `live` always hold padding; rows < `live` may hold the last batch."""
-
-    def __init__(self, max_bs: int, pad_row: int, device: torch.device) -> None:
-        def zeros() -> torch.Tensor:
-            return torch.zeros(max_bs, dtype=torch.int64, device=device)
-
-        self.max_bs, self.pad_row = max_bs, pad_row
-        self.input_ids, self.positions, self.out_cache_loc, self.prefix_lens = zeros(), zeros(), zeros(), zeros()
-        self.req_pool_indices = torch.full((max_bs,), pad_row, dtype=torch.int64, device=device)
-        self.seq_lens = torch.ones(max_bs, dtype=torch.int64, device=device)
-        self.extend_lens = torch.ones(max_bs, dtype=torch.int64, device=device)  # decode: never written
-        self.arange = torch.arange(max_bs, dtype=torch.int64, device=device)  # start locs and logit rows
-        self.live = 0
-
-    def _pairs(self, fb: ForwardBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(self.input_ids, fb.input_ids), (self.positions, fb.positions),
-                (self.out_cache_loc, fb.out_cache_loc), (self.req_pool_indices, fb.req_pool_indices),
-                (self.seq_lens, fb.seq_lens), (self.prefix_lens, fb.prefix_lens)]
-
-    def load(self, fb: ForwardBatch) -> None:
-        """Copy a decode batch into rows [0, bs) (device to device, no sync) and reset rows the
-        previous batch left behind, so no padding row writes a live KV slot."""
-        bs = fb.batch_size
-        if bs > self.max_bs:
-            raise ValueError(f"batch of {bs} exceeds the static buffers' {self.max_bs} rows")
-        for dst, src in self._pairs(fb):
-            dst[:bs].copy_(src, non_blocking=True)
-        if self.live > bs:
-            self.pad(bs, self.live)
-        self.live = bs
-
-    def pad(self, lo: int, hi: int) -> None:
-        for t in (self.input_ids, self.positions, self.out_cache_loc, self.prefix_lens):
-            t[lo:hi].zero_()
-        self.req_pool_indices[lo:hi].fill_(self.pad_row)
-        self.seq_lens[lo:hi].fill_(1)
-
-    def forward_batch(self, gbs: int, runner: ModelRunner, num_splits: int) -> ForwardBatch:
-        """A ForwardBatch of gbs padding rows whose tensors are views of these buffers."""
-        return ForwardBatch(
-            input_ids=self.input_ids[:gbs], positions=self.positions[:gbs],
-            out_cache_loc=self.out_cache_loc[:gbs], req_pool_indices=self.req_pool_indices[:gbs],
-            seq_lens=self.seq_lens[:gbs], prefix_lens=self.prefix_lens[:gbs], extend_lens=self.extend_lens[:gbs],
-            extend_start_loc=self.arange[:gbs], seq_lens_cpu=[1] * gbs, prefix_lens_cpu=[0] * gbs,
-            extend_lens_cpu=[1] * gbs, req_pool_indices_cpu=[self.pad_row] * gbs,
-            extend_start_loc_cpu=list(range(gbs)), logits_indices=self.arange[:gbs],
-            req_to_token=runner.req_table.table, kv_pool=runner.kv_pool, attn_backend=runner.attn_backend,
-            is_decode=True, extras={"decode_num_splits": num_splits},
-        )
-
-
-class StaticCascadePlan:
-    """A CascadePlan in fixed device buffers. Groups past the live plan are empty ([bs, bs)), and
-    unused shared-group slots name such an empty group, so their programs do nothing."""
-
-    def __init__(self, max_bs: int, device: torch.device) -> None:
-        def zeros(n: int) -> torch.Tensor:
-            return torch.zeros(n, dtype=torch.int64, device=device)
-
-        self.group_ptr, self.group_shared = zeros(max_bs + 2), zeros(max_bs + 1)
-        self.shared_lens, self.shared_groups = zeros(max_bs), zeros(CASCADE_GROUPS_CAP)
-
-    def plan(self, gbs: int, context_len: int) -> CascadePlan:
-        return CascadePlan(self.group_ptr[: gbs + 2], self.group_shared[: gbs + 1], self.shared_lens[:gbs],
-                           gbs, context_len, context_len, self.shared_groups, gbs)
-
-    @staticmethod
-    def fits(plan: CascadePlan) -> bool:
-        return plan.shared_groups is not None and int(plan.shared_groups.shape[0]) <= CASCADE_GROUPS_CAP
-
-    def load(self, plan: CascadePlan, bs: int) -> None:
-        """Copy a live plan in (device to device, no sync) and pad it with empty groups."""
-        assert plan.shared_groups is not None
-        g, n_sg = int(plan.group_shared_lens.shape[0]), int(plan.shared_groups.shape[0])
-        self.group_ptr[: g + 1].copy_(plan.group_ptr, non_blocking=True)
-        self.group_ptr[g + 1 :].fill_(bs)
-        self.group_shared[:g].copy_(plan.group_shared_lens, non_blocking=True)
-        self.shared_lens[:bs].copy_(plan.shared_lens, non_blocking=True)
-        self.shared_lens[bs:].zero_()
-        self.shared_groups[:n_sg].copy_(plan.shared_groups, non_blocking=True)
-        self.shared_groups[n_sg:].fill_(g)
-
-
-def sync_host_lists(static: ForwardBatch, fb: ForwardBatch, pad_row: int) -> None:
-    """Mirror the real batch's host-side lengths into the static batch (padding past them), so
-    any host reader of the static batch sees what its device tensors hold."""
-    pad = static.batch_size - fb.batch_size
-    static.seq_lens_cpu = fb.seq_lens_cpu + [1] * pad
-    static.prefix_lens_cpu = fb.prefix_lens_cpu + [0] * pad
-    static.req_pool_indices_cpu = fb.req_pool_indices_cpu + [pad_row] * pad
 
 
 class CudaGraphCapture:
@@ -205,30 +132,33 @@ class CudaGraphRunner:
     """Owns the static inputs and one graph per bucket size; ModelRunner.forward asks can_run and
     then replay for each decode batch."""
 
-    def __init__(self, runner: ModelRunner, max_bs: int, capture: CaptureFn, cascade: bool = False) -> None:
-        self.runner = runner
+    def __init__(self, target: GraphTarget, max_bs: int, capture: CaptureFn, cascade: bool = False) -> None:
+        self.target = target
         self.cascade_graphs: dict[int, CapturedGraph] = {}
         self.sizes = capture_batch_sizes(max_bs)
         self.max_bs = self.sizes[-1]
-        self.backend = runner.attn_backend
+        self.backend = target.attn_backend
         self.graphs: dict[int, CapturedGraph] = {}
         self.bucket_hits: Counter[int] = Counter()
         self.cascade_hits = 0
         self.enabled = False
-        pad_row = runner.req_table.alloc()
+        pad_row = target.req_table.alloc()
         if pad_row is None:
             raise RuntimeError("no free req_to_token row to reserve for padding")
-        self.pad_row = pad_row
-        runner.req_table.clear_row(pad_row)  # column 0 → KV slot 0, the padding slot
-        self.inputs = StaticDecodeInputs(self.max_bs, pad_row, runner.device)
-        self.cascade_inputs = StaticCascadePlan(self.max_bs, runner.device) if cascade else None
+        self.pad_row: int | None = pad_row
+        target.req_table.clear_row(pad_row)  # column 0 → KV slot 0, the padding slot
+        self.inputs = StaticDecodeInputs(self.max_bs, pad_row, target.device)
+        self.cascade_inputs = StaticCascadePlan(self.max_bs, target.device) if cascade else None
         self._capture = capture
 
     def num_splits(self, gbs: int) -> int:
         """Fixed per graph: sized for the context limit, so any live length is covered."""
-        c = self.runner.config
-        sms = self.backend.num_sms(self.runner.device) if hasattr(self.backend, "num_sms") else 4
-        return choose_num_splits(gbs, c.num_kv_heads, c.context_len, sms)
+        c = self.target.config
+        return choose_num_splits(gbs, c.num_kv_heads, c.context_len, self._num_sms())
+
+    def _num_sms(self) -> int:
+        num_sms = getattr(self.backend, "num_sms", None)  # a Triton backend's; 4 stands in on CPU
+        return num_sms(self.target.device) if num_sms is not None else 4
 
     def capture_all(self) -> bool:
         """Capture every size, largest first. On any error: warn, drop the graphs, release the
@@ -237,14 +167,18 @@ class CudaGraphRunner:
         try:
             with torch.inference_mode():
                 for gbs in reversed(self.sizes):
-                    sfb = self.inputs.forward_batch(gbs, self.runner, self.num_splits(gbs))
-                    replay, out = self._capture(lambda sfb=sfb: self.runner.model(sfb))
+                    sfb = self.inputs.forward_batch(gbs, self.target, self.num_splits(gbs))
+                    replay, out = self._capture(lambda sfb=sfb: self.target.forward(sfb))
                     self.graphs[gbs] = CapturedGraph(sfb, replay, out)
                     if self.cascade_inputs is not None and gbs >= 2:
                         self._try_capture_cascade(gbs)
         except Exception as e:  # OOM, an op that cannot be captured, a kernel that syncs
-            logger.warning("CUDA graph capture failed at batch size %d (%s: %s); decoding eagerly",
-                           gbs, type(e).__name__, e)
+            logger.warning(
+                "CUDA graph capture failed at batch size %d (%s: %s); decoding eagerly",
+                gbs,
+                type(e).__name__,
+                e,
+            )
             self.disable()
             return False
         self.enabled = True
@@ -256,8 +190,13 @@ class CudaGraphRunner:
         try:
             self.cascade_graphs[gbs] = self._capture_cascade(gbs)
         except Exception as e:
-            logger.warning("cascade CUDA graph capture failed at batch size %d (%s: %s); cascade decode "
-                           "steps run eagerly", gbs, type(e).__name__, e)
+            logger.warning(
+                "cascade CUDA graph capture failed at batch size %d (%s: %s); cascade decode "
+                "steps run eagerly",
+                gbs,
+                type(e).__name__,
+                e,
+            )
             self.cascade_graphs.clear()
             self.cascade_inputs = None
 
@@ -265,15 +204,23 @@ class CudaGraphRunner:
         """The decode graph with a static cascade plan. Its shared-prefix split count is the one an
         eager launch would pick for a single group of gbs members (more groups add programs)."""
         assert self.cascade_inputs is not None
-        c = self.runner.config
-        sfb = self.inputs.forward_batch(gbs, self.runner, self.num_splits(gbs))
+        c = self.target.config
+        sfb = self.inputs.forward_batch(gbs, self.target, self.num_splits(gbs))
         plan = self.cascade_inputs.plan(gbs, c.context_len)
-        one = CascadePlan(plan.group_ptr, plan.group_shared_lens, plan.shared_lens, gbs, c.context_len,
-                          c.context_len, plan.shared_groups[:1], gbs)
-        sms = self.backend.num_sms(self.runner.device)
-        lay = fused_layout(gbs, c.num_heads, c.num_kv_heads, one, resolve_config(), sms)
-        sfb.extras.update(cascade_plan=plan, cascade_shared_splits=lay.s_sh, cascade_own_splits=lay.s_own)
-        replay, out = self._capture(lambda: self.runner.model(sfb))
+        assert plan.shared_groups is not None
+        one = CascadePlan(
+            plan.group_ptr,
+            plan.group_shared_lens,
+            plan.shared_lens,
+            gbs,
+            c.context_len,
+            c.context_len,
+            plan.shared_groups[:1],
+            gbs,
+        )
+        lay = fused_layout(gbs, c.num_heads, c.num_kv_heads, one, resolve_config(), self._num_sms())
+        sfb.cascade_plan, sfb.cascade_shared_splits, sfb.cascade_own_splits = plan, lay.s_sh, lay.s_own
+        replay, out = self._capture(lambda: self.target.forward(sfb))
         return CapturedGraph(sfb, replay, out)
 
     def disable(self) -> None:
@@ -281,11 +228,11 @@ class CudaGraphRunner:
         self.graphs.clear()
         self.cascade_graphs.clear()
         if self.pad_row is not None:
-            self.runner.req_table.free(self.pad_row)
-            self.pad_row = None  # type: ignore[assignment]
-        if self.runner.device.type == "cuda":
+            self.target.req_table.free(self.pad_row)
+            self.pad_row = None
+        if self.target.device.type == "cuda":
             try:
-                torch.cuda.synchronize(self.runner.device)
+                torch.cuda.synchronize(self.target.device)
                 torch.cuda.empty_cache()
             except Exception:  # a broken context must not turn a fallback into a crash
                 logger.exception("cleanup after a failed CUDA graph capture")
@@ -293,12 +240,21 @@ class CudaGraphRunner:
     def can_run(self, fb: ForwardBatch) -> bool:
         """Host-side facts only (flags, lengths of host lists, identities, shapes): no sync."""
         bs = fb.batch_size
-        plan = fb.extras.get("cascade_plan")
-        cascade_ok = plan is None or (bs >= 2 and self.cascade_inputs is not None and StaticCascadePlan.fits(plan))
-        return (self.enabled and fb.is_decode and 0 < bs <= self.max_bs and cascade_ok
-                and fb.num_tokens == bs and int(fb.logits_indices.numel()) == bs
-                and fb.attn_backend is self.backend
-                and fb.kv_pool is self.runner.kv_pool and fb.req_to_token is self.runner.req_table.table)
+        plan = fb.cascade_plan
+        cascade_ok = plan is None or (
+            bs >= 2 and self.cascade_inputs is not None and StaticCascadePlan.fits(plan)
+        )
+        return (
+            self.enabled
+            and fb.is_decode
+            and 0 < bs <= self.max_bs
+            and cascade_ok
+            and fb.num_tokens == bs
+            and int(fb.logits_indices.numel()) == bs
+            and fb.attn_backend is self.backend
+            and fb.kv_pool is self.target.kv_pool
+            and fb.req_to_token is self.target.req_table.table
+        )
 
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits [bs, vocab] float32 for a batch can_run accepted (a fresh tensor, like eager)."""
@@ -306,7 +262,7 @@ class CudaGraphRunner:
         gbs = bucket_for(bs, self.sizes)
         if gbs is None or not self.enabled:
             raise ValueError(f"no captured graph for a decode batch of {bs}")
-        plan = fb.extras.get("cascade_plan")
+        plan = fb.cascade_plan
         graph = self.graphs[gbs] if plan is None else self.cascade_graphs[gbs]
         with torch.inference_mode():
             self.inputs.load(fb)
@@ -320,26 +276,23 @@ class CudaGraphRunner:
         return out
 
 
-def try_create(runner: ModelRunner, max_bs: int, cascade: bool = False) -> CudaGraphRunner | None:
-    """A captured runner for a CUDA ModelRunner whose attention backend is the graph-safe Triton
-    one (it reads lengths from device tensors), or None with the reason logged; never raises."""
-    try:
-        from .attention_triton import TritonAttentionBackend
-    except ImportError:
-        logger.info("CUDA graphs off: Triton attention is unavailable")
-        return None
-    if not isinstance(runner.attn_backend, TritonAttentionBackend):
+def try_create(target: GraphTarget, max_bs: int, cascade: bool = False) -> CudaGraphRunner | None:
+    """A captured runner for a CUDA model whose attention backend supports CUDA graphs (it reads
+    lengths from device tensors), or None with the reason logged; never raises."""
+    if not target.attn_backend.supports_cuda_graphs:
         logger.info("CUDA graphs off: the attention backend reads host-side lengths")
         return None
     try:
-        per_row = activation_bytes_per_row(runner.config, runner.dtype, choose_num_splits(1, 1, 1 << 30))
-        free, _ = torch.cuda.mem_get_info(runner.device)
+        per_row = activation_bytes_per_row(target.config, target.dtype, choose_num_splits(1, 1, 1 << 30))
+        free, _ = torch.cuda.mem_get_info(target.device)
         fitted = fit_max_bs(max_bs, per_row, free)
         if fitted < max_bs:
-            logger.warning("CUDA graphs: max batch size %d -> %d to fit in %d free bytes", max_bs, fitted, free)
+            logger.warning(
+                "CUDA graphs: max batch size %d -> %d to fit in %d free bytes", max_bs, fitted, free
+            )
         if fitted < 1:
             return None
-        graphs = CudaGraphRunner(runner, fitted, CudaGraphCapture(runner.device), cascade)
+        graphs = CudaGraphRunner(target, fitted, CudaGraphCapture(target.device), cascade)
     except Exception as e:
         logger.warning("CUDA graphs off (%s: %s); decoding eagerly", type(e).__name__, e)
         return None

@@ -4,12 +4,14 @@ attend to its prefix_len cached tokens and causally to themselves (decode = exte
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 if TYPE_CHECKING:
+    from radixlm.kernels.cascade_plan import CascadePlan
+
     from .kv_pool import KVPool
 
 
@@ -26,7 +28,10 @@ PACK_ALIGN = 2  # int64 elements per 16 bytes
 def to_device_packed(parts: list[list[int] | torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
     """Several int64 host lists/tensors as device tensors through ONE host→device copy (each copy
     on the stream costs a few µs of device time at decode sizes); the results are views."""
-    host = [torch.tensor(p, dtype=torch.int64) if isinstance(p, list) else p.to("cpu", torch.int64).flatten() for p in parts]
+    host = [
+        torch.tensor(p, dtype=torch.int64) if isinstance(p, list) else p.to("cpu", torch.int64).flatten()
+        for p in parts
+    ]
     # Each view starts on a 16-byte boundary: Triton specializes kernels on pointer alignment, so
     # views at varying offsets would compile new kernel variants on the request path.
     padded = [torch.nn.functional.pad(h, (0, -h.numel() % PACK_ALIGN)) for h in host]
@@ -38,7 +43,12 @@ def to_device_packed(parts: list[list[int] | torch.Tensor], device: torch.device
 
 
 class AttentionBackend(Protocol):
-    """Stores the step's new K/V into the pool and attends through the request→token table."""
+    """Stores the step's new K/V into the pool and attends through the request→token table. Its
+    capabilities are attributes the model runner and the model read (never its class name)."""
+
+    supports_cascade: bool  # runs ForwardBatch.cascade_plan (else it attends per request, ignoring it)
+    accepts_stored_kv: bool  # decode may pass k/v None: the model's fused rope kernel stored them
+    supports_cuda_graphs: bool  # reads lengths only from device tensors, so a decode step can be captured
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int, fb: ForwardBatch
@@ -68,7 +78,12 @@ class ForwardBatch:
     kv_pool: KVPool
     attn_backend: AttentionBackend
     is_decode: bool = False  # every extend_len == 1
-    extras: dict = field(default_factory=dict)  # backend-specific plans (split counts, cascade groups)
+    # Decode attention plans. None: the backend picks from the host-side lengths (the split count
+    # is then memoized here for the step's other layers). A captured graph fixes them.
+    decode_num_splits: int | None = None
+    cascade_plan: CascadePlan | None = None  # groups sharing a cached prefix (backend/cascade_groups.py)
+    cascade_shared_splits: int | None = None
+    cascade_own_splits: int | None = None
 
     @property
     def batch_size(self) -> int:

@@ -6,22 +6,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import torch
 
-from radixlm.kernels.cascade_attention import make_cascade_plan
-
 from . import limits
 from .attention import TorchAttentionBackend
+from .cascade_groups import CascadeGroups, make_cascade_plan
+from .cuda_graph_inputs import GraphTarget
+from .cuda_graph_runner import CudaGraphRunner, try_create
 from .forward_batch import AttentionBackend, ForwardBatch, to_device_packed
 from .kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
 from .loader import iter_safetensors
 from .model_config import ModelConfig
 from .models.llama import LlamaForCausalLM
-
-if TYPE_CHECKING:
-    from .cuda_graph_runner import CudaGraphRunner
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +68,9 @@ class ModelRunner:
         self.dtype = dtype
         self.model = self._load_model(model_dir, random_weights, seed)
         kv_tokens = self._kv_budget(max_total_tokens, mem_fraction_static)
-        self.kv_pool = KVPool(config.num_layers, kv_tokens, config.num_kv_heads, config.head_dim, dtype, device)
+        self.kv_pool = KVPool(
+            config.num_layers, kv_tokens, config.num_kv_heads, config.head_dim, dtype, device
+        )
         self.allocator = TokenSlotAllocator(kv_tokens)
         if max_running_requests is None:
             max_running_requests = limits.max_running_requests(device, kv_tokens)
@@ -83,9 +82,9 @@ class ModelRunner:
         logger.info("KV pool: %d token slots (%s, %s)", kv_tokens, dtype, device)
         self.graph_runner: CudaGraphRunner | None = None  # decode CUDA graphs (CUDA only)
         if device.type == "cuda" and not disable_cuda_graph:
-            from .cuda_graph_runner import try_create
-
-            self.graph_runner = try_create(self, min(cuda_graph_max_bs, max_running_requests), cascade_graphs)
+            self.graph_runner = try_create(
+                self.graph_target(), min(cuda_graph_max_bs, max_running_requests), cascade_graphs
+            )
 
     def _load_model(self, model_dir: Path | None, random_weights: bool, seed: int) -> LlamaForCausalLM:
         with torch.device("meta"):
@@ -124,7 +123,7 @@ class ModelRunner:
             try:
                 from .attention_triton import TritonAttentionBackend
 
-                return TritonAttentionBackend(self)
+                return TritonAttentionBackend()
             except ImportError:
                 logger.warning("Triton attention unavailable; using the torch reference path")
         return TorchAttentionBackend()
@@ -132,11 +131,22 @@ class ModelRunner:
     @property
     def supports_cascade(self) -> bool:
         """Whether the attention backend runs cascade plans (the torch reference ignores them)."""
-        return type(self.attn_backend).__name__ == "TritonAttentionBackend"
+        return self.attn_backend.supports_cascade
 
-    def build_batch(self, items: list[ScheduledItem], out_cache_loc: torch.Tensor,
-                    future_tokens: torch.Tensor | None = None, cascade: Any = None,
-                    num_decode: int = 0) -> ForwardBatch:
+    def graph_target(self) -> GraphTarget:
+        """What the CUDA graph runner captures and reads: the eager forward and the device state."""
+        return GraphTarget(
+            self.model, self.config, self.dtype, self.device, self.kv_pool, self.req_table, self.attn_backend
+        )
+
+    def build_batch(
+        self,
+        items: list[ScheduledItem],
+        out_cache_loc: torch.Tensor,
+        future_tokens: torch.Tensor | None = None,
+        cascade: CascadeGroups | None = None,
+        num_decode: int = 0,
+    ) -> ForwardBatch:
         """One ForwardBatch for the step. A negative token id -1-k stands for future_tokens[k] (a
         token the in-flight step samples) and is resolved on the device, without a sync. cascade:
         CascadeGroups over the first num_decode items (already in group order)."""
@@ -156,17 +166,30 @@ class ModelRunner:
         dev = self.device
         rows = [it.req_pool_idx for it in items]
         (ids_d, pos_d, loc_d, rows_d, seq_d, prefix_d, extend_d, starts_d, logit_d) = to_device_packed(
-            [ids, positions, out_cache_loc, rows, seq, prefix, extend, starts, logit_rows], dev)
+            [ids, positions, out_cache_loc, rows, seq, prefix, extend, starts, logit_rows], dev
+        )
         fb = ForwardBatch(
             input_ids=self._resolve_ids(ids_d, future_tokens if ids and min(ids) < 0 else None),
-            positions=pos_d, out_cache_loc=loc_d, req_pool_indices=rows_d, seq_lens=seq_d, prefix_lens=prefix_d,
-            extend_lens=extend_d, extend_start_loc=starts_d, seq_lens_cpu=seq, prefix_lens_cpu=prefix,
-            extend_lens_cpu=extend, req_pool_indices_cpu=rows, extend_start_loc_cpu=starts, logits_indices=logit_d,
-            req_to_token=self.req_table.table, kv_pool=self.kv_pool, attn_backend=self.attn_backend,
+            positions=pos_d,
+            out_cache_loc=loc_d,
+            req_pool_indices=rows_d,
+            seq_lens=seq_d,
+            prefix_lens=prefix_d,
+            extend_lens=extend_d,
+            extend_start_loc=starts_d,
+            seq_lens_cpu=seq,
+            prefix_lens_cpu=prefix,
+            extend_lens_cpu=extend,
+            req_pool_indices_cpu=rows,
+            extend_start_loc_cpu=starts,
+            logits_indices=logit_d,
+            req_to_token=self.req_table.table,
+            kv_pool=self.kv_pool,
+            attn_backend=self.attn_backend,
             is_decode=all(n == 1 for n in extend),
         )
         if cascade is not None and fb.is_decode and num_decode == len(items):
-            fb.extras["cascade_plan"] = make_cascade_plan(cascade.group_sizes, cascade.shared_lens, seq, dev)
+            fb.cascade_plan = make_cascade_plan(cascade.group_sizes, cascade.shared_lens, seq, dev)
         return fb
 
     @staticmethod

@@ -195,7 +195,7 @@ class Scheduler:
         )
         logits = self.runner.forward(fb)
         self.stats.forward_passes += 1
-        if "cascade_plan" in fb.extras:
+        if fb.cascade_plan is not None:
             self.stats.extra["cascade_steps"] = self.stats.extra.get("cascade_steps", 0) + 1
         step = LaunchedStep(plan, [], None, None, [])
         picks: list[int] = []

@@ -6,11 +6,12 @@ device tensor synchronously, so the next step can be queued before this one is p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
+    from .cascade_groups import CascadeGroups
     from .model_runner import ScheduledItem
     from .request import Req
 
@@ -22,7 +23,7 @@ class StepPlan:
     slots: list[torch.Tensor]  # concatenated: one KV slot per new token, in item order
     samples: list[bool]  # does this item end at its sequence's last token?
     num_decode: int = 0  # the first num_decode items are decode steps of running requests
-    cascade: Any = None  # CascadeGroups for a decode batch that shares prefixes, else None
+    cascade: CascadeGroups | None = None  # the decode batch's groups when it shares prefixes
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
@@ -44,8 +45,12 @@ class LogprobRows:
         lp = torch.log_softmax(rows.float(), dim=-1)
         chosen = lp.gather(1, targets.unsqueeze(1)).squeeze(1)
         top = lp.topk(top_k, dim=-1) if top_k > 0 else None
-        return cls(to_host(chosen), to_host(targets), None if top is None else to_host(top.values),
-                   None if top is None else to_host(top.indices))
+        return cls(
+            to_host(chosen),
+            to_host(targets),
+            None if top is None else to_host(top.values),
+            None if top is None else to_host(top.indices),
+        )
 
     def record(self, out: list, top_out: list | None) -> None:
         """Append (logprob, token, None) triples (and top-k lists) — host data only."""

@@ -65,8 +65,10 @@ def _extend_and_decode(runner: ModelRunner, row: int) -> None:
 
 def _attention_variants(runner: ModelRunner, row: int, cascade: bool) -> None:
     """The decode and cascade kernels at each merge width (the split count picks one)."""
-    from radixlm.kernels.cascade_attention import cascade_decode_attention, make_cascade_plan
+    from radixlm.kernels.cascade_attention import cascade_decode_attention
     from radixlm.kernels.decode_attention import decode_attention
+
+    from .cascade_groups import make_cascade_plan
 
     c, dev = runner.config, runner.device
     k_buf, v_buf = runner.kv_pool.k_buffers[0], runner.kv_pool.v_buffers[0]
@@ -81,17 +83,27 @@ def _attention_variants(runner: ModelRunner, row: int, cascade: bool) -> None:
     plan = make_cascade_plan([bs], [length // 2], [length] * bs, dev)
     for s in SPLIT_COUNTS:
         half = max(1, s // 2)
-        cascade_decode_attention(q, k_buf, v_buf, runner.req_table.table, rows, seq, plan,
-                                 shared_splits=half, own_splits=max(1, s - half))
+        cascade_decode_attention(
+            q,
+            k_buf,
+            v_buf,
+            runner.req_table.table,
+            rows,
+            seq,
+            plan,
+            shared_splits=half,
+            own_splits=max(1, s - half),
+        )
 
 
 def measure_cascade_costs(runner: ModelRunner) -> CascadeCostModel | None:
     """The cost model's inputs, timed on this device (CUDA only; None elsewhere)."""
     if runner.device.type != "cuda":
         return None
-    from radixlm.kernels.cascade_attention import cascade_decode_attention, make_cascade_plan
+    from radixlm.kernels.cascade_attention import cascade_decode_attention
     from radixlm.kernels.decode_attention import decode_attention
 
+    from .cascade_groups import make_cascade_plan
     from .cuda_graph_runner import CASCADE_GROUPS_CAP
 
     c, dev, graphs = runner.config, runner.device, runner.graph_runner
@@ -103,7 +115,11 @@ def measure_cascade_costs(runner: ModelRunner) -> CascadeCostModel | None:
         with torch.inference_mode():
             per_token = KVPool.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, runner.dtype)
             kv_row_s = per_token / copy_bytes_per_s(dev)
-            k_buf, v_buf, table = runner.kv_pool.k_buffers[0], runner.kv_pool.v_buffers[0], runner.req_table.table
+            k_buf, v_buf, table = (
+                runner.kv_pool.k_buffers[0],
+                runner.kv_pool.v_buffers[0],
+                runner.req_table.table,
+            )
             bs, length = 8, min(512, c.context_len)
             q = torch.randn(bs, c.num_heads, c.head_dim, dtype=k_buf.dtype, device=dev)
             rows = torch.full((bs,), row, dtype=torch.int64, device=dev)
@@ -126,7 +142,12 @@ def measure_cascade_costs(runner: ModelRunner) -> CascadeCostModel | None:
         return True, batch >= 2 and graphs.cascade_inputs is not None and shared_groups <= CASCADE_GROUPS_CAP
 
     model = CascadeCostModel(kv_row_s, extra, penalty, graph_fit)
-    logger.info("cascade costs: %.3g s per KV row, %.3g s kernel extra, %.3g s eager penalty", kv_row_s, extra, penalty)
+    logger.info(
+        "cascade costs: %.3g s per KV row, %.3g s kernel extra, %.3g s eager penalty",
+        kv_row_s,
+        extra,
+        penalty,
+    )
     return model
 
 

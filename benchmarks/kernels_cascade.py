@@ -16,8 +16,9 @@ import kernel_checks as checks
 import torch
 from kernels_common import DEV, DT, HKV, HQ, PAGE, D, fi_decode, kv_sets, log, n_sets, paged_table, time_fn
 
+from radixlm.backend.cascade_groups import make_cascade_plan
 from radixlm.kernels import cascade_attention as cas
-from radixlm.kernels.cascade_attention import cascade_decode_attention, make_cascade_plan
+from radixlm.kernels.cascade_attention import cascade_decode_attention
 from radixlm.kernels.decode_attention import choose_num_splits, decode_attention
 
 # Fused-cascade sweep: (block_m, block_n, num_warps, num_stages) tiles x shared_waves (shared-prefix

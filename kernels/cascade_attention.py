@@ -17,13 +17,13 @@ import torch
 
 from ._attn_common import finish_state, online_update
 from ._triton import dot_precision, mma, next_pow2, split_block, tl, triton, use_triton
-from .cascade_plan import CascadePlan, make_cascade_plan, shared_groups_of
+from .cascade_plan import CascadePlan, shared_groups_of
 from .cascade_two_launch import two_launch
 from .decode_attention import choose_num_splits, decode_attention_ref
 from .merge_state import merge_state_ref
 
 __all__ = ["CascadePlan", "cascade_decode_attention", "cascade_decode_attention_ref", "fused_layout",
-           "make_cascade_plan", "resolve_config"]
+           "resolve_config"]
 
 # Tile/split defaults per impl. FUSED_DEFAULTS is what benchmarks/kernels.py --sweep prints as
 # "adopt:"; paste its best line here. shared_waves: shared-prefix programs per SM (the split count

@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 import torch
 
-from radixlm.kernels.cascade_attention import cascade_decode_attention, make_cascade_plan
+from radixlm.backend.cascade_groups import make_cascade_plan
+from radixlm.kernels.cascade_attention import cascade_decode_attention
 from radixlm.kernels.decode_attention import decode_attention, decode_attention_ref
 from radixlm.kernels.extend_attention import extend_attention, extend_attention_ref
 from radixlm.kernels.kv_store import kv_store, kv_store_ref

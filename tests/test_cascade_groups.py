@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from radixlm.backend.cache_manager import CacheManager
-from radixlm.backend.cascade_groups import CascadeGroups, find_cascade_groups
+from radixlm.backend.cascade_groups import CascadeGrouper, CascadeGroups, find_cascade_groups
 from radixlm.backend.kv_pool import ReqToTokenTable, TokenSlotAllocator
 from radixlm.backend.radix_cache import NoPrefixCache, RadixCache
 from radixlm.backend.request import Req
@@ -119,14 +119,19 @@ def test_answer_follows_a_changed_batch() -> None:
     placer = Placer()
     doc = rand_ids(600, rng)
     reqs = [placer.run(doc + rand_ids(3, rng), 2) for _ in range(4)]
-    first = find_cascade_groups(reqs, **LOW)
-    assert first is not None and first.group_sizes == [4] and first == find_cascade_groups(reqs, **LOW)
+    grouper = CascadeGrouper()
+    first = grouper.find(reqs, **LOW)
+    assert first is not None and first.group_sizes == [4] and first == grouper.find(reqs, **LOW)
     reqs[2].cache_handle = placer.cache.match_prefix([]).handle  # as if re-placed without a match
     reqs[2].prefix_len = 0
-    again = find_cascade_groups(reqs, **LOW)
-    assert again is not None and again.order == [0, 1, 3, 2] and again.group_sizes == [3, 1]
+    again = grouper.find(reqs, **LOW)
+    assert again is not None and again == find_cascade_groups(reqs, **LOW)
+    assert again.order == [0, 1, 3, 2] and again.group_sizes == [3, 1]
     assert again.shared_lens == [600, 0] and again.saved_tokens == 2 * 600
-    assert find_cascade_groups(reqs[:2] + reqs[3:], **LOW) == find_cascade_groups(reqs[:2] + reqs[3:], **LOW)
+    rest = reqs[:2] + reqs[3:]
+    assert grouper.find(rest, **LOW) == grouper.find(rest, **LOW) == find_cascade_groups(rest, **LOW)
+    # The memo belongs to its grouper: another one (another engine's planner) starts empty.
+    assert CascadeGrouper()._last is None and grouper._last is not None
 
 
 def test_two_families_and_a_stranger() -> None:
@@ -251,16 +256,15 @@ def test_engine_runs_fork_batches_through_groups(engine, monkeypatch) -> None:
     a pinned document decode as one reordered group, and every request gets the same greedy output
     as with cascade off (the torch backend ignores the plan, so this checks the grouping and the
     reordering, not the kernel)."""
-    import radixlm.backend.cascade_groups as cg
-
+    grouper = engine.scheduler.planner.grouper
     seen: list[CascadeGroups | None] = []
 
     def low(reqs, **kw):
-        seen.append(cg_find(reqs, **LOW))
+        seen.append(find(reqs, **LOW))
         return seen[-1]
 
-    cg_find = cg.find_cascade_groups
-    monkeypatch.setattr(cg, "find_cascade_groups", low)
+    find = grouper.find
+    monkeypatch.setattr(grouper, "find", low)
     rng = random.Random(7)
     doc = [rng.randrange(100, 40_000) for _ in range(48)]
     prompts = [doc + [rng.randrange(100, 40_000) for _ in range(1 + k % 3)] for k in range(4)]
@@ -290,9 +294,10 @@ def test_engine_runs_fork_batches_through_groups(engine, monkeypatch) -> None:
 def _attention_check() -> dict:
     """Run in a subprocess with TRITON_INTERPRET=1: a decode step over a batch of forks (two
     families, one stranger) through the groups' plan vs plain decode attention, same order."""
+    from radixlm.backend.cascade_groups import make_cascade_plan
     from radixlm.backend.kv_pool import KVPool
     from radixlm.kernels._triton import use_triton
-    from radixlm.kernels.cascade_attention import cascade_decode_attention, make_cascade_plan
+    from radixlm.kernels.cascade_attention import cascade_decode_attention
     from radixlm.kernels.decode_attention import decode_attention_ref
 
     torch.manual_seed(0)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from radixlm.backend.cascade_groups import make_cascade_plan
 from radixlm.backend.cuda_graph_runner import (
     CudaGraphRunner,
     StaticDecodeInputs,
@@ -28,9 +29,16 @@ from radixlm.backend.forward_batch import ForwardBatch
 from radixlm.backend.model_config import ModelConfig
 from radixlm.backend.model_runner import ModelRunner, ScheduledItem
 
-TINY = {"model_type": "llama", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 256}
+TINY = {
+    "model_type": "llama",
+    "vocab_size": 97,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
 
 
 # ---- helpers (also used by test_cuda_graph_gpu.py) ------------------------------------------
@@ -45,7 +53,9 @@ def eager_capture(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], t
     return replay, out
 
 
-def decode_batch(runner: ModelRunner, lens: list[int], seed: int = 0) -> tuple[ForwardBatch, Callable[[], None]]:
+def decode_batch(
+    runner: ModelRunner, lens: list[int], seed: int = 0
+) -> tuple[ForwardBatch, Callable[[], None]]:
     """Prefill len random tokens per request (eagerly, through the real KV pool), then build the
     decode batch of one more token each. Returns (batch, release) — release frees rows and slots."""
     gen = torch.Generator().manual_seed(seed)
@@ -84,12 +94,14 @@ def changed_kv_slots(runner: ModelRunner, before: list[torch.Tensor]) -> set[int
 @pytest.fixture(scope="module")
 def runner() -> ModelRunner:
     cfg = ModelConfig.from_hf_dict(TINY)
-    return ModelRunner(cfg, None, torch.device("cpu"), torch.float32, 512, 0.9, 16, random_weights=True, seed=1)
+    return ModelRunner(
+        cfg, None, torch.device("cpu"), torch.float32, 512, 0.9, 16, random_weights=True, seed=1
+    )
 
 
 @pytest.fixture()
 def graphs(runner):
-    gr = CudaGraphRunner(runner, 8, eager_capture)
+    gr = CudaGraphRunner(runner.graph_target(), 8, eager_capture)
     assert gr.capture_all()
     runner.graph_runner = gr
     yield gr
@@ -168,12 +180,14 @@ def test_static_inputs_pad_and_reset_stale_rows(runner):
 # ---- capture / replay on the tiny model -------------------------------------------------------
 def test_captured_batches_are_static_decode_batches(runner):
     seen: list[ForwardBatch] = []
-    gr = CudaGraphRunner(runner, 10, lambda fn: (seen.append(fn.__defaults__[0]), eager_capture(fn))[1])
+    gr = CudaGraphRunner(
+        runner.graph_target(), 10, lambda fn: (seen.append(fn.__defaults__[0]), eager_capture(fn))[1]
+    )
     try:
         assert gr.capture_all() and gr.enabled
         assert [fb.batch_size for fb in seen] == [10, 8, 4, 2, 1]  # largest first
         for fb in seen:
-            assert fb.is_decode and fb.extras["decode_num_splits"] >= 1
+            assert fb.is_decode and fb.decode_num_splits is not None and fb.decode_num_splits >= 1
             assert fb.input_ids.data_ptr() == gr.inputs.input_ids.data_ptr()  # views, not copies
             assert fb.req_to_token is runner.req_table.table and fb.kv_pool is runner.kv_pool
     finally:
@@ -218,9 +232,9 @@ def test_decision_eager_vs_graph(runner, graphs):
     fb, release = decode_batch(runner, [4, 6])
     try:
         assert graphs.can_run(fb)
-        fb.extras["cascade_plan"] = object()
-        assert not graphs.can_run(fb)
-        del fb.extras["cascade_plan"]
+        fb.cascade_plan = make_cascade_plan([1, 1], [0, 0], fb.seq_lens_cpu, "cpu")
+        assert not graphs.can_run(fb)  # no cascade graphs were captured
+        fb.cascade_plan = None
         fb.attn_backend = object()  # e.g. a test swapping in the torch reference backend
         assert not graphs.can_run(fb)
         fb.attn_backend = runner.attn_backend
@@ -255,7 +269,7 @@ def test_capture_failure_falls_back_to_eager(runner, caplog):
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return eager_capture(fn)
 
-    gr = CudaGraphRunner(runner, 8, failing)
+    gr = CudaGraphRunner(runner.graph_target(), 8, failing)
     assert runner.req_table.available_size() == free_rows - 1  # pad row reserved
     with caplog.at_level(logging.WARNING, logger="radixlm.backend.cuda_graph_runner"):
         assert not gr.capture_all()
@@ -277,8 +291,18 @@ def test_capture_failure_falls_back_to_eager(runner, caplog):
 def test_cpu_runner_never_builds_graphs(runner):
     assert runner.device.type == "cpu" and runner.graph_runner is None
     cfg = ModelConfig.from_hf_dict(TINY)
-    other = ModelRunner(cfg, None, torch.device("cpu"), torch.float32, 64, 0.9, 4, random_weights=True,
-                        disable_cuda_graph=False, cuda_graph_max_bs=4)
+    other = ModelRunner(
+        cfg,
+        None,
+        torch.device("cpu"),
+        torch.float32,
+        64,
+        0.9,
+        4,
+        random_weights=True,
+        disable_cuda_graph=False,
+        cuda_graph_max_bs=4,
+    )
     assert other.graph_runner is None
 
 
@@ -297,11 +321,14 @@ def _interp_records() -> list[dict]:
     from radixlm.backend.attention import TorchAttentionBackend
     from radixlm.backend.attention_triton import TritonAttentionBackend
 
-    cfg = ModelConfig.from_hf_dict({**TINY, "hidden_size": 64, "num_hidden_layers": 1,
-                                    "max_position_embeddings": 4096})
-    runner = ModelRunner(cfg, None, torch.device("cpu"), torch.float32, 1024, 0.9, 8, random_weights=True, seed=2)
-    runner.attn_backend = TritonAttentionBackend(runner, num_sms=132)
-    gr = CudaGraphRunner(runner, 4, eager_capture)
+    cfg = ModelConfig.from_hf_dict(
+        {**TINY, "hidden_size": 64, "num_hidden_layers": 1, "max_position_embeddings": 4096}
+    )
+    runner = ModelRunner(
+        cfg, None, torch.device("cpu"), torch.float32, 1024, 0.9, 8, random_weights=True, seed=2
+    )
+    runner.attn_backend = TritonAttentionBackend(num_sms=132)
+    gr = CudaGraphRunner(runner.graph_target(), 4, eager_capture)
     assert gr.capture_all()
     runner.graph_runner = gr
     records = []
@@ -313,10 +340,16 @@ def _interp_records() -> list[dict]:
             fb.attn_backend = TorchAttentionBackend()
             ref = runner.model(fb)
             gbs = bucket_for(len(lens), gr.sizes)
-            records.append({"lens": lens, "splits": gr.graphs[gbs].fb.extras["decode_num_splits"],
-                            "eager_splits": fb.extras.get("decode_num_splits"), "hits": gr.bucket_hits[gbs],
-                            "err_graph_ref": (got - ref).abs().max().item(),
-                            "err_eager_ref": (eager - ref).abs().max().item()})
+            records.append(
+                {
+                    "lens": lens,
+                    "splits": gr.graphs[gbs].fb.decode_num_splits,
+                    "eager_splits": fb.decode_num_splits,
+                    "hits": gr.bucket_hits[gbs],
+                    "err_graph_ref": (got - ref).abs().max().item(),
+                    "err_eager_ref": (eager - ref).abs().max().item(),
+                }
+            )
         finally:
             release()
     return records
@@ -326,8 +359,9 @@ def _interp_records() -> list[dict]:
 def test_triton_decode_with_fixed_graph_splits_interpreted():
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve())], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve())], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(records) == 2
@@ -345,7 +379,6 @@ def test_static_cascade_plan_pads_with_empty_groups():
     """A live plan of 3 groups over 6 requests, loaded into buffers for up to 8: the groups past
     it are empty ([6, 6)), unused shared-group slots name one of them, padding rows share nothing."""
     from radixlm.backend.cuda_graph_runner import CASCADE_GROUPS_CAP, StaticCascadePlan
-    from radixlm.kernels.cascade_attention import make_cascade_plan
 
     static = StaticCascadePlan(8, torch.device("cpu"))
     static.shared_lens.fill_(99)  # stale values from an earlier batch

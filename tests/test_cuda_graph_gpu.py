@@ -14,12 +14,23 @@ from test_cuda_graph import decode_batch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 PROMPTS = [
-    "The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
-    "The three laws of thermodynamics are", "import numpy as np\n", "My favourite recipe for bread",
-    "Q: What is 17 * 23?\nA:", "The quick brown fox", "In 1969, the first humans",
-    "SELECT name FROM users WHERE", "Dear hiring manager,", "The mitochondria is",
-    "Here is a haiku about autumn:", "To be or not to be,", "The best way to learn Python is",
-    "Photosynthesis converts", "A list of prime numbers: 2, 3, 5,",
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three laws of thermodynamics are",
+    "import numpy as np\n",
+    "My favourite recipe for bread",
+    "Q: What is 17 * 23?\nA:",
+    "The quick brown fox",
+    "In 1969, the first humans",
+    "SELECT name FROM users WHERE",
+    "Dear hiring manager,",
+    "The mitochondria is",
+    "Here is a haiku about autumn:",
+    "To be or not to be,",
+    "The best way to learn Python is",
+    "Photosynthesis converts",
+    "A list of prime numbers: 2, 3, 5,",
 ]
 BATCH_SIZES = (8, 3, 5, 17)
 PARAMS = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
@@ -53,8 +64,9 @@ def _one_padded_step(eng) -> dict:
         fb, release = decode_batch(runner, [5, 17, 33, 64, 100], seed=0)
         try:
             eager = runner.model(fb).clone()  # also writes the new tokens' KV (same values)
-            held = torch.cat([runner.req_table.table[r, :n] for r, n in zip(fb.req_pool_indices_cpu,
-                                                                               fb.prefix_lens_cpu)])
+            held = torch.cat(
+                [runner.req_table.table[r, :n] for r, n in zip(fb.req_pool_indices_cpu, fb.prefix_lens_cpu)]
+            )
             k0 = runner.kv_pool.k_buffers[0][held].clone()
             hits = sum(runner.graph_runner.bucket_hits.values())
             torch.cuda.synchronize()
@@ -73,7 +85,8 @@ def _one_padded_step(eng) -> dict:
                 "sync_error": sync_error,
                 "rel": ((got - eager).norm() / eager.norm()).item(),
                 "argmax_same": int((got.argmax(-1) == eager.argmax(-1)).sum()),
-                "shape": tuple(got.shape), "eager_shape": tuple(eager.shape),
+                "shape": tuple(got.shape),
+                "eager_shape": tuple(eager.shape),
                 "prefix_kv_kept": bool(torch.equal(runner.kv_pool.k_buffers[0][held], k0)),
                 "replayed": sum(runner.graph_runner.bucket_hits.values()) - hits,
             }
@@ -154,17 +167,26 @@ def test_real_capture_failure_recovers_then_capture_works():
     from radixlm.backend.model_runner import ModelRunner
 
     cfg = ModelConfig.from_hf_dict({**TINY, "hidden_size": 128, "max_position_embeddings": 1024})
-    runner = ModelRunner(cfg, None, torch.device("cuda"), torch.bfloat16, 2048, 0.95, 16, random_weights=True,
-                         disable_cuda_graph=True)
+    runner = ModelRunner(
+        cfg,
+        None,
+        torch.device("cuda"),
+        torch.bfloat16,
+        2048,
+        0.95,
+        16,
+        random_weights=True,
+        disable_cuda_graph=True,
+    )
     assert runner.graph_runner is None
     cap = CudaGraphCapture(runner.device)
 
     def syncing(fn):
         return cap(lambda: (torch.ones(1, device="cuda").sum().item(), fn())[1])
 
-    bad = CudaGraphRunner(runner, 4, syncing)
+    bad = CudaGraphRunner(runner.graph_target(), 4, syncing)
     assert not bad.capture_all() and not bad.enabled
-    good = CudaGraphRunner(runner, 8, CudaGraphCapture(runner.device))
+    good = CudaGraphRunner(runner.graph_target(), 8, CudaGraphCapture(runner.device))
     assert good.capture_all() and good.enabled
     runner.graph_runner = good
     for lens in ([3], [7, 20, 1], [5, 9, 33, 2, 64]):

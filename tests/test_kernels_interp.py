@@ -24,31 +24,58 @@ def _checks(group: str) -> list:
 
     f32, b16 = torch.float32, torch.bfloat16
     if group == "decode":
-        return c.run([
-            lambda: c.check_decode("cpu", f32, [1, 37, 90, 130], 8, 2, 32, [1, 3, None], block_n=32),
-            lambda: c.check_decode("cpu", b16, [1, 37, 90, 130], 8, 2, 32, [1, 4], block_n=32),
-            lambda: c.check_decode("cpu", b16, [64, 5], 2, 2, 48, [2], block_n=16),  # MHA, head dim 48
-            lambda: c.check_decode("cpu", f32, [40, 77], 32, 4, 16, [1, 2], block_n=16),  # group 8
-        ])
+        return c.run(
+            [
+                lambda: c.check_decode("cpu", f32, [1, 37, 90, 130], 8, 2, 32, [1, 3, None], block_n=32),
+                lambda: c.check_decode("cpu", b16, [1, 37, 90, 130], 8, 2, 32, [1, 4], block_n=32),
+                lambda: c.check_decode("cpu", b16, [64, 5], 2, 2, 48, [2], block_n=16),  # MHA, head dim 48
+                lambda: c.check_decode("cpu", f32, [40, 77], 32, 4, 16, [1, 2], block_n=16),  # group 8
+            ]
+        )
     if group == "extend":
-        return c.run([
-            lambda: c.check_extend("cpu", f32, [0, 17, 40, 5, 0], [20, 1, 0, 37, 70], 8, 2, 32, 32, 16, 4),
-            lambda: c.check_extend("cpu", b16, [0, 17, 40, 5, 0], [20, 1, 0, 37, 70], 8, 2, 32, 32, 16, 4),
-            lambda: c.check_extend("cpu", b16, [33, 0], [45, 10], 9, 3, 48, 16, 32, 4),  # group 3 straddles blocks
-            lambda: c.check_extend("cpu", b16, [33, 0], [45, 10], 8, 2, 32, 32, 16, 4, pack_gqa=False),
-        ])
+        return c.run(
+            [
+                lambda: c.check_extend(
+                    "cpu", f32, [0, 17, 40, 5, 0], [20, 1, 0, 37, 70], 8, 2, 32, 32, 16, 4
+                ),
+                lambda: c.check_extend(
+                    "cpu", b16, [0, 17, 40, 5, 0], [20, 1, 0, 37, 70], 8, 2, 32, 32, 16, 4
+                ),
+                lambda: c.check_extend(
+                    "cpu", b16, [33, 0], [45, 10], 9, 3, 48, 16, 32, 4
+                ),  # group 3 straddles blocks
+                lambda: c.check_extend("cpu", b16, [33, 0], [45, 10], 8, 2, 32, 32, 16, 4, pack_gqa=False),
+            ]
+        )
     if group == "cascade":
-        return c.run([
-            lambda: c.check_cascade("cpu", f32, [3, 1, 2], [50, 0, 20], [5, 1, 12, 30, 3, 17], 8, 2, 32, 16, 16),
-            lambda: c.check_cascade("cpu", b16, [3, 1, 2], [50, 0, 20], [5, 1, 12, 30, 3, 17], 8, 2, 32, 16, 16),
-            # no group shares anything: the fused launch has only own programs (plain decode)
-            lambda: c.check_cascade("cpu", f32, [1, 1, 1], [0, 0, 0], [9, 70, 1], 8, 2, 32, 16, 16),
-            # a group spanning 2 row blocks, a singleton with a shared part, GQA group 3, head dim 48
-            lambda: c.check_cascade("cpu", b16, [5, 2, 1], [40, 33, 10], [3, 20, 1, 7, 2, 9, 1, 5], 9, 3, 48, 16, 16),
-            # default tiles (64 x 64), fused impl only
-            lambda: c.check_cascade("cpu", f32, [4, 1], [70, 0], [2, 1, 9, 3, 100], 8, 2, 32,
-                                    variants=[{"impl": "fused"}, {"impl": "fused", "shared_splits": 2}]),
-        ])
+        return c.run(
+            [
+                lambda: c.check_cascade(
+                    "cpu", f32, [3, 1, 2], [50, 0, 20], [5, 1, 12, 30, 3, 17], 8, 2, 32, 16, 16
+                ),
+                lambda: c.check_cascade(
+                    "cpu", b16, [3, 1, 2], [50, 0, 20], [5, 1, 12, 30, 3, 17], 8, 2, 32, 16, 16
+                ),
+                # no group shares anything: the fused launch has only own programs (plain decode)
+                lambda: c.check_cascade("cpu", f32, [1, 1, 1], [0, 0, 0], [9, 70, 1], 8, 2, 32, 16, 16),
+                # a group spanning 2 row blocks, a singleton with a shared part, GQA group 3, head dim 48
+                lambda: c.check_cascade(
+                    "cpu", b16, [5, 2, 1], [40, 33, 10], [3, 20, 1, 7, 2, 9, 1, 5], 9, 3, 48, 16, 16
+                ),
+                # default tiles (64 x 64), fused impl only
+                lambda: c.check_cascade(
+                    "cpu",
+                    f32,
+                    [4, 1],
+                    [70, 0],
+                    [2, 1, 9, 3, 100],
+                    8,
+                    2,
+                    32,
+                    variants=[{"impl": "fused"}, {"impl": "fused", "shared_splits": 2}],
+                ),
+            ]
+        )
     if group == "pointwise":
         return c.check_pointwise("cpu", f32) + c.check_pointwise("cpu", b16, 5, 130)
     if group == "rotary":
@@ -66,19 +93,27 @@ def _backend_records(dtype) -> list:
     from kernel_checks import BOUND, DTYPE_NAME, rel_err
 
     from radixlm.backend.attention_triton import TritonAttentionBackend
+    from radixlm.backend.cascade_groups import make_cascade_plan
     from radixlm.backend.forward_batch import ForwardBatch
     from radixlm.backend.kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
-    from radixlm.kernels.cascade_attention import make_cascade_plan
 
     hq, hkv, d = 8, 2, 32
     dev = os.environ.get("KERNEL_TEST_DEVICE", "cpu")  # the GPU run sets cuda
-    pool, alloc, table = KVPool(1, 100, hkv, d, dtype, dev), TokenSlotAllocator(100), ReqToTokenTable(4, 32, dev)
+    pool, alloc, table = (
+        KVPool(1, 100, hkv, d, dtype, dev),
+        TokenSlotAllocator(100),
+        ReqToTokenTable(4, 32, dev),
+    )
     backend = TritonAttentionBackend()
     rows = [table.alloc() for _ in range(3)]
     hist: list[list] = [[], [], []]  # per request: (k, v) rows so far
     recs = []
-    steps = [([0], [6], None), ([0, 1, 2], [1, 3, 2], None), ([0, 1, 2], [1, 1, 1], None),
-             ([0, 1, 2], [1, 1, 1], "cascade")]
+    steps = [
+        ([0], [6], None),
+        ([0, 1, 2], [1, 3, 2], None),
+        ([0, 1, 2], [1, 1, 1], None),
+        ([0, 1, 2], [1, 1, 1], "cascade"),
+    ]
     for i, (reqs, ext, mode) in enumerate(steps):
         if i == 1:  # fork: requests 1 and 2 start from request 0's first 6 slots
             for r in (1, 2):
@@ -94,14 +129,27 @@ def _backend_records(dtype) -> list:
         seq = [p + e for p, e in zip(prefix, ext)]
         as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
         fb = ForwardBatch(
-            input_ids=as_t([0] * t), positions=as_t([i for p, e in zip(prefix, ext) for i in range(p, p + e)]),
-            out_cache_loc=slots, req_pool_indices=as_t([rows[r] for r in reqs]), seq_lens=as_t(seq),
-            prefix_lens=as_t(prefix), extend_lens=as_t(ext), extend_start_loc=as_t(starts), seq_lens_cpu=seq,
-            prefix_lens_cpu=prefix, extend_lens_cpu=ext,
-            req_pool_indices_cpu=[rows[r] for r in reqs], extend_start_loc_cpu=starts, logits_indices=as_t(starts), req_to_token=table.table,
-            kv_pool=pool, attn_backend=backend, is_decode=all(e == 1 for e in ext))
+            input_ids=as_t([0] * t),
+            positions=as_t([i for p, e in zip(prefix, ext) for i in range(p, p + e)]),
+            out_cache_loc=slots,
+            req_pool_indices=as_t([rows[r] for r in reqs]),
+            seq_lens=as_t(seq),
+            prefix_lens=as_t(prefix),
+            extend_lens=as_t(ext),
+            extend_start_loc=as_t(starts),
+            seq_lens_cpu=seq,
+            prefix_lens_cpu=prefix,
+            extend_lens_cpu=ext,
+            req_pool_indices_cpu=[rows[r] for r in reqs],
+            extend_start_loc_cpu=starts,
+            logits_indices=as_t(starts),
+            req_to_token=table.table,
+            kv_pool=pool,
+            attn_backend=backend,
+            is_decode=all(e == 1 for e in ext),
+        )
         if mode == "cascade":
-            fb.extras["cascade_plan"] = make_cascade_plan([3], [6], seq, dev)
+            fb.cascade_plan = make_cascade_plan([3], [6], seq, dev)
         out = backend.forward(q, k, v, 0, fb)
         ref = torch.empty(t, hq, d, dtype=torch.float64)
         for r, p, e, s0 in zip(reqs, prefix, ext, starts):
@@ -135,11 +183,13 @@ def _main() -> None:
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", KERNEL_TEST_SEED=str(int.from_bytes(os.urandom(2), "little")))
+    env = dict(
+        os.environ, TRITON_INTERPRET="1", KERNEL_TEST_SEED=str(int.from_bytes(os.urandom(2), "little"))
+    )
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")]
     assert lines, f"checker crashed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
-    return json.loads(lines[-1][len("RESULTS "):]) | {"_seed": env["KERNEL_TEST_SEED"]}
+    return json.loads(lines[-1][len("RESULTS ") :]) | {"_seed": env["KERNEL_TEST_SEED"]}
 
 
 @pytest.mark.parametrize("group", GROUPS)
@@ -152,10 +202,15 @@ def test_kernel_matches_reference(results: dict, group: str) -> None:
 
 
 def test_cascade_plan_rejects_bad_input() -> None:
-    from radixlm.kernels.cascade_attention import make_cascade_plan
+    from radixlm.backend.cascade_groups import make_cascade_plan
 
-    for sizes, shared, seq in [([2], [3], [5]), ([1, 1], [0], [4, 4]), ([2], [-1], [3, 3]), ([2, -1], [0, 0], [4]),
-                               ([2], [6], [9, 5])]:
+    for sizes, shared, seq in [
+        ([2], [3], [5]),
+        ([1, 1], [0], [4, 4]),
+        ([2], [-1], [3, 3]),
+        ([2, -1], [0, 0], [4]),
+        ([2], [6], [9, 5]),
+    ]:
         with pytest.raises(ValueError):
             make_cascade_plan(sizes, shared, seq, "cpu")
 
@@ -163,14 +218,17 @@ def test_cascade_plan_rejects_bad_input() -> None:
 def test_fused_layout_gives_shared_programs_only_to_groups_with_a_shared_part() -> None:
     """Singleton groups of shared length 0 (as the scheduler builds them) add no shared-prefix
     program: the launch then equals plain split-K decode's own programs."""
-    from radixlm.kernels.cascade_attention import fused_layout, make_cascade_plan, resolve_config
+    from radixlm.backend.cascade_groups import make_cascade_plan
+    from radixlm.kernels.cascade_attention import fused_layout, resolve_config
 
     cfg = resolve_config(block_m=16, shared_waves=1.0)
     plain = make_cascade_plan([1] * 6, [0] * 6, [40] * 6, "cpu")
     lay = fused_layout(6, 8, 2, plain, cfg, 132)
     assert (lay.s_sh, lay.n_shared_tiles, plain.shared_groups.tolist()) == (0, 0, [])
     assert lay.n_own_tiles == 6 * 2 * lay.s_own
-    mixed = make_cascade_plan([1, 5, 1, 2], [0, 900, 0, 300], [40, 950, 950, 950, 950, 950, 7, 320, 330], "cpu")
+    mixed = make_cascade_plan(
+        [1, 5, 1, 2], [0, 900, 0, 300], [40, 950, 950, 950, 950, 950, 7, 320, 330], "cpu"
+    )
     lay = fused_layout(9, 8, 2, mixed, cfg, 132)
     assert mixed.shared_groups.tolist() == [1, 3] and mixed.max_shared_group_size == 5
     m_blocks = -(-5 * 4 // 16)  # the largest shared group's rows (5 members x 4 heads) in 16-row tiles

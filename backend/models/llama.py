@@ -72,10 +72,18 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         backend = fb.attn_backend
-        if fb.is_decode and q.is_cuda and getattr(backend, "accepts_stored_kv", False):
+        if fb.is_decode and q.is_cuda and backend.accepts_stored_kv:
             pool = fb.kv_pool  # decode reads all K/V from the pool: rope writes k (and v) there itself
-            q = rotate_and_store(self.rope, positions, q, k, v, pool.k_buffers[self.layer_id],
-                                 pool.v_buffers[self.layer_id], fb.out_cache_loc)
+            q = rotate_and_store(
+                self.rope,
+                positions,
+                q,
+                k,
+                v,
+                pool.k_buffers[self.layer_id],
+                pool.v_buffers[self.layer_id],
+                fb.out_cache_loc,
+            )
             return linear(self.o_proj, backend.forward(q, None, None, self.layer_id, fb))
         q, k = self.rope(positions, q, k)
         return linear(self.o_proj, backend.forward(q, k, v, self.layer_id, fb))
@@ -102,8 +110,9 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's output, the residual stream before it): the caller adds the two, fused
         into the next RMSNorm."""
         if residual is None:
@@ -157,11 +166,13 @@ class LlamaForCausalLM(nn.Module):
         """HF weight name part → (our fused parameter's name part, row offset, rows)."""
         c = self.config
         q, kv, inter = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
-        return {"self_attn.q_proj.": ("self_attn.qkv_proj.", 0, q),
-                "self_attn.k_proj.": ("self_attn.qkv_proj.", q, kv),
-                "self_attn.v_proj.": ("self_attn.qkv_proj.", q + kv, kv),
-                "mlp.gate_proj.": ("mlp.gate_up_proj.", 0, inter),
-                "mlp.up_proj.": ("mlp.gate_up_proj.", inter, inter)}
+        return {
+            "self_attn.q_proj.": ("self_attn.qkv_proj.", 0, q),
+            "self_attn.k_proj.": ("self_attn.qkv_proj.", q, kv),
+            "self_attn.v_proj.": ("self_attn.qkv_proj.", q + kv, kv),
+            "mlp.gate_proj.": ("mlp.gate_up_proj.", 0, inter),
+            "mlp.up_proj.": ("mlp.gate_up_proj.", inter, inter),
+        }
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy named HF weights in (q/k/v and gate/up into their fused parameters' rows); every
@@ -184,7 +195,9 @@ class LlamaForCausalLM(nn.Module):
             p = params[target]
             dst = p if rows is None else p[offset : offset + rows]
             if tuple(dst.shape) != tuple(w.shape):
-                raise ValueError(f"shape mismatch for {name}: model {tuple(dst.shape)} vs checkpoint {tuple(w.shape)}")
+                raise ValueError(
+                    f"shape mismatch for {name}: model {tuple(dst.shape)} vs checkpoint {tuple(w.shape)}"
+                )
             with torch.no_grad():
                 dst.copy_(w.to(p.dtype))
             covered[target] = covered.get(target, 0) + _rows(dst)
