@@ -1,8 +1,9 @@
 """`radixlm serve --dp N`: N replicas (each a whole radixlm server with its own engine, on its own
 loopback port), sglang-router in front of them (cache-aware by default), and the front proxy
 (dp_front.py) on the user's host:port. Promise: the URL answers only once every replica is
-healthy and registered with the router; SIGINT/SIGTERM, or any of the processes dying, stops all
-of them (replicas get SIGTERM and drain as a single server does) and the command exits."""
+healthy and registered with the router; a replica that dies is logged and routed around; SIGINT/
+SIGTERM, the router's death or the last replica's stops all of them (replicas get SIGTERM and
+drain as a single server does) and the command exits."""
 
 from __future__ import annotations
 
@@ -131,8 +132,17 @@ def start_router(dep: Deployment, policy: str, log_level: str) -> None:
         "127.0.0.1",
         "--prometheus-port",
         str(metrics_port),
+        # A dead replica refuses connections at once, so retries sent to it are spent in
+        # milliseconds: give more of them, and open its circuit after a few failures so the
+        # policy picks another replica before the retries run out.
+        "--retry-max-retries",
+        "10",
+        "--cb-failure-threshold",
+        "3",
         "--health-check-interval-secs",
         "5",
+        "--health-failure-threshold",
+        "2",
         "--log-level",
         {"warning": "warn", "debug": "debug", "error": "error"}.get(log_level, "warn"),
     ]
@@ -208,22 +218,38 @@ def serve_dp(parser: argparse.ArgumentParser, args: argparse.Namespace, sock: so
         "router (%s) at %s over replicas %s", args.router_policy, dep.router_url, ", ".join(dep.replica_urls)
     )
     print(f"radixlm serving {args.dp} replicas behind sglang-router on {url}", flush=True)
+    # uvicorn re-raises the signal it handled once it has stopped; SIGTERM's default action
+    # would end this process before the children are stopped, so it raises here instead.
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled
+    except (KeyboardInterrupt, _Terminated):
         pass
     finally:
-        gone = dep.dead()
-        if gone:
-            logger.error("stopping: %s", gone)
         dep.stop()
+        signal.signal(signal.SIGTERM, previous)
     logger.info("deployment stopped")
 
 
+class _Terminated(Exception):
+    """SIGTERM, re-raised by uvicorn after its graceful shutdown."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
 def _watch(dep: Deployment, server: Any) -> None:
-    """Stop the front when a replica or the router dies, so nothing runs half-deployed."""
+    """A replica's death is logged and survived (the router retries its requests on the others
+    and stops routing to it); the router's death, or the last replica's, stops the front."""
+    reported: set[int] = set()
     while not server.should_exit:
-        if dep.dead():
+        for i, proc in enumerate(dep.replicas):
+            if proc.poll() is not None and i not in reported:
+                reported.add(i)
+                logger.error("replica %s exited with status %s", dep.replica_urls[i], proc.returncode)
+        router_gone = dep.router is not None and dep.router.poll() is not None
+        if router_gone or len(reported) == len(dep.replicas):
             server.should_exit = True
             return
         time.sleep(1.0)

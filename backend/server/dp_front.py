@@ -51,21 +51,21 @@ class FrontRouting:
         self.running = [0] * len(replica_urls)
         self._turn = itertools.cycle(range(len(replica_urls)))
 
-    def target(self, path: str) -> tuple[str, int | None]:
-        """(base URL, replica index when the request is a program run to count)."""
-        if path == PROGRAM_PREFIX or path.startswith(PROGRAM_PREFIX + "/"):
-            if path.count("/") >= 2:  # POST /programs/{name}: a run
-                i = self._least_busy()
-                return self.replica_urls[i], i
-            return self.replica_urls[next(self._turn)], None
-        if path in REPLICA_PATHS:
-            return self.replica_urls[next(self._turn)], None
-        return self.router_url, None
+    def targets(self, path: str) -> tuple[list[int | None], bool]:
+        """Upstreams to try in order (None: the router, i: replica i) and whether the request is
+        a program run. A replica that refuses the connection is skipped for the next."""
+        if path.startswith(PROGRAM_PREFIX + "/"):  # POST /programs/{name}: a run
+            return sorted(self._rotation(), key=lambda i: self.running[i]), True
+        if path == PROGRAM_PREFIX or path in REPLICA_PATHS:
+            return self._rotation(), False
+        return [None], False
 
-    def _least_busy(self) -> int:
+    def url(self, target: int | None) -> str:
+        return self.router_url if target is None else self.replica_urls[target]
+
+    def _rotation(self) -> list[int | None]:
         start = next(self._turn)  # ties rotate instead of always picking replica 0
-        order = [(start + k) % len(self.running) for k in range(len(self.running))]
-        return min(order, key=lambda i: self.running[i])
+        return [(start + k) % len(self.replica_urls) for k in range(len(self.replica_urls))]
 
 
 def create_front(router_url: str, replica_urls: list[str]) -> Starlette:
@@ -73,18 +73,26 @@ def create_front(router_url: str, replica_urls: list[str]) -> Starlette:
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
 
     async def proxy(request: Request) -> Response:
-        base, replica = routing.target(request.url.path)
-        url = base + request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        targets, is_run = routing.targets(request.url.path)
+        path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
-        upstream = client.build_request(request.method, url, headers=headers, content=await request.body())
-        try:
-            resp = await client.send(upstream, stream=True)
-        except httpx.HTTPError as exc:
-            return _unavailable(base, exc)
-        if replica is not None:
-            routing.running[replica] += 1
-        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
-        return StreamingResponse(_relay(resp, routing, replica), resp.status_code, out_headers)
+        body = await request.body()
+        for target in targets:
+            upstream = client.build_request(
+                request.method, routing.url(target) + path, headers=headers, content=body
+            )
+            try:
+                resp = await client.send(upstream, stream=True)
+            except httpx.ConnectError:  # nothing was sent: the next upstream may take it
+                continue
+            except httpx.HTTPError as exc:
+                return _unavailable(routing.url(target), exc)
+            counted = target if is_run else None
+            if counted is not None:
+                routing.running[counted] += 1
+            out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
+            return StreamingResponse(_relay(resp, routing, counted), resp.status_code, out_headers)
+        return _unavailable(", ".join(routing.url(t) for t in targets), httpx.ConnectError("refused"))
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:

@@ -1,0 +1,186 @@
+"""radixlm as sglang-router's worker, end to end on the CPU: `radixlm serve --dp 2` (two replicas of
+the default model, the real router from PyPI, the front) on loopback. Shared-prefix traffic lands on
+one replica (read from the replicas' own cache counters); a replica killed while requests run loses
+none of them (the router retries elsewhere), and a stream it cuts ends in an error, never as a
+shorter answer; SIGTERM stops every process. Skips when sglang-router cannot be imported."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install sglang-router)")
+psutil = pytest.importorskip("psutil")
+
+from radixlm.backend.server.dp import replica_argv  # noqa: E402
+from radixlm.backend.server.dp_front import FrontRouting  # noqa: E402
+from radixlm.backend.server.serve_cmd import serve_parser  # noqa: E402
+
+FEW_SHOT = "".join(f"Q: What is {a} plus {a + 3}?\nA: {2 * a + 3}.\n" for a in range(1, 25))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class DP:
+    def __init__(self, proc: subprocess.Popen[str], url: str, log: Path) -> None:
+        self.proc, self.url, self.log = proc, url, log
+        found = re.search(r"over replicas (\S+), (\S+)", log.read_text())
+        assert found, log.read_text()[-2000:]
+        self.replicas = [found.group(1), found.group(2)]
+
+    def stats(self, replica: str) -> dict[str, int]:
+        return httpx.get(replica + "/get_server_info", timeout=10).json()["engine_stats"]
+
+    def generate(self, text: str, max_new_tokens: int = 4, timeout: float = 120) -> dict[str, Any]:
+        body = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}
+        r = httpx.post(self.url + "/generate", json=body, timeout=timeout)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+@pytest.fixture(scope="module")
+def dp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DP]:
+    port = _free_port()
+    log = tmp_path_factory.mktemp("dp") / "dp.log"
+    cmd = [sys.executable, "-m", "radixlm.launch_server", "--dp", "2", "--port", str(port), "--device", "cpu"]
+    cmd += ["--max-total-tokens", "8192", "--drain-timeout", "5", "--log-level", "info"]
+    with open(log, "w") as f:  # a file, not a pipe: a full pipe would stall the servers
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while "replicas behind sglang-router" not in log.read_text():
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, "deployment did not start"
+        time.sleep(0.5)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    deployment = DP(proc, url, log)
+    yield deployment
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, log.read_text()[-3000:]  # stopped cleanly, children first
+    time.sleep(1.0)
+    assert [c.pid for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE] == []
+
+
+def test_replica_options_pass_through_without_the_deployments() -> None:
+    p = serve_parser()
+    args = p.parse_args(["--dp", "3", "--port", "1", "--max-total-tokens", "99", "--disable-radix-cache"])
+    argv = replica_argv(p, args)
+    assert argv == ["--max-total-tokens", "99", "--disable-radix-cache"]
+    assert replica_argv(p, p.parse_args(["--programs", "a.py", "--programs", "b.py"])) == [
+        "--programs",
+        "a.py",
+        "--programs",
+        "b.py",
+    ]
+
+
+def test_front_sends_program_runs_to_the_least_busy_replica() -> None:
+    routing = FrontRouting("http://router", ["http://r0", "http://r1"])
+    assert routing.targets("/generate") == ([None], False)
+    assert routing.targets("/v1/chat/completions") == ([None], False)
+    assert sorted(routing.targets("/tokenize")[0]) == [0, 1]  # any replica, the other as fallback
+    assert routing.targets("/programs")[1] is False  # the list is not a run
+    routing.running[:] = [3, 0]
+    assert routing.targets("/programs/qa") == ([1, 0], True)
+    routing.running[:] = [0, 5]
+    assert routing.targets("/programs/qa") == ([0, 1], True)
+    assert routing.url(None) == "http://router" and routing.url(1) == "http://r1"
+
+
+def test_worker_endpoints_answer_through_the_front(dp: DP) -> None:
+    assert httpx.get(dp.url + "/health", timeout=10).status_code == 200
+    assert "has_chat_template" in httpx.get(dp.url + "/get_server_info", timeout=10).json()
+    assert httpx.post(dp.url + "/tokenize", json={"prompt": "hi"}, timeout=10).json()["count"] >= 1
+    for replica in dp.replicas:
+        assert httpx.get(replica + "/get_load", timeout=10).json()[0]["dp_rank"] == 0
+    refused = httpx.post(dp.url + "/generate", json={"text": "a", "return_hidden_states": True}, timeout=30)
+    assert refused.status_code == 400 and "hidden states" in refused.json()["error"]["message"]
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "model": "any"}
+    assert httpx.post(dp.url + "/v1/chat/completions", json=chat, timeout=60).status_code == 200
+
+
+def test_shared_prefix_traffic_stays_on_one_replica(dp: DP) -> None:
+    before = {r: dp.stats(r) for r in dp.replicas}
+    n = 6
+    for i in range(n):
+        dp.generate(FEW_SHOT + f"Q: What is {i} plus 7?\nA:")
+    after = {r: dp.stats(r) for r in dp.replicas}
+    served = {r: after[r]["num_finished"] - before[r]["num_finished"] for r in dp.replicas}
+    assert sorted(served.values()) == [0, n], served
+    cached = sum(after[r]["cached_prompt_tokens"] - before[r]["cached_prompt_tokens"] for r in dp.replicas)
+    computed = sum(
+        after[r]["computed_prompt_tokens"] - before[r]["computed_prompt_tokens"] for r in dp.replicas
+    )
+    assert cached / (cached + computed) > 0.7, (cached, computed)
+
+
+def test_a_killed_replica_loses_no_request(dp: DP) -> None:
+    results: dict[int, Any] = {}
+
+    def plain(i: int) -> None:
+        results[i] = dp.generate(f"Story {i}: once upon a time", max_new_tokens=48, timeout=180)
+
+    def stream(i: int) -> None:
+        body = {
+            "text": f"Tale {i}:",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 48, "ignore_eos": True},
+        }
+        events: list[dict[str, Any]] = []
+        try:
+            with httpx.stream("POST", dp.url + "/generate", json=body, timeout=180) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        events.append(json.loads(line[6:]))
+        except httpx.HTTPError as exc:
+            results[i] = exc
+            return
+        results[i] = events
+
+    threads = [threading.Thread(target=plain, args=(i,)) for i in range(6)]
+    threads += [threading.Thread(target=stream, args=(i,)) for i in range(6, 8)]
+    for t in threads:
+        t.start()
+    victim = _busy_replica(dp)
+    psutil.Process(_pid_listening_on(victim)).kill()
+    for t in threads:
+        t.join(240)
+    for i in range(6):  # every non-streamed request was answered in full, some by a retry
+        assert results[i]["meta_info"]["completion_tokens"] == 48, results[i]
+    for i in (6, 7):  # a stream ends complete or in an error, never as a shorter answer
+        got = results[i]
+        assert isinstance(got, httpx.HTTPError) or got[-1]["meta_info"]["completion_tokens"] == 48
+
+
+def _busy_replica(dp: DP) -> str:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for r in dp.replicas:
+            if dp.stats(r)["num_running"] > 0:
+                return r
+        time.sleep(0.2)
+    raise AssertionError("no replica started the requests")
+
+
+def _pid_listening_on(url: str) -> int:
+    port = int(url.rsplit(":", 1)[1])
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            return int(conn.pid)
+    raise AssertionError(f"nothing listens on {url}")
