@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -15,7 +15,24 @@ from .prefix_cache import CacheHandle
 from .sampling_params import SamplingParams
 from .tokenizer import IncrementalDetokenizer
 
+# What a request sends its caller: {"text", "output_ids", "meta_info"} (JSON-shaped, the wire format).
 OutputSink = Callable[[dict[str, Any]], None]
+# {"type": "stop" | "length" | "abort", then "matched" (a token or stop string), "length" or "message"}
+FinishReason = dict[str, str | int]
+LogprobEntry = tuple[float | None, int, str | None]  # (logprob, token id, token text: filled by the caller)
+TopLogprobs = list[LogprobEntry] | None  # one position's top-k (None where there is none)
+
+
+class RequestGrammar(Protocol):
+    """A constrained request's grammar state as the scheduler uses it (backend/constrained.py)."""
+
+    jump_forward: bool
+
+    def accept_and_jump(self, req: Req, tok: int, stats: object) -> list[int]:
+        """Accept tok; returns the ids this step appended (tok, then any forced tokens)."""
+        ...
+
+    def is_terminated(self) -> bool: ...
 
 
 @dataclass(eq=False)
@@ -44,22 +61,22 @@ class Req:
     admitted_once: bool = False
     num_retractions: int = 0
     pending: int = -1  # index of this request's token in the in-flight step's samples (-1: none)
-    pending_step: Any = None  # that in-flight step (a LaunchedStep)
+    pending_step: object | None = None  # that in-flight step (a LaunchedStep; compared by identity)
 
-    finished_reason: dict[str, Any] | None = None
+    finished_reason: FinishReason | None = None
     rng: random.Random | None = None  # a seeded request's own sampling RNG
     penalty_counts: torch.Tensor | None = None  # [V] float: output-token counts
     penalty_seen: torch.Tensor | None = None  # [V] bool: tokens in prompt or output
-    grammar: Any = None  # a radixlm.grammars matcher, when constrained
+    grammar: RequestGrammar | None = None  # set when constrained
     stream_sent: int = 0  # chars of text already streamed
     ids_sent: int = 0  # output ids already streamed
     stop_cut: int = -1  # where a matched stop string starts in detok.text
     stop_checked: int = 0  # chars of detok.text already searched for stop strings
 
-    input_token_logprobs: list[Any] = field(default_factory=list)
-    input_top_logprobs: list[Any] = field(default_factory=list)
-    output_token_logprobs: list[Any] = field(default_factory=list)
-    output_top_logprobs: list[Any] = field(default_factory=list)
+    input_token_logprobs: list[LogprobEntry] = field(default_factory=list)
+    input_top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    output_token_logprobs: list[LogprobEntry] = field(default_factory=list)
+    output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
     input_logprobs_done: bool = False
 
     @property

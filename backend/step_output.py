@@ -13,7 +13,7 @@ import torch
 if TYPE_CHECKING:
     from .cascade_groups import CascadeGroups
     from .model_runner import ScheduledItem
-    from .request import Req
+    from .request import LogprobEntry, Req, TopLogprobs
 
 
 @dataclass
@@ -52,7 +52,7 @@ class LogprobRows:
             None if top is None else to_host(top.indices),
         )
 
-    def record(self, out: list, top_out: list | None) -> None:
+    def record(self, out: list[LogprobEntry], top_out: list[TopLogprobs] | None) -> None:
         """Append (logprob, token, None) triples (and top-k lists) — host data only."""
         out.extend((c, t, None) for c, t in zip(self.chosen.tolist(), self.targets.tolist()))
         if top_out is not None and self.top_values is not None and self.top_ids is not None:
