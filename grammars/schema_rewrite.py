@@ -4,24 +4,63 @@ rewrite keeps the set of valid instances exactly; a case it does not know is lef
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from .schema_not import negate
 from .schema_walk import resolve_pointer, walk
-
-ALL_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 
 
 def rewrite(schema: Any) -> Any:
     """The schema with every known case rewritten in place (the same object, or False)."""
     if not isinstance(schema, dict):
         return schema
+    mergeable = "/allOf/" not in json.dumps(schema)  # no $ref points into an allOf member
     for node, _ in list(walk(schema)):
+        if mergeable:
+            _merge_all_of(node)
         _unique_items(node)
         _property_names(node)
         _dependencies(node)
-        _not(node)
+        _not(node, schema)
         _one_of(node, schema)
+        _implied_type(node, schema)
     return schema
+
+
+# Keywords whose meaning depends on others of the same schema object: never split across a merge.
+_COUPLED = (
+    {"properties", "patternProperties", "additionalProperties", "unevaluatedProperties"},
+    {"items", "prefixItems", "additionalItems", "unevaluatedItems"},
+    {"contains", "minContains", "maxContains"},
+    {"if", "then", "else"},
+    {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"},  # draft-04 boolean exclusives
+)
+
+
+def _merge_all_of(node: dict) -> None:
+    """allOf members whose keywords the node does not use move into the node: the conjunction is the
+    same, and llguidance need not intersect schemas (it cannot when a member reaches a recursive
+    $ref)."""
+    members = node.get("allOf")
+    if not isinstance(members, list):
+        return
+    keep = []
+    for m in members:
+        if isinstance(m, dict) and m and _mergeable(node, m):
+            node.update(m)
+        else:
+            keep.append(m)
+    if keep:
+        node["allOf"] = keep
+    else:
+        del node["allOf"]
+
+
+def _mergeable(node: dict, member: dict) -> bool:
+    if "$ref" in node or "$ref" in member or "allOf" in member or set(node) & set(member) - {"allOf"}:
+        return False
+    return not any(group & set(node) and group & set(member) for group in _COUPLED)
 
 
 def _unique_items(node: dict) -> None:
@@ -39,10 +78,6 @@ def _property_names(node: dict) -> None:
 def _absent(name: str) -> dict:
     """Objects without the property name, and every non-object."""
     return {"properties": {name: False}}
-
-
-def _object_without(name: str) -> dict:
-    return {"type": "object", "properties": {name: False}}
 
 
 def _dependencies(node: dict) -> None:
@@ -65,37 +100,15 @@ def _dependencies(node: dict) -> None:
         node["allOf"] = [*node.get("allOf", []), *conds]
 
 
-def _not(node: dict) -> None:
-    sub = node.get("not")
+def _not(node: dict, root: dict) -> None:
     if "not" not in node:
         return
-    if sub is True or sub == {}:
-        del node["not"]
-        node["allOf"] = [*node.get("allOf", []), False]
+    neg = negate(node["not"], root)
+    if neg is None:
         return
-    if not isinstance(sub, dict):
-        if sub is False:
-            del node["not"]
-        return
-    if set(sub) == {"type"}:
-        banned = sub["type"] if isinstance(sub["type"], list) else [sub["type"]]
-        if "integer" in banned and "number" not in banned:
-            return  # whole numbers written as floats (1.0) are integers too
-        allowed = [t for t in ALL_TYPES if t not in banned]
-        if "number" in banned:
-            allowed = [t for t in allowed if t != "integer"]
-        del node["not"]
-        node["allOf"] = [*node.get("allOf", []), {"type": allowed} if allowed else False]
-    elif set(sub) == {"required"} and isinstance(sub["required"], list) and sub["required"]:
-        del node["not"]
-        names = sub["required"]
-        cond: Any = (
-            _object_without(names[0]) if len(names) == 1 else {"anyOf": [_object_without(n) for n in names]}
-        )
-        node["allOf"] = [*node.get("allOf", []), cond]
-    elif set(sub) == {"not"}:
-        del node["not"]
-        node["allOf"] = [*node.get("allOf", []), sub["not"]]
+    del node["not"]
+    if neg is not True and neg != {}:
+        node["allOf"] = [*node.get("allOf", []), neg]
 
 
 def _one_of(node: dict, root: dict) -> None:
@@ -110,6 +123,24 @@ def _one_of(node: dict, root: dict) -> None:
             node["allOf"] = [*node.get("allOf", []), {"anyOf": branches}]
         else:
             node["anyOf"] = branches
+
+
+def _implied_type(node: dict, root: dict) -> None:
+    """A `type` that $ref, every anyOf/oneOf branch or an allOf member already implies says nothing
+    more; dropping it keeps a recursive $ref free of siblings (which llguidance cannot expand)."""
+    t = node.get("type")
+    names = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else None
+    if names is None:
+        return
+    allowed = names | ({"integer"} if "number" in names else set())
+    groups = [[node[k]] if k == "$ref" else node[k] for k in ("$ref", "anyOf", "oneOf") if k in node]
+    groups = [[{"$ref": g[0]}] if isinstance(g[0], str) else g for g in groups if isinstance(g, list) and g]
+    groups += [[m] for m in node.get("allOf") or []]
+    for group in groups:
+        types = [_types(alt, root, 0) for alt in group]
+        if all(ts is not None and ts <= allowed for ts in types):
+            del node["type"]
+            return
 
 
 MAX_DEPTH = 4

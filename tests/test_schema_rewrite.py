@@ -1,0 +1,44 @@
+"""Equivalence rewrites of grammars/schema_rewrite.py checked against jsonschema: merging allOf members
+into their owner and dropping a `type` that $ref/anyOf already imply keep every verdict; a merge that
+would separate coupled keywords (properties / additionalProperties) is not made."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import jsonschema
+import pytest
+
+from radixlm.grammars.schema_rewrite import rewrite
+
+PROBES = [None, 1, 2.5, "a", "abc", [], [1], {}, {"a": 1}, {"a": "x"}, {"b": 1}, {"a": 1, "b": 2}, {"c": []}]
+
+CASES = [
+    {"allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}], "type": "object"},
+    {"allOf": [{"additionalProperties": False}], "properties": {"a": {}}},  # coupled: not merged
+    {"allOf": [{"required": ["a"]}, {"required": ["b"]}]},
+    {"allOf": [{"minLength": 2}], "type": ["string", "object"], "maxLength": 2},
+    {
+        "$defs": {"o": {"type": "object"}},
+        "anyOf": [{"$ref": "#/$defs/o"}, {"const": {"c": []}}],
+        "type": "object",
+    },
+    {"$defs": {"o": {"type": "object"}}, "anyOf": [{"$ref": "#/$defs/o"}, {"const": 1}], "type": "object"},
+    {"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n", "type": "number"},
+]
+
+
+@pytest.mark.parametrize("schema", CASES, ids=lambda s: json.dumps(s)[:50])
+def test_rewrites_keep_every_verdict(schema: dict) -> None:
+    out = rewrite(copy.deepcopy(schema))
+    before, after = jsonschema.Draft202012Validator(schema), jsonschema.Draft202012Validator(out)
+    for value in PROBES:
+        assert before.is_valid(value) == after.is_valid(value), (value, out)
+
+
+def test_what_is_merged_and_what_is_not() -> None:
+    assert "allOf" not in rewrite(copy.deepcopy(CASES[0]))
+    assert "allOf" in rewrite(copy.deepcopy(CASES[1]))
+    assert "type" not in rewrite(copy.deepcopy(CASES[4]))
+    assert "type" in rewrite(copy.deepcopy(CASES[5]))  # the const branch is not an object
