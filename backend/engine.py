@@ -78,10 +78,13 @@ class Engine:
         cuda_graph_max_bs: int | None = None,
         overlap_schedule: bool | None = None,
         disable_cascade: bool = False,
+        quantization: str | None = None,
     ) -> None:
         """overlap_schedule: process step t while step t+1 runs (None: on for CUDA, where it hides
         the host's per-step work; on CPU the forward runs on the host, so there is nothing to hide).
-        disable_cascade: never use cascade attention for decode batches sharing a long prefix."""
+        disable_cascade: never use cascade attention for decode batches sharing a long prefix.
+        quantization: for GGUF files, "gguf" keeps the weights as GGUF blocks, "dequantize" turns
+        them into `dtype` at load, None/"auto" keeps them on the CPU and dequantizes on CUDA."""
         logging.getLogger("radixlm").setLevel(log_level.upper())
         if cuda_graph_max_bs is not None and cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be at least 1, got {cuda_graph_max_bs}")
@@ -103,7 +106,7 @@ class Engine:
             config, None if model_shape else model_dir, self.device, resolve_dtype(dtype, self.device),
             max_total_tokens, mem_fraction_static, max_running_requests, random_weights or bool(model_shape), seed,
             disable_cuda_graph=disable_cuda_graph, cuda_graph_max_bs=cuda_graph_max_bs,
-            cascade_graphs=not disable_cascade,
+            cascade_graphs=not disable_cascade, quantization=quantization,
         )
         self.cache: BasePrefixCache = NoPrefixCache() if disable_radix_cache else RadixCache()
         chunk = chunked_prefill_size if chunked_prefill_size is not None else limits.chunked_prefill_size(self.device)

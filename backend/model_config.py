@@ -3,8 +3,11 @@ config.json dict, a GGUF header, or a named real shape (for random-weight benchm
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "smollm")
 
@@ -23,6 +26,9 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 4096
+    # Mistral-style sliding-window attention: full attention over at most this many tokens
+    # equals it, so the context is capped there (the attention kernels have no window)
+    sliding_window: int | None = None
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2/2.5: q/k/v projections have biases
     mlp_bias: bool = False
@@ -34,6 +40,8 @@ class ModelConfig:
 
     @property
     def context_len(self) -> int:
+        if self.sliding_window:
+            return min(self.max_position_embeddings, self.sliding_window)
         return self.max_position_embeddings
 
     @classmethod
@@ -54,6 +62,7 @@ class ModelConfig:
             rope_theta = rope_theta or rope_params.get("rope_theta")
             if rope_params.get("rope_type", "default") != "default":
                 rope_scaling = rope_params
+        window = _sliding_window(d)
         act = d.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise ValueError(f"unsupported hidden_act {act!r}; only silu (SwiGLU) is implemented")
@@ -70,6 +79,7 @@ class ModelConfig:
             rope_theta=float(rope_theta or 10000.0),
             rope_scaling=rope_scaling,
             max_position_embeddings=d.get("max_position_embeddings", 4096),
+            sliding_window=window,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             attention_bias=bool(d.get("attention_bias", model_type == "qwen2")),
             mlp_bias=bool(d.get("mlp_bias", False)),
@@ -95,6 +105,7 @@ class ModelConfig:
             "rope_theta": self.rope_theta,
             "rope_scaling": self.rope_scaling,
             "max_position_embeddings": self.max_position_embeddings,
+            "sliding_window": self.sliding_window,
             "tie_word_embeddings": self.tie_word_embeddings,
             "attention_bias": self.attention_bias,
             "mlp_bias": self.mlp_bias,
@@ -106,29 +117,80 @@ class ModelConfig:
         return d
 
 
+def _sliding_window(d: dict[str, Any]) -> int | None:
+    """The attention window that is in force (Qwen2 keeps one in its config but switches it off
+    with use_sliding_window); logged when it caps the context."""
+    window = d.get("sliding_window")
+    if not window or not d.get("use_sliding_window", True):
+        return None
+    max_pos = d.get("max_position_embeddings", 4096)
+    if int(window) < max_pos:
+        logger.warning(
+            "sliding_window %d < max_position_embeddings %d: context capped at %d tokens (full "
+            "attention over at most the window equals sliding-window attention; longer is not implemented)",
+            window,
+            max_pos,
+            window,
+        )
+    return int(window)
+
+
 # Real shapes for random-weight benchmarks: speed does not depend on the values.
 NAMED_SHAPES: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": {
-        "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
-        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072,
-        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-        "eos_token_id": [128001, 128008, 128009], "bos_token_id": 128000,
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 131072,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "eos_token_id": [128001, 128008, 128009],
+        "bos_token_id": 128000,
     },
     "llama-3.2-1b": {
-        "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
-        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 131072,
         "tie_word_embeddings": True,
-        "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-        "eos_token_id": [128001, 128008, 128009], "bos_token_id": 128000,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "eos_token_id": [128001, 128008, 128009],
+        "bos_token_id": 128000,
     },
     "qwen2.5-7b": {
-        "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
-        "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 32768,
+        "model_type": "qwen2",
+        "vocab_size": 152064,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768,
         "eos_token_id": 151645,
     },
 }

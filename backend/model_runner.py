@@ -16,7 +16,7 @@ from .cuda_graph_inputs import GraphTarget
 from .cuda_graph_runner import CudaGraphRunner, try_create
 from .forward_batch import AttentionBackend, ForwardBatch, to_device_packed
 from .kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
-from .loader import iter_safetensors
+from .loader import iter_weights
 from .model_config import ModelConfig
 from .models.llama import LlamaForCausalLM
 
@@ -62,8 +62,10 @@ class ModelRunner:
         disable_cuda_graph: bool = False,
         cuda_graph_max_bs: int | None = None,
         cascade_graphs: bool = False,
+        quantization: str | None = None,
     ) -> None:
         self.config = config
+        self.quantization = quantization  # GGUF weights: kept as blocks or dequantized (loader.py)
         self.device = device
         self.dtype = dtype
         self.model = self._load_model(model_dir, random_weights, seed)
@@ -103,7 +105,7 @@ class ModelRunner:
                     else:
                         p.normal_(0.0, 0.02, generator=gen)
         else:
-            model.load_weights(iter_safetensors(model_dir))
+            model.load_weights(iter_weights(model_dir, self.quantization, self.device))
         return model.eval()
 
     def _kv_budget(self, max_total_tokens: int | None, mem_fraction: float) -> int:

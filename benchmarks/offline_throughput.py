@@ -94,9 +94,11 @@ def hf_model_for(engine: Engine, args: argparse.Namespace) -> Any:
         finally:
             torch.set_default_dtype(prev)
         return model.eval()
-    from radixlm.backend.loader import resolve_model_dir
+    from radixlm.backend.gguf_loader import export_hf_folder
+    from radixlm.backend.loader import default_model_path, resolve_model_dir
 
-    path = resolve_model_dir(args.model_path)
+    model_path = Path(args.model_path or default_model_path())
+    path = export_hf_folder(model_path) if model_path.suffix == ".gguf" else resolve_model_dir(str(model_path))
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(engine.device).eval()
 
 

@@ -1,5 +1,6 @@
-"""Shared fixtures: the default model (converted once per machine), a session-wide engine on
-it, and the HF transformers reference model loaded from the same converted folder."""
+"""Shared fixtures: the default model (its tokenizer converted once per machine), a session-wide
+engine on it (GGUF blocks kept, as users get it), one with the weights dequantized to fp32, and
+the HF transformers reference on the same fp32 weights (exported once per machine)."""
 
 from __future__ import annotations
 
@@ -29,13 +30,27 @@ def engine():
 
 
 @pytest.fixture(scope="session")
+def fp32_engine():
+    """The default model dequantized at load: what the HF reference must match to 1e-4."""
+    from radixlm.backend.engine import Engine
+
+    eng = Engine(quantization="dequantize", max_total_tokens=8192)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="session")
 def tokenizer(engine):
     return engine.tokenizer
 
 
 @pytest.fixture(scope="session")
-def hf_model(default_model_dir):
+def hf_model():
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(default_model_dir), dtype=torch.float32)
+    from radixlm.backend.gguf_loader import export_hf_folder
+    from radixlm.backend.loader import default_model_path
+
+    folder = export_hf_folder(Path(default_model_path()))
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     return model.eval()

@@ -4,6 +4,8 @@ generation on the llama-3.1-8b shape with random weights."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from engine_helpers import last_logits
@@ -25,9 +27,11 @@ def gpu_engine():
 def test_smollm_bf16_logits_match_hf(gpu_engine):
     from transformers import AutoModelForCausalLM
 
-    from radixlm.backend.loader import resolve_model_dir
+    from radixlm.backend.gguf_loader import export_hf_folder
+    from radixlm.backend.loader import default_model_path
 
-    hf = AutoModelForCausalLM.from_pretrained(str(resolve_model_dir(None)), dtype=torch.bfloat16).cuda().eval()
+    folder = export_hf_folder(Path(default_model_path()))
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16).cuda().eval()
     for p in PROMPTS:
         ids = gpu_engine.tokenizer.encode(p)
         ours = last_logits(gpu_engine, ids).float()

@@ -18,6 +18,8 @@ from radixlm.kernels.silu_and_mul import silu_mul
 
 from ..forward_batch import ForwardBatch
 from ..model_config import ModelConfig
+from ..quant_formats import QuantTensor
+from ..quant_linear import QuantLinear, install_quantized
 from .rotary import RotaryEmbedding, rotate_and_store
 
 
@@ -42,10 +44,12 @@ class RMSNorm(nn.Module):
         return self.forward(residual), residual
 
 
-def linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def linear(layer: nn.Linear | QuantLinear, x: torch.Tensor) -> torch.Tensor:
     """layer(x); one row on CUDA goes to radixlm.kernels.gemv, which streams the weight once
     and beats cuBLAS for a single row; from a few rows up cuBLAS is faster, so it keeps those
-    (figures: benchmarks/results/gemv_h200.json)."""
+    (figures: benchmarks/results/gemv_h200.json). GGUF blocks run QuantLinear's own paths."""
+    if isinstance(layer, QuantLinear):
+        return layer(x)
     if x.shape[0] == 1 and use_gemv(x, layer.weight):
         return gemv(x, layer.weight, layer.bias)
     return layer(x)
@@ -99,7 +103,7 @@ class LlamaMLP(nn.Module):
         gate, up = linear(self.gate_up_proj, x).chunk(2, dim=-1)
         if x.is_cuda:  # fused SiLU-and-mul kernel on the GPU
             return linear(self.down_proj, silu_mul(gate, up))
-        return self.down_proj(nn.functional.silu(gate) * up)
+        return linear(self.down_proj, nn.functional.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -143,8 +147,9 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
 
     def tie_weights(self) -> None:
-        """Share the embedding with the LM head (again after to_empty/to, which break ties)."""
-        if self.config.tie_word_embeddings:
+        """Share the embedding with the LM head (again after to_empty/to, which break ties); a
+        quantized embedding is tied when it is installed."""
+        if self.config.tie_word_embeddings and isinstance(self.model.embed_tokens, nn.Embedding):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @torch.inference_mode()
@@ -174,12 +179,14 @@ class LlamaForCausalLM(nn.Module):
             "mlp.up_proj.": ("mlp.gate_up_proj.", inter, inter),
         }
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantTensor]]) -> None:
         """Copy named HF weights in (q/k/v and gate/up into their fused parameters' rows); every
-        parameter row must be covered exactly once."""
+        parameter row must be covered exactly once. GGUF blocks (QuantTensor) replace their
+        layer with a QuantLinear / QuantEmbedding once all its rows are in."""
         params = dict(self.named_parameters())
         stacked = self._stacked()
         covered: dict[str, int] = {}
+        quantized: dict[str, list[tuple[int, QuantTensor]]] = {}
         for name, w in weights:
             if "rotary_emb" in name:
                 continue
@@ -198,14 +205,18 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(
                     f"shape mismatch for {name}: model {tuple(dst.shape)} vs checkpoint {tuple(w.shape)}"
                 )
-            with torch.no_grad():
-                dst.copy_(w.to(p.dtype))
+            if isinstance(w, QuantTensor):
+                quantized.setdefault(target.removesuffix(".weight"), []).append((offset, w))
+            else:
+                with torch.no_grad():
+                    dst.copy_(w.to(p.dtype))
             covered[target] = covered.get(target, 0) + _rows(dst)
         missing = {n for n, p in params.items() if covered.get(n, 0) != _rows(p)}
         if self.config.tie_word_embeddings:
             missing.discard("lm_head.weight")
         if missing:
             raise ValueError(f"checkpoint lacks weights: {sorted(missing)[:5]}")
+        install_quantized(self, quantized, self.config.tie_word_embeddings)
 
 
 def _rows(t: torch.Tensor) -> int:

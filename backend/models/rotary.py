@@ -1,5 +1,5 @@
-"""Rotary position embedding: cos/sin tables (plain, linear and llama3 frequency scaling) and
-their application in the HF rotate-half layout."""
+"""Rotary position embedding: cos/sin tables (plain, linear, llama3 and per-frequency factor
+scaling) and their application in the HF rotate-half layout."""
 
 from __future__ import annotations
 
@@ -22,7 +22,16 @@ def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None)
         return inv / float(scaling["factor"])
     if kind == "llama3":
         return _llama3_scale(inv, scaling)
-    raise ValueError(f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3)")
+    if kind == "freq_factors":  # llama.cpp's rope_freqs: one divisor per inverse frequency
+        factors = torch.tensor(scaling["factors"], dtype=torch.float64)
+        if factors.shape != inv.shape:
+            raise ValueError(
+                f"rope_freqs has {factors.numel()} factors, head_dim {head_dim} needs {inv.numel()}"
+            )
+        return inv / factors
+    raise ValueError(
+        f"unsupported rope_scaling type {kind!r} (supported: default, linear, llama3, freq_factors)"
+    )
 
 
 def _llama3_scale(inv: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
@@ -40,7 +49,9 @@ def _llama3_scale(inv: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
 class RotaryEmbedding(torch.nn.Module):
     """Precomputed cos/sin [max_positions, head_dim] in float32; applied per token position."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None) -> None:
+    def __init__(
+        self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None
+    ) -> None:
         super().__init__()
         self.head_dim, self.max_positions, self.theta, self.scaling = head_dim, max_positions, theta, scaling
         self.cos = torch.empty(0)
@@ -57,7 +68,9 @@ class RotaryEmbedding(torch.nn.Module):
         half = self.head_dim // 2  # radixlm.kernels.rotary's cache: cos half | sin half
         self.cos_sin = torch.cat([self.cos[:, :half], self.sin[:, :half]], dim=-1).contiguous()
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, Hq, D], k [T, Hkv, D] → rotated (same dtype)."""
         if q.is_cuda:  # one Triton launch for q and k (same fp32 math, one rounding)
             return apply_rotary(q, k, positions, self.cos_sin)
@@ -66,9 +79,16 @@ class RotaryEmbedding(torch.nn.Module):
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
-def rotate_and_store(rope: RotaryEmbedding, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                     v: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, loc: torch.Tensor
-                     ) -> torch.Tensor:
+def rotate_and_store(
+    rope: RotaryEmbedding,
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    loc: torch.Tensor,
+) -> torch.Tensor:
     """Decode on CUDA: rotated q; rotated k and v written into the pool rows loc (one launch)."""
     return rotary_and_store(q, k, v, positions, rope.cos_sin, k_buffer, v_buffer, loc)
 

@@ -1,0 +1,195 @@
+"""Linear layers and the token embedding over GGUF weights kept quantized (QuantTensor blocks).
+QuantLinear computes x @ W^T (+ bias) for W = the dequantized blocks, to the precision of its
+path: torch's packed int4 CPU matmul for formats that are sums of 4-bit affine terms, a dense
+dequantized copy where no such path exists, and radixlm.kernels.quant_gemv on CUDA."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.kernels.quant_gemv import GEMV_FORMATS, quant_gemv
+
+from .quant_formats import AFFINE_FORMATS, AffineGroups, QuantTensor, stack_rows
+
+GROUP = 32  # every affine term has one scale and offset per 32 values
+PACK_ROWS = 64  # rows padded to whole 64-row tiles of torch's CPU int4 packing
+# The CPU's packed int4 matmul is only vectorised for bf16 activations (fp32 input takes a
+# scalar path ~10x slower); its output is bf16 too. benchmarks/cpu_quant.py --kernels measures it.
+CPU_ACT_DTYPE = torch.bfloat16
+
+
+class Int4PackSegment(nn.Module):
+    """Rows of one format on the CPU as torch int4-packed terms: w = sum over terms of
+    (q - 8) * scale + zero per group of 32 (zero = offset + 8 * scale)."""
+
+    def __init__(self, qt: QuantTensor) -> None:
+        super().__init__()
+        self.rows, self.cols = qt.rows, qt.cols
+        self.terms = len(terms := qt.affine_terms())
+        for i, g in enumerate(terms):
+            packed, scale_zero = _pack_int4(g, self.rows)
+            self.register_buffer(f"packed{i}", packed, persistent=False)
+            self.register_buffer(f"scale_zero{i}", scale_zero, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xa = x.to(CPU_ACT_DTYPE)
+        y = None
+        for i in range(self.terms):
+            t = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                xa, getattr(self, f"packed{i}"), GROUP, getattr(self, f"scale_zero{i}")
+            )
+            y = t if y is None else y + t
+        assert y is not None
+        return y[:, : self.rows].to(x.dtype)
+
+
+def _pack_int4(g: AffineGroups, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    pad = -rows % PACK_ROWS
+    q, scale, offset = g.q, g.scale, g.offset
+    if pad:  # zero rows (scale 0, zero 0) whose outputs forward() drops
+        q = F.pad(q, (0, 0, 0, pad), value=8)
+        scale, offset = F.pad(scale, (0, 0, 0, pad)), F.pad(offset, (0, 0, 0, pad))
+    packed = (
+        _int4pack_layout(q)
+        if _direct_packing_matches()
+        else (torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
+    )
+    scale_zero = torch.stack([scale, offset + 8 * scale], dim=-1).transpose(0, 1).contiguous()
+    return packed, scale_zero.to(CPU_ACT_DTYPE)
+
+
+def _int4pack_layout(q: torch.Tensor) -> torch.Tensor:
+    """torch's CPU int4 packing of q (uint8 [N, K], N a multiple of 64) done in uint8 ops (the
+    op itself wants int32, four times the bytes): byte (n // 64, k, i) holds rows i (low
+    nibble) and i + 32 (high nibble) of the 64-row tile at column k."""
+    n, k = q.shape
+    v = q.view(n // 64, 2, 32, k).permute(0, 3, 1, 2)
+    return (v[:, :, 0, :] | (v[:, :, 1, :] << 4)).contiguous().view(n, k // 2)
+
+
+_PACKING_CHECKED: list[bool] = []
+
+
+def _direct_packing_matches() -> bool:
+    """Whether _int4pack_layout equals torch's own packing here (its tile width follows the
+    CPU's vector width); checked once on a small random weight."""
+    if not _PACKING_CHECKED:
+        q = torch.randint(0, 16, (128, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+        ours = _int4pack_layout(q.to(torch.uint8))
+        _PACKING_CHECKED.append(torch.equal(ours, torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)))
+    return _PACKING_CHECKED[0]
+
+
+class DenseSegment(nn.Module):
+    """Rows dequantized once into a dense weight: the path for formats without a packed one."""
+
+    def __init__(self, qt: QuantTensor, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.register_buffer("weight", qt.dequantize().to(device=device, dtype=dtype), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+
+
+class CudaSegment(nn.Module):
+    """Rows kept as GGUF blocks on the GPU: decode rows run the dequantize-in-the-loop GEMV;
+    more rows dequantize into the activation dtype and run one matmul."""
+
+    def __init__(self, qt: QuantTensor, device: torch.device) -> None:
+        super().__init__()
+        self.qtype, self.cols = qt.qtype, qt.cols
+        self.register_buffer("raw", qt.raw.to(device), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= 4:
+            return quant_gemv(x, self.raw, self.qtype, self.cols)
+        w = QuantTensor(self.qtype, self.raw, self.cols).dequantize().to(x.dtype)
+        return F.linear(x, w)
+
+
+def _segment(qt: QuantTensor, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    if device.type == "cuda":
+        if qt.qtype in GEMV_FORMATS:
+            return CudaSegment(qt, device)
+        return DenseSegment(qt, dtype, device)
+    if qt.qtype in AFFINE_FORMATS:
+        return Int4PackSegment(qt)
+    return DenseSegment(qt, dtype, device)
+
+
+def _runs_of_one_format(parts: list[QuantTensor]) -> list[QuantTensor]:
+    """Consecutive parts of one format stacked: q/k/v of one type become one segment."""
+    runs: list[list[QuantTensor]] = []
+    for p in parts:
+        if runs and runs[-1][0].qtype == p.qtype:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    return [r[0] if len(r) == 1 else stack_rows(r) for r in runs]
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W^T (+ bias), W the row-wise concatenation of parts (GGUF blocks)."""
+
+    def __init__(
+        self, parts: list[QuantTensor], bias: torch.Tensor | None, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        if len({p.cols for p in parts}) != 1:
+            raise ValueError("QuantLinear parts must share their input width")
+        self.in_features = parts[0].cols
+        self.out_features = sum(p.rows for p in parts)
+        self.formats = sorted({p.qtype for p in parts})
+        self.segments = nn.ModuleList(_segment(qt, device, dtype) for qt in _runs_of_one_format(parts))
+        self.register_buffer(
+            "bias", None if bias is None else bias.to(device=device, dtype=dtype), persistent=False
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        ys = [s(x2) for s in self.segments]
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        kinds = ",".join(type(s).__name__ for s in self.segments)
+        return f"in={self.in_features}, out={self.out_features}, formats={self.formats}, paths={kinds}"
+
+
+class QuantEmbedding(nn.Module):
+    """Token embedding over GGUF blocks: the rows looked up are dequantized, nothing else."""
+
+    def __init__(self, qt: QuantTensor, device: torch.device, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.qt = QuantTensor(qt.qtype, qt.raw.to(device), qt.cols)
+        self.dtype = dtype
+        self.num_embeddings, self.embedding_dim = qt.rows, qt.cols
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.qt.select_rows(ids.reshape(-1))
+        return rows.dequantize().to(self.dtype).reshape(*ids.shape, self.embedding_dim)
+
+
+def install_quantized(model: nn.Module, parts: dict[str, list[tuple[int, QuantTensor]]], tied: bool) -> None:
+    """Replace each module named in parts (its rows as (row offset, blocks)) by a QuantLinear, or
+    a QuantEmbedding for the token embedding (also the LM head when tied); device and dtype
+    follow the module replaced, its bias carries over."""
+    for path, pieces in parts.items():
+        old = model.get_submodule(path)
+        ref = next(old.parameters())
+        device, dtype = ref.device, ref.dtype
+        blocks = [qt for _, qt in sorted(pieces, key=lambda p: p[0])]
+        parent, _, attr = path.rpartition(".")
+        if isinstance(old, nn.Embedding):
+            emb = QuantEmbedding(blocks[0], device, dtype)
+            setattr(model.get_submodule(parent), attr, emb)
+            if tied:
+                model.lm_head = QuantLinear(blocks, None, device, dtype)
+            continue
+        bias = getattr(old, "bias", None)
+        setattr(model.get_submodule(parent), attr, QuantLinear(blocks, bias, device, dtype))
