@@ -20,7 +20,7 @@ from .json_schema import (
     json_schema_to_regex,
     normalize_json_schema,
 )
-from .schema_policy import PreparedSchema, generation_policy, one_of_pointers, prepare
+from .schema_policy import PreparedSchema, closed_policy, generation_policy, one_of_pointers, prepare
 from .token_index import TokenVocab, vocab_from_tokenizer
 
 KINDS = ("regex", "json_schema", "ebnf", "json")
@@ -153,8 +153,11 @@ class GrammarBackend:
         if prepared.schema is False:
             raise ValueError("invalid JSON schema: it matches nothing")
         generation = generation_policy(prepared.schema)
+        closed = closed_policy(prepared.schema)
         try:
-            return SchemaGrammar(self.llguidance, prepared.schema, generation, prepared.dropped)
+            return SchemaGrammar(
+                self.llguidance, prepared.schema, generation, prepared.dropped, fallback=closed
+            )
         except ValueError as e:
             if strict or "oneOf constraints are not supported" not in str(e):
                 raise ValueError(f"JSON schema not supported: {e}") from e
@@ -164,7 +167,9 @@ class GrammarBackend:
             *(f"oneOf at {ptr} (as anyOf)" for ptr in one_of_pointers(prepared.schema)),
         ]
         try:
-            return SchemaGrammar(self.llguidance, prepared.schema, generation, dropped, coerce_one_of=True)
+            return SchemaGrammar(
+                self.llguidance, prepared.schema, generation, dropped, coerce_one_of=True, fallback=closed
+            )
         except ValueError as e:
             raise ValueError(f"JSON schema not supported: {e}") from e
 

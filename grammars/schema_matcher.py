@@ -44,7 +44,9 @@ class SchemaGrammar:
         generation: Any,
         dropped: list[str],
         coerce_one_of: bool = False,
+        fallback: Any = None,
     ) -> None:
+        """fallback: a narrower generation schema, compiled only when both others are refused."""
         self.compiler = compiler
         self.schema = schema
         self.dropped_keywords = list(dropped)
@@ -64,6 +66,11 @@ class SchemaGrammar:
                 preferred = compiler.compile("json_schema", gen_text, dropped, coerce_one_of)
             except ValueError:
                 preferred = language  # e.g. an integer whose bounds lie beyond 16 digits
+        if preferred is None and fallback is not None:
+            try:
+                preferred = compiler.compile("json_schema", json.dumps(fallback), dropped, coerce_one_of)
+            except ValueError:
+                preferred = None
         if preferred is None:
             raise error or ValueError("invalid grammar")
         self.modes: list[LLGuidanceCompiled] = [preferred]

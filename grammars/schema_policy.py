@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .schema_rewrite import rewrite
-from .schema_walk import walk
+from .schema_walk import resolve_pointer, walk
 
 # Assertions no grammar here enforces in general (simple cases are rewritten first, schema_rewrite).
 UNENFORCEABLE = frozenset(
@@ -101,9 +101,56 @@ def generation_policy(schema: Any) -> Any:
     return out
 
 
+def closed_policy(schema: Any) -> Any:
+    """The generation policy with objects closed: an object that lists its properties and says
+    nothing about others gets additionalProperties false (not inside allOf/anyOf/oneOf, where closing
+    one member could refuse what another allows). A fallback mask for schemas whose open grammar
+    llguidance refuses (e.g. minProperties beside optional properties, a oneOf it can prove exclusive
+    only once nested objects are closed); text beyond it is read as JSON and checked at EOS."""
+    out = generation_policy(schema)
+    composed = _composed(out)
+    for node, _ in list(walk(out)):
+        if _closable(node) and id(node) not in composed:
+            node["additionalProperties"] = False
+    return out
+
+
 def one_of_pointers(schema: Any) -> list[str]:
     """Where a oneOf remains after the exact rewrites (those llguidance may enforce as anyOf)."""
     return [ptr for node, ptr in walk(schema) if isinstance(node.get("oneOf"), list)]
+
+
+def _closable(node: dict) -> bool:
+    """Lists its properties (every required one among them) and says nothing about others."""
+    props = node.get("properties")
+    if not isinstance(props, dict) or not props:
+        return False
+    required = node.get("required") if isinstance(node.get("required"), list) else []
+    open_keys = {"additionalProperties", "patternProperties", "unevaluatedProperties"}
+    return not open_keys & set(node) and all(r in props for r in required)
+
+
+def _composed(root: Any) -> set[int]:
+    """ids of the schema objects combined with others (allOf/anyOf/oneOf members and owners, $ref
+    with siblings, and what they reference): closing one of them could refuse valid members."""
+    nodes = list(walk(root))
+    ids: set[int] = set()
+    for node, _ in nodes:
+        members = [m for k in ("allOf", "anyOf", "oneOf") for m in node.get(k) or [] if isinstance(m, dict)]
+        if members or ("$ref" in node and len(node) > 1):
+            ids.add(id(node))
+        ids.update(id(m) for m in members)
+    changed = True
+    while changed:
+        changed = False
+        for node, _ in nodes:
+            ref = node.get("$ref")
+            if id(node) in ids and isinstance(ref, str) and ref.startswith("#"):
+                target = resolve_pointer(root, ref)
+                if isinstance(target, dict) and id(target) not in ids:
+                    ids.add(id(target))
+                    changed = True
+    return ids
 
 
 MAX_DIGITS_INT = 10**16 - 1  # the same 16-digit bound as the FSM's integers

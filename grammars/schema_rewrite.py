@@ -126,14 +126,15 @@ def _one_of(node: dict, root: dict) -> None:
 
 
 def _implied_type(node: dict, root: dict) -> None:
-    """A `type` that $ref, every anyOf/oneOf branch or an allOf member already implies says nothing
+    """A `type` that $ref, every anyOf branch or an allOf member already implies says nothing
     more; dropping it keeps a recursive $ref free of siblings (which llguidance cannot expand)."""
     t = node.get("type")
     names = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else None
     if names is None:
         return
     allowed = names | ({"integer"} if "number" in names else set())
-    groups = [[node[k]] if k == "$ref" else node[k] for k in ("$ref", "anyOf", "oneOf") if k in node]
+    # not beside oneOf: llguidance reads the type there when it proves the branches exclusive
+    groups = [[node[k]] if k == "$ref" else node[k] for k in ("$ref", "anyOf") if k in node]
     groups = [[{"$ref": g[0]}] if isinstance(g[0], str) else g for g in groups if isinstance(g, list) and g]
     groups += [[m] for m in node.get("allOf") or []]
     for group in groups:

@@ -117,7 +117,10 @@ def test_rollback_and_reset_across_readings(backend: GrammarBackend) -> None:
 
 
 DISJOINT_ONE_OF = [
-    {"oneOf": [{"$ref": "#/$defs/d"}, {"type": "null"}], "$defs": {"d": {"type": "string", "format": "date"}}},
+    {
+        "oneOf": [{"$ref": "#/$defs/d"}, {"type": "null"}],
+        "$defs": {"d": {"type": "string", "format": "date"}},
+    },
     {"oneOf": [{"const": 1, "title": "a"}, {"const": 2}]},
     {
         "type": "object",
@@ -132,8 +135,19 @@ DISJOINT_ONE_OF = [
 @pytest.mark.parametrize("schema", DISJOINT_ONE_OF)
 def test_provably_exclusive_one_of_is_enforced(backend: GrammarBackend, schema: dict) -> None:
     g = backend.compile("json_schema", schema)
-    values = [None, 1, 2, 3, "2024-01-02", "x", {"kind": "a", "x": 1}, {"kind": "b", "y": 0}, {"kind": "a"},
-              {"kind": "c"}, {"kind": "b", "y": 1, "x": "s"}]
+    values = [
+        None,
+        1,
+        2,
+        3,
+        "2024-01-02",
+        "x",
+        {"kind": "a", "x": 1},
+        {"kind": "b", "y": 0},
+        {"kind": "a"},
+        {"kind": "c"},
+        {"kind": "b", "y": 1, "x": "s"},
+    ]
     validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
     for v in values:
         assert walk(backend, g, v)[0] == validator.is_valid(v), v
@@ -150,3 +164,20 @@ def test_overlapping_one_of_strict_refused_nonstrict_named(backend: GrammarBacke
     g = backend.compile("json_schema", schema, strict=False)
     assert "oneOf at # (as anyOf)" in g.dropped_keywords
     assert walk(backend, g, {"r": 1})[0] and not walk(backend, g, {})[0]
+
+
+def test_closed_mask_when_llguidance_refuses_the_open_grammar(backend: GrammarBackend) -> None:
+    # llguidance takes minProperties beside optional properties only when the object is closed: the
+    # mask then writes the closed object, and other documents are read as JSON and checked at EOS
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+        "minProperties": 1,
+    }
+    g = backend.compile("json_schema", schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in [{}, {"a": 1}, {"b": "x", "a": 2}, {"z": 1}, {"a": "1"}, {"a": 1, "z": None}]:
+        accepted, in_mask = walk(backend, g, value)
+        assert accepted == validator.is_valid(value), value
+        if value in ({"a": 1},):
+            assert in_mask
