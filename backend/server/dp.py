@@ -8,6 +8,7 @@ drain as a single server does) and the command exits."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib.util
 import logging
 import signal
@@ -29,6 +30,18 @@ POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "manual")
 DEPLOYMENT_OPTIONS = frozenset({"dp", "router_policy", "host", "port", "model", "help"})
 READY_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 30.0
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the launcher dies, even by SIGKILL (Linux), so no
+    replica or router outlives the deployment."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(cmd, preexec_fn=_die_with_parent)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -110,11 +123,11 @@ def start_replicas(dep: Deployment, n: int, argv: list[str]) -> None:
             "--port",
             str(port),
         ]
-        dep.replicas.append(subprocess.Popen(cmd))
+        dep.replicas.append(spawn(cmd))
         dep.replica_urls.append(f"http://127.0.0.1:{port}")
 
 
-def start_router(dep: Deployment, policy: str, log_level: str) -> None:
+def start_router(dep: Deployment, policy: str, log_level: str, api_key: str | None) -> None:
     port, metrics_port = free_port(), free_port()
     cmd = [
         sys.executable,
@@ -146,7 +159,9 @@ def start_router(dep: Deployment, policy: str, log_level: str) -> None:
         "--log-level",
         {"warning": "warn", "debug": "debug", "error": "error"}.get(log_level, "warn"),
     ]
-    dep.router = subprocess.Popen(cmd)
+    if api_key is not None:  # the router's own calls to the replicas (/server_info, ...) need it
+        cmd += ["--api-key", api_key]
+    dep.router = spawn(cmd)
     dep.router_url = f"http://127.0.0.1:{port}"
 
 
@@ -171,9 +186,10 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _registered(router_url: str, n: int) -> bool:
+def _registered(router_url: str, n: int, api_key: str | None) -> bool:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        workers = httpx.get(router_url + "/workers", timeout=2.0).json().get("workers", [])
+        workers = httpx.get(router_url + "/workers", headers=headers, timeout=2.0).json().get("workers", [])
     except (httpx.HTTPError, ValueError):
         return False
     return sum(1 for w in workers if w.get("is_healthy")) >= n
@@ -194,8 +210,8 @@ def launch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Deploym
         start_replicas(dep, args.dp, replica_argv(parser, args))
         for url in dep.replica_urls:
             wait_until(dep, lambda u=url: _healthy(u), f"replica {url}")
-        start_router(dep, args.router_policy, args.log_level)
-        wait_until(dep, lambda: _registered(dep.router_url, args.dp), "the router")
+        start_router(dep, args.router_policy, args.log_level, args.api_key)
+        wait_until(dep, lambda: _registered(dep.router_url, args.dp, args.api_key), "the router")
     except BaseException:
         dep.stop()
         raise
@@ -204,12 +220,25 @@ def launch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Deploym
 
 def serve_dp(parser: argparse.ArgumentParser, args: argparse.Namespace, sock: socket.socket) -> None:
     """Run the deployment behind the front on `sock` until SIGINT/SIGTERM or a child's death."""
+    # uvicorn re-raises the signal it handled once it has stopped, and SIGTERM's default action
+    # would end this process before its children are stopped: it raises here instead, from the
+    # start (a SIGTERM while the replicas load stops them too).
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        _serve(parser, args, sock)
+    except (KeyboardInterrupt, _Terminated):  # during startup; launch() stopped what it started
+        logger.info("deployment stopped")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _serve(parser: argparse.ArgumentParser, args: argparse.Namespace, sock: socket.socket) -> None:
     import uvicorn
 
     from .dp_front import create_front
 
     dep = launch(parser, args)
-    app = create_front(dep.router_url, dep.replica_urls)
+    app = create_front(dep.router_url, dep.replica_urls, args.api_key)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     threading.Thread(target=_watch, args=(dep, server), name="radixlm-dp-watch", daemon=True).start()
@@ -218,16 +247,12 @@ def serve_dp(parser: argparse.ArgumentParser, args: argparse.Namespace, sock: so
         "router (%s) at %s over replicas %s", args.router_policy, dep.router_url, ", ".join(dep.replica_urls)
     )
     print(f"radixlm serving {args.dp} replicas behind sglang-router on {url}", flush=True)
-    # uvicorn re-raises the signal it handled once it has stopped; SIGTERM's default action
-    # would end this process before the children are stopped, so it raises here instead.
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         server.run(sockets=[sock])
     except (KeyboardInterrupt, _Terminated):
         pass
     finally:
         dep.stop()
-        signal.signal(signal.SIGTERM, previous)
     logger.info("deployment stopped")
 
 

@@ -6,6 +6,7 @@ Bodies stream through unbuffered; a client that goes away closes the upstream re
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import json
 from collections.abc import AsyncIterator
@@ -68,11 +69,15 @@ class FrontRouting:
         return [(start + k) % len(self.replica_urls) for k in range(len(self.replica_urls))]
 
 
-def create_front(router_url: str, replica_urls: list[str]) -> Starlette:
+def create_front(router_url: str, replica_urls: list[str], api_key: str | None = None) -> Starlette:
+    """The front app. With `api_key`, every path but /health needs it, as on a single server (the
+    router's own admin routes, such as /workers, are reachable only through here)."""
     routing = FrontRouting(router_url, replica_urls)
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
 
     async def proxy(request: Request) -> Response:
+        if api_key is not None and request.url.path != "/health" and not _authorized(request, api_key):
+            return _error(401, "missing or wrong API key", "authentication_error")
         targets, is_run = routing.targets(request.url.path)
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
@@ -114,13 +119,17 @@ async def _relay(resp: httpx.Response, routing: FrontRouting, replica: int | Non
             routing.running[replica] -= 1
 
 
+def _authorized(request: Request, api_key: str) -> bool:
+    given = request.headers.get("authorization", "")
+    token = given[7:].strip() if given[:7].lower() == "bearer " else given
+    return hmac.compare_digest(token.encode(), api_key.encode())
+
+
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Response:
+    body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return Response(json.dumps(body), status, media_type="application/json", headers=headers)
+
+
 def _unavailable(base: str, exc: Exception) -> Response:
-    body: dict[str, Any] = {
-        "error": {
-            "message": f"upstream {base} unavailable: {type(exc).__name__}",
-            "type": "server_error",
-            "param": None,
-            "code": 503,
-        }
-    }
-    return Response(json.dumps(body), 503, media_type="application/json", headers={"Retry-After": "1"})
+    message = f"upstream {base} unavailable: {type(exc).__name__}"
+    return _error(503, message, "server_error", {"Retry-After": "1"})
