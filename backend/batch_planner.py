@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .sampler import Sampler
     from .schedule_policy import SchedulePolicy
     from .scheduler_config import SchedulerConfig, SchedulerStats
+    from .speculative import Speculator
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +39,10 @@ class BatchPlanner:
         sampler: Sampler,
         policy: SchedulePolicy,
         drain_inflight: Callable[[], bool],
+        spec: Speculator | None = None,
     ) -> None:
-        """drain_inflight: process the in-flight step now; False when there is none."""
+        """drain_inflight: process the in-flight step now; False when there is none. spec: drafts
+        for decode items (speculative decoding), when any request may speculate."""
         self.queues = queues
         self.kv = kv
         self.cfg = cfg
@@ -47,6 +50,7 @@ class BatchPlanner:
         self.sampler = sampler
         self.policy = policy
         self.drain_inflight = drain_inflight
+        self.spec = spec
         self.grouper = (
             CascadeGrouper()
         )  # the cascade grouping of the last decode batch, reused while it holds
@@ -70,6 +74,10 @@ class BatchPlanner:
         batch = [r for r in self.queues.running if self.decodes_next(r)]
         if not batch:
             return
+        drafts = self.spec.draft(batch) if self.spec is not None else None
+        if drafts is not None and self._schedule_verify(plan, batch, drafts.drafts):
+            plan.drafts = drafts
+            return
         batch = self._order_for_cascade(plan, batch)
         slots = self.kv.alloc(len(batch))
         assert slots is not None, "decode slots were ensured above"
@@ -85,6 +93,27 @@ class BatchPlanner:
             req.kv_len += 1
         plan.slots.append(slots)  # KV slots of the step's tokens, in item order
         plan.num_decode = len(batch)
+
+    def _schedule_verify(self, plan: StepPlan, batch: list[Req], drafts: list[list[int]]) -> bool:
+        """Decode items that also carry draft tokens (k + 1 positions each, all returning logits),
+        when free slots hold the drafts (never evicting for them); False: plain decode instead."""
+        slots = self.kv.alloc(len(batch) + sum(len(d) for d in drafts))
+        if slots is None:
+            return False
+        at = 0
+        for req, d in zip(batch, drafts):
+            row, col, n = req.req_pool_idx, req.kv_len, 1 + len(d)
+            assert row is not None and req.pending < 0, "drafts follow a known last token"
+            self.kv.req_table.write(row, col, slots[at : at + n])
+            tok = (req.output_ids or req.input_ids)[-1]
+            plan.reqs.append(req)
+            plan.items.append(ScheduledItem(row, [tok, *d], col, list(range(n))))
+            plan.samples.append(True)
+            req.kv_len += n
+            at += n
+        plan.slots.append(slots)
+        plan.num_decode = len(batch)
+        return True
 
     def _order_for_cascade(self, plan: StepPlan, batch: list[Req]) -> list[Req]:
         """Members of a group sharing a long cached prefix run contiguously, with the groups in

@@ -88,6 +88,15 @@ class CacheManager:
         req.req_pool_idx, req.cache_handle, req.prefix_len, req.kv_len = None, None, 0, 0
         req.pending, req.pending_step = -1, None
 
+    def truncate(self, req: Req, n: int) -> None:
+        """Keep only the first n tokens' KV of a request (rejected draft tokens' slots go back
+        to the free list; they are the request's own, never the cache's)."""
+        row = req.req_pool_idx
+        assert row is not None and req.prefix_len <= n
+        if n < req.kv_len:
+            self.allocator.free(self.req_table.read(row, n, req.kv_len))
+            req.kv_len = n
+
     def cache_unfinished(self, req: Req, upto: int) -> None:
         """After a prompt chunk: offer its first `upto` tokens (computed) to the cache and lock what
         it keeps, so others can share them while the rest is still being prefilled."""

@@ -17,14 +17,24 @@ if TYPE_CHECKING:
     from .cache_manager import CacheManager
     from .request_queues import RequestQueues
     from .scheduler_config import SchedulerConfig, SchedulerStats
+    from .speculative import Speculator
+    from .speculative_verify import Verdict
 
 
 class OutputProcessor:
-    def __init__(self, queues: RequestQueues, kv: CacheManager, cfg: SchedulerConfig, stats: SchedulerStats) -> None:
+    def __init__(
+        self,
+        queues: RequestQueues,
+        kv: CacheManager,
+        cfg: SchedulerConfig,
+        stats: SchedulerStats,
+        spec: Speculator | None = None,
+    ) -> None:
         self.queues = queues
         self.kv = kv
         self.cfg = cfg
         self.stats = stats
+        self.spec = spec
 
     def process(self, step: LaunchedStep) -> None:
         step.wait()  # the step's one host sync
@@ -42,6 +52,12 @@ class OutputProcessor:
             if not req.finished:
                 req.finished_reason = {"type": "length", "length": 0}
                 self.finish(req)
+        if step.verdicts is not None:
+            for k, (req, verdict) in enumerate(zip(step.gen, step.verdicts)):
+                if not req.finished:
+                    self._append_verified(
+                        req, verdict, step.drafted[k], step.out_logprobs.get(k), k < plan.num_decode
+                    )
         tokens = step.tokens_host.tolist() if step.tokens_host is not None else []
         for k, (req, tok) in enumerate(zip(step.gen, tokens)):
             if req.pending_step is step:  # else a later launch already points it at its own step
@@ -80,6 +96,32 @@ class OutputProcessor:
         if req.stream:
             self._emit_chunk(req)
 
+    def _append_verified(
+        self, req: Req, verdict: Verdict, drafted: int, logprobs: LogprobRows | None, was_running: bool
+    ) -> None:
+        """A verify step's tokens, one by one as plain decoding would append them (stops, stop
+        strings and max_new_tokens end the run exactly where they would); the KV of rejected
+        drafts is freed first, so a request that finishes caches only verified tokens."""
+        fed = req.all_ids[-1:] + verdict.tokens[:-1]  # the tokens whose KV this step computed
+        start = req.kv_len - drafted - 1
+        self.kv.truncate(req, start + 1 + verdict.accepted)
+        if self.spec is not None:
+            self.spec.observe(req, drafted, verdict.accepted)
+        for j, tok in enumerate(verdict.tokens):
+            if logprobs is not None:
+                logprobs.row(j).record(
+                    req.output_token_logprobs, req.output_top_logprobs if req.top_logprobs_num > 0 else None
+                )
+            self._append_token(req, tok, was_running)
+            if req.finished:
+                return
+            was_running = True
+            if req.all_ids[start : start + j + 2] != fed[: j + 2] or req.seq_len - req.kv_len > 1:
+                break  # jump-forward rewrote the output: keep only KV that still matches it
+        ids = req.all_ids
+        valid = next((i for i, t in enumerate(fed) if start + i >= len(ids) or ids[start + i] != t), len(fed))
+        self.kv.truncate(req, min(req.kv_len, start + valid))
+
     def finish(self, req: Req) -> None:
         """End a request whose finished_reason is set: out of the queues, KV released (cached
         unless aborted), text flushed, its final result delivered."""
@@ -87,6 +129,8 @@ class OutputProcessor:
         aborted = bool(req.finished_reason) and req.finished_reason.get("type") == "abort"  # type: ignore[union-attr]
         if req.req_pool_idx is not None:
             self.kv.release(req, cache_it=not aborted)
+        if self.spec is not None:
+            self.spec.finished(req)
         self.stats.num_finished += 1
         if aborted:
             self.stats.num_aborted += 1
@@ -114,4 +158,6 @@ class OutputProcessor:
             req.input_token_logprobs.append((None, req.input_ids[0], None))
             req.input_top_logprobs.append(None)
         if rows is not None:
-            rows.record(req.input_token_logprobs, req.input_top_logprobs if req.top_logprobs_num > 0 else None)
+            rows.record(
+                req.input_token_logprobs, req.input_top_logprobs if req.top_logprobs_num > 0 else None
+            )

@@ -46,7 +46,11 @@ def init_penalty_state(req: Req, vocab_size: int, device: torch.device) -> None:
 
 def record_token(req: Req, token: int) -> None:
     """Incremental penalty update after one sampled token (never rebuilt from history)."""
-    if req.penalty_counts is not None and req.penalty_seen is not None and 0 <= token < req.penalty_counts.numel():
+    if (
+        req.penalty_counts is not None
+        and req.penalty_seen is not None
+        and 0 <= token < req.penalty_counts.numel()
+    ):
         req.penalty_counts[token] += 1
         req.penalty_seen[token] = True
 
@@ -54,12 +58,18 @@ def record_token(req: Req, token: int) -> None:
 def forget_token(req: Req, token: int) -> None:
     """Undo record_token for an output token that was taken back (call after removing it from
     req.output_ids): the count drops, and 'seen' stays only if the prompt or outputs still hold it."""
-    if req.penalty_counts is not None and req.penalty_seen is not None and 0 <= token < req.penalty_counts.numel():
+    if (
+        req.penalty_counts is not None
+        and req.penalty_seen is not None
+        and 0 <= token < req.penalty_counts.numel()
+    ):
         req.penalty_counts[token] -= 1
         req.penalty_seen[token] = bool(req.penalty_counts[token] > 0) or token in req.input_ids
 
 
-def filter_probs(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def filter_probs(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sort [N, V] probs descending and zero what top-k / top-p / min-p exclude.
     Returns (filtered sorted probs, their token ids)."""
     sorted_p, sorted_ids = probs.sort(dim=-1, descending=True)
@@ -88,16 +98,34 @@ class Sampler:
     def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
         """[N, V] float32 logits (one row per request, in order) → [N] int64 tokens (device).
         Modifies logits in place."""
+        self.process_(logits, reqs)
+        greedy = [r.params.is_greedy for r in reqs]
+        if all(greedy):
+            return logits.argmax(dim=-1)
+        return self._sample_random(logits, reqs, greedy)
+
+    def process_(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+        """In place: penalties, the min_new_tokens EOS mask and grammar masks (what every sampled
+        row gets before temperature; speculative verification applies it per draft position)."""
         self._apply_penalties(logits, reqs)
         self._mask_early_stop(logits, reqs)
         if any(r.grammar is not None for r in reqs):
             from radixlm.grammars.masking import apply_grammar_masks
 
             apply_grammar_masks(logits, reqs)
-        greedy = [r.params.is_greedy for r in reqs]
-        if all(greedy):
-            return logits.argmax(dim=-1)
-        return self._sample_random(logits, reqs, greedy)
+
+    def target_probs(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
+        """[N, V] processed logits (process_ done) → the distribution sample() draws from, in vocab
+        order and normalized: temperature, then top-k / top-p / min-p."""
+        dev, f32 = logits.device, torch.float32
+        temps = to_device([r.params.temperature for r in reqs], dev, f32)
+        top_k = to_device([r.params.top_k if r.params.top_k > 0 else self.vocab_size for r in reqs], dev)
+        top_p = to_device([r.params.top_p for r in reqs], dev, f32)
+        min_p = to_device([r.params.min_p for r in reqs], dev, f32)
+        probs = torch.softmax(logits / temps.unsqueeze(1), dim=-1)
+        kept, ids = filter_probs(probs, top_k, top_p, min_p)
+        out = torch.zeros_like(probs).scatter_(1, ids, kept)
+        return out / out.sum(dim=-1, keepdim=True)
 
     def _apply_penalties(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         rows = [i for i, r in enumerate(reqs) if r.penalty_counts is not None]

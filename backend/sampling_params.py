@@ -18,6 +18,9 @@ FRONTEND_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"
 # Keys whose None is a value of its own (no seed, no constraint), not "not set".
 NONE_MEANS_UNSET_EXCEPT = ("seed", "regex", "json_schema", "ebnf")
 CONSTRAINT_KEYS = ("regex", "json_schema", "ebnf")
+SPECULATIVE_ALGORITHMS = ("ngram", "none")
+SPECULATIVE_UNBUILT = {"draft": "a draft-model proposer is not built yet; use 'ngram'"}
+MAX_DRAFT_TOKENS = 16
 
 
 def _wire(t: Any, **kw: Any) -> Any:
@@ -49,6 +52,9 @@ class SamplingParams:
     json_schema: Any = _wire(str | dict[str, Any], default=None)
     json_schema_strict: bool = True  # False: assertions the grammar cannot enforce are dropped and named
     ebnf: str | None = None
+    # None: the engine's setting (backend/speculative.py); "none" turns it off for this request
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | SamplingParams | None) -> SamplingParams:
@@ -198,6 +204,18 @@ def _text(name: str, v: Any) -> None:
         raise ValueError(f"{name} must be a non-empty string")
 
 
+def check_speculative_algorithm(name: str, v: Any) -> None:
+    if v in SPECULATIVE_UNBUILT:
+        raise ValueError(f"{name}={v!r} is refused: {SPECULATIVE_UNBUILT[v]}")
+    if v not in SPECULATIVE_ALGORITHMS:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, SPECULATIVE_ALGORITHMS))}, got {v!r}")
+
+
+def _draft_tokens(name: str, v: Any) -> None:
+    if not _is_int(v) or not 1 <= v <= MAX_DRAFT_TOKENS:
+        raise ValueError(f"{name} must be an integer in [1, {MAX_DRAFT_TOKENS}], got {v!r}")
+
+
 def _schema(name: str, v: Any) -> None:
     if not isinstance(v, (str, dict)) and not callable(getattr(v, "model_json_schema", None)):
         raise ValueError(
@@ -227,5 +245,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "json_schema": _optional(_schema),
     "json_schema_strict": _bool,
     "ebnf": _optional(_text),
+    "speculative_algorithm": _optional(check_speculative_algorithm),
+    "speculative_num_draft_tokens": _optional(_draft_tokens),
 }
 assert set(_CHECKS) == set(SAMPLING_KEYS), "every sampling key has exactly one check"

@@ -25,6 +25,7 @@ from .request_queues import RequestQueues
 from .sampler import Sampler
 from .schedule_policy import SchedulePolicy
 from .scheduler_config import SchedulerConfig, SchedulerStats
+from .speculative import Speculator
 from .step_output import LaunchedStep, LogprobRows, StepPlan, to_host
 
 logger = logging.getLogger(__name__)
@@ -42,10 +43,11 @@ class Scheduler:
         self.queues = RequestQueues()
         self.kv = CacheManager(cache, runner.allocator, runner.req_table)
         self.policy = SchedulePolicy(cache)
+        self.spec = Speculator(cfg.speculative, sampler, self.stats, cfg.context_len)
         self.planner = BatchPlanner(
-            self.queues, self.kv, cfg, self.stats, sampler, self.policy, self._drain_inflight
+            self.queues, self.kv, cfg, self.stats, sampler, self.policy, self._drain_inflight, self.spec
         )
-        self.outputs = OutputProcessor(self.queues, self.kv, cfg, self.stats)
+        self.outputs = OutputProcessor(self.queues, self.kv, cfg, self.stats, self.spec)
         self.inflight: LaunchedStep | None = None  # launched, not yet processed (overlap only)
 
     # ---- what the engine reads ----------------------------------------------------------
@@ -98,6 +100,8 @@ class Scheduler:
         next call, after that call has launched its own step."""
         if self.inflight is not None and any(r.rewrites_on_accept for r in self.inflight.gen):
             self._process_step(self._take_inflight())  # its token may add forced tokens: not schedulable yet
+        if self.inflight is not None and self.spec.wants_settled(self.inflight.gen):
+            self._process_step(self._take_inflight())  # drafts extend its tokens: known first
         t0 = time.perf_counter()
         try:
             plan = self.schedule()
@@ -115,15 +119,19 @@ class Scheduler:
                 self.fail_plan(plan, f"internal error: {type(e).__name__}: {e}")
                 raise
         previous = self._take_inflight()
-        if self.cfg.overlap:
+        verifying = launched is not None and launched.verdicts is not None
+        if self.cfg.overlap and not verifying:  # a verify step is processed at once, never overlapped
             self.inflight = launched
         try:
             self._process_step(previous)
         finally:
             if launched is not None and launched.deferred_rows is not None:
                 self._launch_deferred_sampling(launched)
-        if not self.cfg.overlap:
+        if not self.cfg.overlap or verifying:
             self._process_step(launched)
+        if plan is not None and plan.num_decode == len(plan.items):
+            drafts = sum(len(d) for d in plan.drafts.drafts) if plan.drafts is not None else 0
+            self.spec.record_step(verifying, len(plan.items), drafts, time.perf_counter() - t0)
         return plan is not None
 
     def _launch_deferred_sampling(self, step: LaunchedStep) -> None:
@@ -202,14 +210,20 @@ class Scheduler:
         row = 0
         for i, (req, item, samples) in enumerate(zip(plan.reqs, plan.items, plan.samples)):
             n_rows = len(item.logit_offsets)
+            k = len(plan.drafts.drafts[i]) if plan.drafts is not None and i < plan.num_decode else 0
             if req.wants_input_logprobs:
                 self._launch_input_logprobs(step, i, req, item, logits[row : row + n_rows - int(samples)])
             if samples and req.params.max_new_tokens > 0 and req.pin_handle is None:
                 step.gen.append(req)
-                picks.append(row + n_rows - 1)
+                step.drafted.append(k)
+                picks.extend(range(row + n_rows - 1 - k, row + n_rows))
             elif samples:  # prefill-only: scoring prompts, or pinning a prefix
                 step.prefill_only.append(req)
             row += n_rows
+        if plan.drafts is not None:
+            self._launch_verify(step, logits[to_device(picks, logits.device)])
+            step.seal(logits.device)
+            return step
         if step.gen and any(r.needs_fresh_state for r in step.gen):
             # sampled after the previous step is processed (step()); the gather makes a normal
             # tensor the sampler may edit in place (the forward's output is inference-mode)
@@ -235,6 +249,24 @@ class Scheduler:
                 # a prompt that just finished joins the decoders
                 if k >= step.plan.num_decode and not req.finished:
                     self.queues.running.append(req)
+
+    def _launch_verify(self, step: LaunchedStep, rows: torch.Tensor) -> None:
+        """Verify the step's drafts (one host sync: the step is processed right after)."""
+        plan = step.plan
+        assert plan.drafts is not None
+        index = {id(r): i for i, r in enumerate(plan.reqs[: plan.num_decode])}
+        drafts = [plan.drafts.drafts[index[id(r)]] if id(r) in index else [] for r in step.gen]
+        masks = [plan.drafts.masks[index[id(r)]] if id(r) in index else None for r in step.gen]
+        raw = rows.clone() if any(r.return_logprob for r in step.gen) else None
+        step.verdicts = self.spec.verify(rows, step.gen, drafts, masks)
+        r0 = 0
+        for k, (req, verdict) in enumerate(zip(step.gen, step.verdicts)):
+            if raw is not None and req.return_logprob:
+                n = len(verdict.tokens)
+                step.out_logprobs[k] = LogprobRows.launch(
+                    raw[r0 : r0 + n], to_device(verdict.tokens, raw.device), req.top_logprobs_num
+                )
+            r0 += len(drafts[k]) + 1
 
     def _launch_input_logprobs(
         self, step: LaunchedStep, i: int, req: Req, item: ScheduledItem, rows: torch.Tensor

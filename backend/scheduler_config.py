@@ -7,6 +7,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .cascade_cost import CascadeCostModel
+from .sampling_params import MAX_DRAFT_TOKENS, check_speculative_algorithm
+
+
+@dataclass
+class SpeculativeConfig:
+    """Engine-wide speculation defaults; a request may override algorithm and draft count."""
+
+    algorithm: str | None = None  # "ngram" for requests that do not say; None: off unless asked
+    num_draft_tokens: int = 4  # most draft tokens verified per request per step
+    policy: str = "auto"  # "auto": back off on low acceptance or costly verify steps; "always"
+
+    def __post_init__(self) -> None:
+        """ValueError before any model work for a switch this build cannot honour."""
+        if self.algorithm is not None:
+            check_speculative_algorithm("speculative_algorithm", self.algorithm)
+        if not 1 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS:
+            raise ValueError(
+                f"speculative_num_draft_tokens must be in [1, {MAX_DRAFT_TOKENS}], got {self.num_draft_tokens}"
+            )
+        if self.policy not in ("auto", "always"):
+            raise ValueError(f"speculative_policy must be 'auto' or 'always', got {self.policy!r}")
 
 
 @dataclass
@@ -18,6 +39,7 @@ class SchedulerConfig:
     overlap: bool = False  # process step t after launching step t+1
     enable_cascade: bool = False  # decode batches sharing long prefixes use cascade attention
     cascade_cost: CascadeCostModel | None = None  # measured per-step decision (None: fixed thresholds)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
 
 @dataclass

@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from .cascade_groups import CascadeGroups
     from .model_runner import ScheduledItem
     from .request import LogprobEntry, Req, TopLogprobs
+    from .speculative import DraftPlan
+    from .speculative_verify import Verdict
 
 
 @dataclass
@@ -24,6 +26,7 @@ class StepPlan:
     samples: list[bool]  # does this item end at its sequence's last token?
     num_decode: int = 0  # the first num_decode items are decode steps of running requests
     cascade: CascadeGroups | None = None  # the decode batch's groups when it shares prefixes
+    drafts: DraftPlan | None = None  # draft tokens of the decode items (a verify step)
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
@@ -52,6 +55,16 @@ class LogprobRows:
             None if top is None else to_host(top.indices),
         )
 
+    def row(self, j: int) -> LogprobRows:
+        """Row j alone (a verify step records one accepted token at a time)."""
+        tv, ti = self.top_values, self.top_ids
+        return LogprobRows(
+            self.chosen[j : j + 1],
+            self.targets[j : j + 1],
+            None if tv is None else tv[j : j + 1],
+            None if ti is None else ti[j : j + 1],
+        )
+
     def record(self, out: list[LogprobEntry], top_out: list[TopLogprobs] | None) -> None:
         """Append (logprob, token, None) triples (and top-k lists) — host data only."""
         out.extend((c, t, None) for c, t in zip(self.chosen.tolist(), self.targets.tolist()))
@@ -71,6 +84,8 @@ class LaunchedStep:
     out_logprobs: dict[int, LogprobRows] = field(default_factory=dict)  # by gen index
     event: torch.cuda.Event | None = None
     deferred_rows: torch.Tensor | None = None  # logits rows to sample once the previous step is processed
+    verdicts: list[Verdict] | None = None  # a verify step: each gen request's emitted tokens
+    drafted: list[int] = field(default_factory=list)  # by gen index: drafts verified
 
     def seal(self, device: torch.device | None = None) -> None:
         """Record the event behind every copy queued so far (call once, after the last copy).

@@ -1,0 +1,110 @@
+"""Draft proposers for speculative decoding: one interface (up to k guessed next tokens for a
+request, from host state only, so EAGLE heads or a draft model can sit behind it) and the n-gram /
+prompt-lookup proposer. Promises: a proposal is a deterministic function of the request's tokens
+(and of the shared corpus), never longer than asked, and costs no device work."""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from typing import Protocol
+
+from .request import Req
+
+
+class Proposer(Protocol):
+    """What the speculator asks of a draft source."""
+
+    name: str
+
+    def propose(self, req: Req, k: int) -> list[int]:
+        """Up to k tokens guessed to follow req.all_ids (empty: no guess)."""
+        ...
+
+    def observe_finished(self, req: Req) -> None:
+        """A request ended: a proposer may keep its text as a source for later requests."""
+        ...
+
+
+class NgramIndex:
+    """For one growing token list: each n-gram (min_n ≤ n ≤ max_n) → the end of its latest
+    occurrence that is not the list's own suffix, so a lookup of the suffix finds an earlier copy."""
+
+    def __init__(self, min_n: int, max_n: int) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self.ids: list[int] = []
+        self.ends: dict[tuple[int, ...], int] = {}
+
+    def sync(self, ids: list[int]) -> None:
+        """Index the tokens added since the last call (rebuilt if earlier tokens changed, as a
+        jump-forward retokenization may do)."""
+        old = self.ids
+        if len(ids) < len(old) or (old and ids[len(old) - 1] != old[-1]):
+            self.ids, self.ends = [], {}
+            old = self.ids
+        # n-grams ending before the last token; the suffix is indexed once a token follows it
+        for end in range(max(len(old), 1), len(ids)):
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                self.ends[tuple(ids[end - n : end])] = end
+        self.ids = ids
+
+    def lookup(self, k: int) -> list[int]:
+        """What followed the latest earlier copy of the longest matching suffix (≤ k tokens)."""
+        ids = self.ids
+        for n in range(min(self.max_n, len(ids)), self.min_n - 1, -1):
+            end = self.ends.get(tuple(ids[len(ids) - n :]))
+            if end is not None:
+                return ids[end : end + k]
+        return []
+
+    def continuation(self, suffix: list[int], k: int) -> list[int]:
+        """What followed the latest copy of the longest matching suffix of another list."""
+        for n in range(min(self.max_n, len(suffix)), self.min_n - 1, -1):
+            end = self.ends.get(tuple(suffix[len(suffix) - n :]))
+            if end is not None:
+                found = self.ids[end : end + k]
+                return found[: found.index(-1)] if -1 in found else found
+        return []
+
+
+class NgramProposer:
+    """Prompt lookup: the request's own prompt and output first, then the text of recently
+    finished requests (a program's other branches, earlier turns that share its prefix)."""
+
+    name = "ngram"
+
+    def __init__(self, min_n: int = 2, max_n: int = 4, corpus_requests: int = 16) -> None:
+        self.min_n, self.max_n = min_n, max_n
+        self._own: weakref.WeakKeyDictionary[Req, NgramIndex] = weakref.WeakKeyDictionary()
+        self._corpus: OrderedDict[str, NgramIndex] = OrderedDict()  # finished requests, newest last
+        self._corpus_cap = corpus_requests
+
+    def propose(self, req: Req, k: int) -> list[int]:
+        if k <= 0:
+            return []
+        index = self._own.get(req)
+        if index is None:
+            index = self._own[req] = NgramIndex(self.min_n, self.max_n)
+        index.sync(req.all_ids)
+        found = index.lookup(k)
+        if found:
+            return found
+        tail = index.ids[-self.max_n :]
+        for other in reversed(self._corpus.values()):
+            found = other.continuation(tail, k)
+            if found:
+                return found
+        return []
+
+    def observe_finished(self, req: Req) -> None:
+        index = self._own.pop(req, None)
+        if self._corpus_cap <= 0 or len(req.output_ids) == 0:
+            return
+        if index is None:
+            index = NgramIndex(self.min_n, self.max_n)
+        ids = req.all_ids
+        index.sync([*ids, -1])  # a sentinel, so n-grams ending at the last real token are indexed
+        self._corpus[req.rid] = index
+        self._corpus.move_to_end(req.rid)
+        while len(self._corpus) > self._corpus_cap:
+            self._corpus.popitem(last=False)
