@@ -35,7 +35,7 @@ from .radix_cache import RadixCache
 from .request import Req
 from .sampler import Sampler
 from .scheduler import Scheduler
-from .scheduler_config import SchedulerConfig
+from .scheduler_config import SchedulerConfig, SpeculativeConfig
 from .tokenizer import IncrementalDetokenizer, load_tokenizer
 from .warmup import measure_cascade_costs, warm_up
 
@@ -79,13 +79,19 @@ class Engine:
         overlap_schedule: bool | None = None,
         disable_cascade: bool = False,
         quantization: str | None = None,
+        speculative_algorithm: str | None = None,
+        speculative_num_draft_tokens: int = 4,
+        speculative_policy: str = "auto",
     ) -> None:
         """overlap_schedule: process step t while step t+1 runs (None: on for CUDA, where it hides
         the host's per-step work; on CPU the forward runs on the host, so there is nothing to hide).
         disable_cascade: never use cascade attention for decode batches sharing a long prefix.
         quantization: for GGUF files, "gguf" keeps the weights as GGUF blocks, "dequantize" turns
-        them into `dtype` at load, None/"auto" keeps them on the CPU and dequantizes on CUDA."""
+        them into `dtype` at load, None/"auto" keeps them on the CPU and dequantizes on CUDA.
+        speculative_algorithm: "ngram" speculates (prompt lookup) for requests that do not say
+        otherwise; speculative_policy "auto" backs off where it does not pay, "always" never does."""
         logging.getLogger("radixlm").setLevel(log_level.upper())
+        speculative = SpeculativeConfig(speculative_algorithm, speculative_num_draft_tokens, speculative_policy)
         if cuda_graph_max_bs is not None and cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be at least 1, got {cuda_graph_max_bs}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -116,7 +122,10 @@ class Engine:
         cascade = not disable_cascade and self.runner.supports_cascade
         self.scheduler = Scheduler(
             self.runner, self.cache, Sampler(config.vocab_size, self.device, seed),
-            SchedulerConfig(config.context_len, chunk, max_running_requests, overlap=overlap, enable_cascade=cascade),
+            SchedulerConfig(
+                config.context_len, chunk, max_running_requests, overlap=overlap, enable_cascade=cascade,
+                speculative=speculative,
+            ),
         )
         self.warmup_stats = warm_up(self.runner, cascade)
         if cascade:

@@ -167,6 +167,20 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--disable-cascade", action="store_true", help="no cascade attention for shared prefixes")
     g.add_argument(
+        "--speculative-algorithm",
+        default=None,
+        choices=["ngram", "none", "draft"],
+        help="speculative decoding for requests that do not choose: ngram (prompt lookup); "
+        "a request may still ask with its speculative_algorithm field (default: off)",
+    )
+    g.add_argument("--speculative-num-draft-tokens", type=int, default=4, help="drafts verified per step")
+    g.add_argument(
+        "--speculative-policy",
+        default="auto",
+        choices=["auto", "always"],
+        help="auto: speculate only where measured step costs and acceptance say it pays",
+    )
+    g.add_argument(
         "--engine-in-process",
         action="store_true",
         help="run the scheduler in the server's process (default: its own process, so the HTTP "
@@ -191,6 +205,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "disable_cuda_graph",
         "disable_cascade",
         "cuda_graph_max_bs",
+        "speculative_algorithm",
+        "speculative_num_draft_tokens",
+        "speculative_policy",
     )
     kw = {k: getattr(args, k) for k in keys}
     if args.disable_overlap_schedule:
