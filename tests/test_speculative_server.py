@@ -1,0 +1,126 @@
+"""Speculation over HTTP: `radixlm serve --speculative-algorithm ngram` speculates for /generate and
+the OpenAI routes (greedy outputs equal to the same request with the per-request field
+`speculative_algorithm: "none"`, the engine's counters show accepted drafts), the field is
+checked like any sampling key ('draft' is a 422 naming the reason), and serve refuses
+`--speculative-algorithm draft` before loading the model."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+DOC = "Invoice 7731: 3x steel bolts, 2x copper pipes, shipped to 42 Harbor Lane, Portsmouth, on 2025-02-11."
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = _free_port()
+    log = tmp_path_factory.mktemp("spec") / "server.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "radixlm.launch_server",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--speculative-algorithm",
+        "ngram",
+        "--speculative-policy",
+        "always",
+        "--log-level",
+        "warning",
+        "--max-total-tokens",
+        "4096",
+    ]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(log.read_text()[-3000:])
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.3)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def _accepted(url: str) -> int:
+    return (
+        httpx.get(url + "/get_server_info", timeout=30).json()["engine_stats"].get("spec_accepted_tokens", 0)
+    )
+
+
+def test_generate_speculates_and_matches_off(url: str) -> None:
+    prompt = f"<|im_start|>user\nRepeat exactly: {DOC}<|im_end|>\n<|im_start|>assistant\n"
+    sp = {"temperature": 0, "max_new_tokens": 40}
+    before = _accepted(url)
+    on = httpx.post(url + "/generate", json={"text": prompt, "sampling_params": sp}, timeout=120).json()
+    assert _accepted(url) > before
+    off = httpx.post(
+        url + "/generate",
+        json={"text": prompt, "sampling_params": {**sp, "speculative_algorithm": "none"}},
+        timeout=120,
+    ).json()
+    assert on["output_ids"] == off["output_ids"]
+
+
+def test_openai_field(url: str) -> None:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+    msgs = [{"role": "user", "content": f"Repeat exactly: {DOC}"}]
+    outs = [
+        client.chat.completions.create(
+            model="m",
+            messages=msgs,
+            max_tokens=32,
+            temperature=0,
+            extra_body={"speculative_algorithm": alg, "speculative_num_draft_tokens": 3},
+        )
+        .choices[0]
+        .message.content
+        for alg in ("ngram", "none")
+    ]
+    assert outs[0] == outs[1]
+    with pytest.raises(openai.UnprocessableEntityError, match="draft-model proposer is not built"):
+        client.completions.create(
+            model="m", prompt="hi", max_tokens=4, extra_body={"speculative_algorithm": "draft"}
+        )
+
+
+def test_serve_refuses_draft() -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "radixlm.launch_server",
+        "--port",
+        str(_free_port()),
+        "--device",
+        "cpu",
+        "--speculative-algorithm",
+        "draft",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "draft-model proposer is not built" in proc.stdout + proc.stderr
