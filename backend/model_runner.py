@@ -18,7 +18,7 @@ from .forward_batch import AttentionBackend, ForwardBatch, to_device_packed
 from .kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
 from .loader import iter_weights
 from .model_config import ModelConfig
-from .models.llama import LlamaForCausalLM
+from .models.llama import LlamaForCausalLM, materialize
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class ModelRunner:
     def _load_model(self, model_dir: Path | None, random_weights: bool, seed: int) -> LlamaForCausalLM:
         with torch.device("meta"):
             model = LlamaForCausalLM(self.config)
-        model = model.to(self.dtype).to_empty(device=self.device)
+        model = materialize(model, self.dtype, self.device)
         model.tie_weights()
         model.model.rotary.build(self.device)
         if random_weights or model_dir is None:

@@ -36,13 +36,13 @@ class Int4PackSegment(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xa = x.to(CPU_ACT_DTYPE)
         y = None
-        for i in range(self.terms):
+        for i in range(self.terms):  # terms summed in x's dtype: a bf16 sum would round again
             t = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 xa, getattr(self, f"packed{i}"), GROUP, getattr(self, f"scale_zero{i}")
-            )
+            ).to(x.dtype)
             y = t if y is None else y + t
         assert y is not None
-        return y[:, : self.rows].to(x.dtype)
+        return y[:, : self.rows]
 
 
 def _pack_int4(g: AffineGroups, rows: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,3 +23,23 @@ def last_logits(engine, ids: list[int]) -> torch.Tensor:
         return logits
 
     return engine._call(run)
+
+
+def position_logits(engine, ids: list[int]) -> torch.Tensor:
+    """Our model's logits at every position of one sequence [len(ids), vocab] (teacher forced),
+    through the real KV pool and attention backend on the scheduler thread."""
+    from radixlm.backend.model_runner import ScheduledItem
+
+    runner = engine.runner
+
+    def run() -> torch.Tensor:
+        row = runner.req_table.alloc()
+        slots = runner.allocator.alloc(len(ids))
+        runner.req_table.write(row, 0, slots)
+        fb = runner.build_batch([ScheduledItem(row, ids, 0, list(range(len(ids))))], slots)
+        logits = runner.forward(fb).clone()
+        runner.allocator.free(slots)
+        runner.req_table.free(row)
+        return logits
+
+    return engine._call(run)

@@ -23,8 +23,7 @@ def hf_embedding(hf_model, ids: list[int], pooling: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("pooling", ["last", "mean"])
-def test_encode_matches_hf_hidden_states(fp32_engine, hf_model, pooling) -> None:
-    engine = fp32_engine
+def test_encode_matches_hf_hidden_states(engine, hf_model, pooling) -> None:
     vectors = engine.encode(TEXTS, pooling=pooling)
     for text, vec in zip(TEXTS, vectors):
         ref = hf_embedding(hf_model, engine.tokenizer.encode(text), pooling)

@@ -78,8 +78,7 @@ def test_abort_ends_request_with_abort_reason(engine):
     assert last["meta_info"]["completion_tokens"] < 500
 
 
-def test_logprobs_match_hf(fp32_engine, tokenizer, hf_model):
-    engine = fp32_engine
+def test_logprobs_match_hf(engine, tokenizer, hf_model):
     engine.flush_cache()
     prompt = "The quick brown fox jumps over the lazy dog"
     ids = tokenizer.encode(prompt)

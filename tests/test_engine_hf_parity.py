@@ -34,8 +34,7 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_smollm_greedy_matches_hf_one_by_one_and_batched(fp32_engine, tokenizer, hf_model):
-    engine = fp32_engine
+def test_smollm_greedy_matches_hf_one_by_one_and_batched(engine, tokenizer, hf_model):
     ids = [tokenizer.encode(p) for p in PROMPTS]
     params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
     expected = [hf_greedy(hf_model, x, NEW_TOKENS) for x in ids]
@@ -48,8 +47,7 @@ def test_smollm_greedy_matches_hf_one_by_one_and_batched(fp32_engine, tokenizer,
         assert batched[i] == expected[i], f"prompt {i} batched differs from HF"
 
 
-def test_smollm_last_logits_match_hf(fp32_engine, tokenizer, hf_model):
-    engine = fp32_engine
+def test_smollm_last_logits_match_hf(engine, tokenizer, hf_model):
     for prompt in PROMPTS[:3]:
         ids = tokenizer.encode(prompt)
         ours = last_logits(engine, ids)
@@ -114,7 +112,7 @@ def test_tiny_random_configs_match_hf(kind, tmp_path, default_model_dir):
 
 
 @pytest.mark.slow
-def test_gguf_conversion_matches_hf_gguf_loader(fp32_engine, tokenizer):
+def test_gguf_conversion_matches_hf_gguf_loader(engine, tokenizer):
     """Independent check of our GGUF conversion (dequantize + q/k un-permute): HF's own GGUF
     loader must give the same logits as our engine."""
     from pathlib import Path
@@ -128,5 +126,5 @@ def test_gguf_conversion_matches_hf_gguf_loader(fp32_engine, tokenizer):
     ids = tokenizer.encode("The capital of France is")
     with torch.no_grad():
         ref = ref_model(torch.tensor([ids])).logits[0, -1]
-    ours = last_logits(fp32_engine, ids)
+    ours = last_logits(engine, ids)
     assert ((ours - ref).norm() / ref.norm()) <= 1e-4

@@ -133,7 +133,10 @@ class LlamaModel(nn.Module):
         super().__init__()
         rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         self.rotary = rope
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # _weight skips the random init: on the meta device it would import torch._dynamo (~3 s)
+        self.embed_tokens = nn.Embedding(
+            cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size)
+        )
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, rope) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -217,6 +220,23 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             raise ValueError(f"checkpoint lacks weights: {sorted(missing)[:5]}")
         install_quantized(self, quantized, self.config.tie_word_embeddings)
+
+
+def materialize(model: nn.Module, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """model.to(dtype).to_empty(device) for a model built on the meta device: uninitialized
+    floating parameters in dtype on device. Done with torch.empty: the meta path of to_empty
+    goes through torch._refs, whose first use imports sympy (about 1 s of start-up)."""
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                t = torch.empty(p.shape, dtype=dtype if p.is_floating_point() else p.dtype, device=device)
+                mod._parameters[name] = nn.Parameter(t, requires_grad=p.requires_grad)
+        for name, b in list(mod._buffers.items()):
+            if b is not None:
+                mod._buffers[name] = torch.empty(
+                    b.shape, dtype=dtype if b.is_floating_point() else b.dtype, device=device
+                )
+    return model
 
 
 def _rows(t: torch.Tensor) -> int:
