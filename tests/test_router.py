@@ -1,8 +1,8 @@
 """radixlm as sglang-router's worker, end to end on the CPU: `radixlm serve --dp 2` (two replicas of
 the default model, the real router from PyPI, the front) on loopback. Shared-prefix traffic lands on
 one replica (read from the replicas' own cache counters); a replica killed while requests run loses
-none of them (the router retries elsewhere), and a stream it cuts ends in an error, never as a
-shorter answer; SIGTERM stops every process. Skips when sglang-router cannot be imported."""
+none of them (the router retries elsewhere), and a stream it cuts ends with an error event, never as
+a shorter answer; SIGTERM stops every process. Skips when sglang-router cannot be imported."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip
 psutil = pytest.importorskip("psutil")
 
 from radixlm.backend.server.dp import replica_argv  # noqa: E402
-from radixlm.backend.server.dp_front import FrontRouting  # noqa: E402
+from radixlm.backend.server.dp_front import FrontRouting, create_front  # noqa: E402
 from radixlm.backend.server.serve_cmd import serve_parser  # noqa: E402
 
 FEW_SHOT = "".join(f"Q: What is {a} plus {a + 3}?\nA: {2 * a + 3}.\n" for a in range(1, 25))
@@ -103,6 +103,52 @@ def test_front_sends_program_runs_to_the_least_busy_replica() -> None:
     assert routing.url(None) == "http://router" and routing.url(1) == "http://r1"
 
 
+def _half_stream_server() -> tuple[socket.socket, int]:
+    """An upstream that starts an event stream, sends one event and drops the connection."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            event = b'data: {"text": "a"}\n\n'
+            conn.sendall(head + b"%x\r\n" % len(event) + event + b"\r\n")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return sock, int(sock.getsockname()[1])
+
+
+def test_front_ends_a_cut_stream_with_an_error_event() -> None:
+    import uvicorn
+
+    upstream, up_port = _half_stream_server()
+    app = create_front(f"http://127.0.0.1:{up_port}", [f"http://127.0.0.1:{up_port}"])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{server.config.port}/generate"
+        with httpx.stream("POST", url, json={"text": "x", "stream": True}, timeout=30) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        upstream.close()
+    assert lines[0] == 'data: {"text": "a"}' and lines[-1] == "data: [DONE]"
+    assert "failed mid-way" in json.loads(lines[-2][6:])["error"]["message"]
+
+
 def test_worker_endpoints_answer_through_the_front(dp: DP) -> None:
     assert httpx.get(dp.url + "/health", timeout=10).status_code == 200
     assert "has_chat_template" in httpx.get(dp.url + "/get_server_info", timeout=10).json()
@@ -143,14 +189,10 @@ def test_a_killed_replica_loses_no_request(dp: DP) -> None:
             "sampling_params": {"max_new_tokens": 48, "ignore_eos": True},
         }
         events: list[dict[str, Any]] = []
-        try:
-            with httpx.stream("POST", dp.url + "/generate", json=body, timeout=180) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: {"):
-                        events.append(json.loads(line[6:]))
-        except httpx.HTTPError as exc:
-            results[i] = exc
-            return
+        with httpx.stream("POST", dp.url + "/generate", json=body, timeout=180) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
         results[i] = events
 
     threads = [threading.Thread(target=plain, args=(i,)) for i in range(6)]
@@ -163,9 +205,10 @@ def test_a_killed_replica_loses_no_request(dp: DP) -> None:
         t.join(240)
     for i in range(6):  # every non-streamed request was answered in full, some by a retry
         assert results[i]["meta_info"]["completion_tokens"] == 48, results[i]
-    for i in (6, 7):  # a stream ends complete or in an error, never as a shorter answer
-        got = results[i]
-        assert isinstance(got, httpx.HTTPError) or got[-1]["meta_info"]["completion_tokens"] == 48
+    for i in (6, 7):  # a stream ends complete or with an error event, never as a shorter answer
+        last = results[i][-1]
+        assert "meta_info" in last or "failed mid-way" in last["error"]["message"], last
+        assert "error" in last or last["meta_info"]["completion_tokens"] == 48, last
 
 
 def _busy_replica(dp: DP) -> str:

@@ -2,7 +2,8 @@
 sglang-router, except the routes the router has no route for (it answers 404 to them): program
 runs go to one replica chosen by its running program count, so a run and all its forks execute
 in that replica's engine and share its KV; tokenization and server facts go to any replica.
-Bodies stream through unbuffered; a client that goes away closes the upstream request."""
+Bodies stream through unbuffered; a client that goes away closes the upstream request; a stream
+cut by a replica's death ends with an error event."""
 
 from __future__ import annotations
 
@@ -110,13 +111,30 @@ def create_front(router_url: str, replica_urls: list[str], api_key: str | None =
 
 
 async def _relay(resp: httpx.Response, routing: FrontRouting, replica: int | None) -> AsyncIterator[bytes]:
+    """The upstream body, chunk by chunk. An event stream whose upstream breaks (its replica
+    died: the router cannot replay a stream it has begun) ends with an error event and [DONE],
+    so the client reads why its answer is incomplete instead of a cut connection."""
+    events = resp.headers.get("content-type", "").startswith("text/event-stream")
     try:
         async for chunk in resp.aiter_raw():
             yield chunk
+    except httpx.HTTPError as exc:
+        if not events:
+            raise
+        yield _stream_error(exc)
     finally:
         await resp.aclose()  # also when the client left: the upstream request is cancelled
         if replica is not None:
             routing.running[replica] -= 1
+
+
+def _stream_error(exc: Exception) -> bytes:
+    message = (
+        f"the replica serving this stream failed mid-way ({type(exc).__name__}); "
+        "the answer is incomplete: send the request again"
+    )
+    body = {"error": {"message": message, "type": "server_error", "param": None, "code": 502}}
+    return b"\n\ndata: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 def _authorized(request: Request, api_key: str) -> bool:
