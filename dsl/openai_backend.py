@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from radixlm.backend.sampling_params import FRONTEND_NAMES
 from radixlm.backend_base import GenOutput, ProgramBackend
 from radixlm.chat_template import ChatTemplate, PlainChatTemplate
 from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod
@@ -17,22 +18,15 @@ from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod
 if TYPE_CHECKING:
     from radixlm.interpreter import Executor
 
+# Engine sampling keys under their OpenAI names (radixlm.backend.sampling_params.FRONTEND_NAMES):
+# the OpenAI API's own ones, and those that servers such as radixlm, SGLang and vLLM take in the body.
 _DIRECT = {
-    "max_new_tokens": "max_tokens",
-    "stop": "stop",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
+    k: FRONTEND_NAMES.get(k, k)
+    for k in ("max_new_tokens", "stop", "temperature", "top_p", "frequency_penalty", "presence_penalty")
 }
-# Not in the OpenAI API; servers such as radixlm, SGLang and vLLM take them in the body.
 _EXTRA = {
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "min_new_tokens": "min_tokens",
-    "ignore_eos": "ignore_eos",
-    "stop_token_ids": "stop_token_ids",
-    "repetition_penalty": "repetition_penalty",
+    k: FRONTEND_NAMES.get(k, k)
+    for k in ("top_k", "min_p", "min_new_tokens", "ignore_eos", "stop_token_ids", "repetition_penalty")
 }
 
 
