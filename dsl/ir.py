@@ -9,9 +9,13 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+
 from radixlm.backend.sampling_params import FRONTEND_NAMES, SAMPLING_KEYS, check_values
 
 if TYPE_CHECKING:
+    from pydantic_core import core_schema
+
     from radixlm.choices import ChoicesSamplingMethod
 
 # Sampling keys a gen may set, under the names gen() uses (max_tokens, ...), mapped to the one
@@ -138,10 +142,25 @@ def _is_pydantic_class(obj: Any) -> bool:
     return isinstance(obj, type) and hasattr(obj, "model_json_schema") and hasattr(obj, "model_validate_json")
 
 
+class _TypedGenSchema(GenerateJsonSchema):
+    """A model's JSON schema with its objects closed unless the model allows extra fields.
+
+    Pydantic leaves additionalProperties unset for its default (extra fields ignored), which in
+    JSON Schema means any undeclared property is allowed: a small model then spends its budget on
+    properties validation would drop. Closing them changes no object the user gets back."""
+
+    def model_schema(self, schema: core_schema.ModelSchema) -> JsonSchemaValue:
+        out = super().model_schema(schema)
+        allows_extra = schema.get("config", {}).get("extra_fields_behavior") == "allow"
+        if not allows_extra and out.get("type") == "object":
+            out.setdefault("additionalProperties", False)
+        return out
+
+
 def normalize_json_schema(schema: Any) -> tuple[str, type | None]:
     """str | dict | pydantic class → (schema JSON text, pydantic class or None)."""
     if _is_pydantic_class(schema):
-        return json.dumps(schema.model_json_schema()), schema
+        return json.dumps(schema.model_json_schema(schema_generator=_TypedGenSchema)), schema
     if isinstance(schema, dict):
         return json.dumps(schema), None
     if isinstance(schema, str):

@@ -8,12 +8,12 @@ import json
 import statistics
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 import radixlm as sgl
 from radixlm.backend_base import GenOutput, ProgramBackend
 from radixlm.chat_template import ChatTemplate, PlainChatTemplate
-from radixlm.ir import REGEX_INT, convert_value, make_gen
+from radixlm.ir import REGEX_INT, convert_value, make_gen, normalize_json_schema
 
 
 def _lp(values):
@@ -95,7 +95,11 @@ def test_gen_maps_options_to_engine_names():
 @pytest.mark.parametrize("schema", [Person, Person.model_json_schema(), json.dumps(Person.model_json_schema())])
 def test_json_schema_accepts_str_dict_and_pydantic(schema):
     g = sgl.gen("p", json_schema=schema)
-    assert json.loads(g.sampling["json_schema"]) == Person.model_json_schema()
+    # A pydantic class is closed (no undeclared properties); a schema given as data is kept as is.
+    closed = schema is Person
+    assert json.loads(g.sampling["json_schema"]) == Person.model_json_schema() | (
+        {"additionalProperties": False} if closed else {}
+    )
     assert (g.schema_cls is Person) == (schema is Person)
 
 
@@ -279,3 +283,27 @@ def test_run_rejects_unknown_options_and_batches_of_non_dicts():
         prog.run_batch(["a"], backend=ScriptedBackend())
     with pytest.raises(ValueError, match="no backend"):
         prog.run("a")
+
+
+def test_typed_gen_closes_objects_unless_the_model_allows_extra() -> None:
+    class Place(BaseModel):
+        city: str
+
+    class Open(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        x: int
+
+    class Person(BaseModel):
+        name: str
+        home: Place
+        notes: Open
+
+    text, cls = normalize_json_schema(Person)
+    schema = json.loads(text)
+    assert cls is Person
+    assert schema["additionalProperties"] is False
+    assert schema["$defs"]["Place"]["additionalProperties"] is False
+    assert schema["$defs"]["Open"]["additionalProperties"] is True
+    # Closing drops nothing pydantic would have kept: the model ignores undeclared fields anyway.
+    doc = {"name": "Bo", "home": {"city": "Oslo"}, "notes": {"x": 1, "y": 2}}
+    assert Person.model_validate(doc).model_dump() == {"name": "Bo", "home": {"city": "Oslo"}, "notes": {"x": 1, "y": 2}}

@@ -109,6 +109,7 @@ def test_tool_strict_takes_effect(client: openai.OpenAI) -> None:
             "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2, "uniqueItems": True}
         },
         "required": ["tags"],
+        "additionalProperties": False,  # an open object lets the small model add properties past max_tokens
     }
 
     def call(strict: bool) -> object:
