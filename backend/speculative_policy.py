@@ -14,9 +14,10 @@ from .request import Req
 
 MIN_SAMPLES = 3  # step timings of a kind before its cost is trusted
 DECAY = 0.95  # weight of older observations (costs drift with lengths and load)
-LOW_ALPHA = 0.15  # below this a request pauses speculation for a while
+LOW_ALPHA = 0.2  # below this a request pauses speculation for a while
 MAX_COOLDOWN = 64  # steps
 REEXPLORE_STEPS = 64  # declined steps before one verify step re-measures its cost
+EXPLORE_DRAFTS = 8  # drafts in a measuring step (a large batch's full verify step is costly)
 
 
 class LinearCost:
@@ -98,7 +99,7 @@ class SpecPolicy:
     def state(self, req: Req) -> Acceptance:
         st = self._state.get(req)
         if st is None:
-            st = self._state[req] = Acceptance(2.0 * self.alpha, 2.0 * (1 - self.alpha))
+            st = self._state[req] = Acceptance(self.alpha, 1 - self.alpha)  # the prior weighs one step
         return st
 
     @property
@@ -136,10 +137,6 @@ class SpecPolicy:
         costs = self.costs
         if not costs.decode.ready:
             return [[] for _ in proposals]  # measure plain decode first
-        if not costs.ready or self.declined >= REEXPLORE_STEPS:
-            self.declined = 0
-            return proposals  # explore: the verify cost is unknown, or may have changed
-        b = len(batch)
         gains = sorted(
             (
                 (self.state(r).alpha ** (j + 1), i)
@@ -149,6 +146,12 @@ class SpecPolicy:
             reverse=True,
         )
         keep = [0] * len(proposals)
+        if not costs.ready or self.declined >= REEXPLORE_STEPS:  # measure: the best few drafts
+            self.declined = 0
+            for _, i in gains[:EXPLORE_DRAFTS]:
+                keep[i] += 1
+            return [p[:n] for p, n in zip(proposals, keep)]
+        b = len(batch)
         drafts, expected = 0, float(b)
         for gain, i in gains:  # a draft stays while it adds more tokens than its time is worth
             if gain <= costs.per_draft * expected / costs.step(b, drafts):

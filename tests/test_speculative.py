@@ -179,3 +179,27 @@ def test_switch_errors():
         SamplingParams.from_dict({"speculative_num_draft_tokens": 0})
     with pytest.raises(ValueError, match="draft-model proposer is not built"):
         Engine(speculative_algorithm="draft", max_total_tokens=64)
+
+
+@pytest.mark.slow
+def test_overlap_scheduler_identical(ref_engine):
+    """With overlap on, a step settles the in-flight one before drafting and verify steps are
+    processed at once; outputs stay identical and the pool comes back whole."""
+    prompts = [c[0] for c in CASES]
+    params = [_greedy(c[1]) for c in CASES]
+    ref = [o["output_ids"] for o in ref_engine.generate(prompts, params)]
+    eng = Engine(
+        quantization="dequantize",
+        max_total_tokens=8192,
+        overlap_schedule=True,
+        speculative_algorithm="ngram",
+        speculative_policy="always",
+    )
+    try:
+        assert [o["output_ids"] for o in eng.generate(prompts, params)] == ref
+        assert eng.get_stats()["spec_accepted_tokens"] > 0
+        assert eng.flush_cache()
+        st = eng.get_stats()
+        assert st["kv_free_slots"] == st["kv_total_slots"]
+    finally:
+        eng.shutdown()
