@@ -103,6 +103,26 @@ def test_front_sends_program_runs_to_the_least_busy_replica() -> None:
     assert routing.url(None) == "http://router" and routing.url(1) == "http://r1"
 
 
+def test_front_serves_the_studio_from_a_replica_and_takes_its_cookie() -> None:
+    from starlette.testclient import TestClient
+
+    from radixlm.backend.server import studio
+
+    routing = FrontRouting("http://router", ["http://r0", "http://r1"])
+    assert sorted(routing.targets("/studio")[0]) == [0, 1]
+    assert sorted(routing.targets("/studio/api/metrics")[0]) == [0, 1]
+    assert routing.targets("/studios") == ([None], False)
+    down = f"http://127.0.0.1:{_free_port()}"  # refuses: a request that passes the key check gets 503
+    with TestClient(create_front(down, [down], api_key="k")) as client:
+        assert client.post("/generate", json={}).status_code == 401
+        assert client.post("/generate", json={}, headers={"X-API-Key": "k"}).status_code == 503
+        cookie = {"cookie": f"{studio.COOKIE}={studio.session_token(b'k').decode()}"}
+        assert client.post("/programs/p/trace", json={}, headers=cookie).status_code == 503
+        wrong = {"cookie": f"{studio.COOKIE}=x"}
+        assert client.post("/programs/p/trace", json={}, headers=wrong).status_code == 401
+        assert client.get("/studio").status_code == 503  # the replica shows the key form itself
+
+
 def _half_stream_server() -> tuple[socket.socket, int]:
     """An upstream that starts an event stream, sends one event and drops the connection."""
     sock = socket.socket()

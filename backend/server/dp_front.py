@@ -20,8 +20,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from . import studio
+
 # Paths sglang-router does not proxy; program runs among them need one replica per run.
 PROGRAM_PREFIX = "/programs"
+# The studio page, its assets and its metrics: served by any replica, which also shows the key
+# form and checks the key itself (the front would answer a signed-out browser with bare JSON).
+STUDIO_PREFIX = "/studio"
 REPLICA_PATHS = frozenset(
     {"/tokenize", "/detokenize", "/apply_chat_template", "/get_server_info", "/server_info", "/version"}
 )
@@ -58,7 +63,7 @@ class FrontRouting:
         a program run. A replica that refuses the connection is skipped for the next."""
         if path.startswith(PROGRAM_PREFIX + "/"):  # POST /programs/{name}: a run
             return sorted(self._rotation(), key=lambda i: self.running[i]), True
-        if path == PROGRAM_PREFIX or path in REPLICA_PATHS:
+        if path == PROGRAM_PREFIX or path in REPLICA_PATHS or _is_studio(path):
             return self._rotation(), False
         return [None], False
 
@@ -77,7 +82,9 @@ def create_front(router_url: str, replica_urls: list[str], api_key: str | None =
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
 
     async def proxy(request: Request) -> Response:
-        if api_key is not None and request.url.path != "/health" and not _authorized(request, api_key):
+        path = request.url.path
+        public = path == "/health" or _is_studio(path)
+        if api_key is not None and not public and not _authorized(request, api_key):
             return _error(401, "missing or wrong API key", "authentication_error")
         targets, is_run = routing.targets(request.url.path)
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
@@ -137,10 +144,20 @@ def _stream_error(exc: Exception) -> bytes:
     return b"\n\ndata: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
 
 
+def _is_studio(path: str) -> bool:
+    return path == STUDIO_PREFIX or path.startswith(STUDIO_PREFIX + "/")
+
+
 def _authorized(request: Request, api_key: str) -> bool:
+    """The single server's rule: a bearer token, an X-API-Key header or the studio's cookie."""
     given = request.headers.get("authorization", "")
-    token = given[7:].strip() if given[:7].lower() == "bearer " else given
-    return hmac.compare_digest(token.encode(), api_key.encode())
+    if given[:7].lower() == "bearer ":
+        token = given[7:].strip()
+    else:
+        token = request.headers.get("x-api-key", "")
+    key = api_key.encode()
+    cookie = request.headers.get("cookie", "").encode("latin-1")
+    return hmac.compare_digest(token.encode(), key) or studio.cookie_authorized(cookie, key)
 
 
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Response:
