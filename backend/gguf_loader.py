@@ -198,14 +198,16 @@ def export_hf_folder(path: Path) -> Path:
     transformers loads in tests and benchmarks. The engine never needs it."""
     from safetensors.torch import save_file
 
-    out = _cache_dir(path, "hf-fp32-v3")
-    if (out / SOURCE_FILE).exists():
+    out = _cache_dir(path, "hf-fp32-v4")
+    if (out / "done").exists():
         return out
     src = prepare_gguf_dir(path)
     config = ModelConfig.from_hf_dict(json.loads((src / "config.json").read_text()))
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.copytree(src, tmp, dirs_exist_ok=True)
+    # not SOURCE_FILE: this folder is an HF folder, its weights are the safetensors
+    shutil.copytree(src, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(SOURCE_FILE))
     state = {n: w.contiguous() for n, w in iter_gguf_weights(path, config, keep_quantized=False)}
     save_file(state, str(tmp / "model.safetensors"))  # type: ignore[arg-type]
+    (tmp / "done").write_text(str(path.resolve()))
     _publish(tmp, out)
     return out

@@ -62,22 +62,23 @@ def decode_radixlm(quantization: str, tokens: int, threads: int) -> dict[str, An
     return {"tok_s": tokens / (long - short), "load_s": load_s}
 
 
-def decode_llama_cpp(tokens: int, threads: int) -> dict[str, Any]:
-    """The same measurement through llama.cpp's own decode loop: eval one token, argmax, repeat."""
+def decode_llama_cpp(model: str, tokens: int, threads: int) -> dict[str, Any]:
+    """The same measurement through llama.cpp's own decode loop: eval one token, argmax, repeat.
+    The prompt is fed one token at a time too: this build's batched prompt eval (AMX int8 path)
+    segfaults on this machine. The process never imports torch (two OpenMP runtimes)."""
     import numpy as np
     from llama_cpp import Llama
 
     t0 = time.perf_counter()
-    llm = Llama(
-        model_path=_model_path(), n_threads=threads, n_threads_batch=threads, n_ctx=1024, verbose=False
-    )
+    llm = Llama(model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=1024, verbose=False)
     load_s = time.perf_counter() - t0
     ids = llm.tokenize(PROMPT.encode(), add_bos=False)
 
     def timed(n: int) -> float:
         llm.reset()
         t = time.perf_counter()
-        llm.eval(ids)
+        for tok in ids:
+            llm.eval([tok])
         for _ in range(n - 1):
             llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
         return time.perf_counter() - t
@@ -87,9 +88,9 @@ def decode_llama_cpp(tokens: int, threads: int) -> dict[str, Any]:
     return {"tok_s": tokens / (long - short), "load_s": load_s}
 
 
-def worker(system: str, tokens: int, threads: int) -> dict[str, Any]:
+def worker(system: str, model: str, tokens: int, threads: int) -> dict[str, Any]:
     if system == "llama.cpp":
-        return decode_llama_cpp(tokens, threads)
+        return decode_llama_cpp(model, tokens, threads)
     return decode_radixlm("gguf" if system == "radixlm-gguf" else "dequantize", tokens, threads)
 
 
@@ -103,13 +104,14 @@ def run_worker(args: list[str]) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def side_by_side(rounds: int, tokens: int, threads: int) -> dict[str, Any]:
+def side_by_side(model: str, rounds: int, tokens: int, threads: int) -> dict[str, Any]:
     per: dict[str, list[dict[str, Any]]] = {s: [] for s in SYSTEMS}
     loads = []
     for r in range(rounds):
         for system in SYSTEMS:
             loads.append(os.getloadavg()[0])
-            res = run_worker(["--worker", system, "--tokens", str(tokens), "--threads", str(threads)])
+            args = ["--worker", system, "--model", model, "--tokens", str(tokens), "--threads", str(threads)]
+            res = run_worker(args)
             per[system].append(res)
             print(
                 f"round {r + 1} {system:13s} {res['tok_s']:7.1f} tok/s (load {res['load_s']:.2f} s)",
@@ -139,6 +141,15 @@ def side_by_side(rounds: int, tokens: int, threads: int) -> dict[str, Any]:
     return out
 
 
+def noise_note(decode: dict[str, Any], cpus: int) -> str:
+    """What the spread says: on a shared machine the rounds disagree, llama.cpp's most (its
+    threads meet at a spin barrier after every op, which a busy core stalls)."""
+    busiest = max(decode["load_average_1min_before_each"])
+    spreads = ", ".join(f"{s} {decode[s]['spread_pct']:.0f}%" for s in SYSTEMS)
+    shared = "shared" if busiest > cpus else "quiet"
+    return f"{shared} machine: 1-min load average up to {busiest:.1f} on {cpus} cores; spread over rounds: {spreads}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
@@ -147,6 +158,7 @@ def main() -> None:
     p.add_argument("--kernels", action="store_true", help="also time the CPU matmul candidates")
     p.add_argument("--quality", action="store_true", help="also load time, greedy agreement, perplexity")
     p.add_argument("--out", default=str(OUT))
+    p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--worker", choices=(*SYSTEMS, "kernels", "quality"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker == "kernels":
@@ -160,7 +172,7 @@ def main() -> None:
         print(json.dumps(quality(args.threads)))
         return
     if args.worker:
-        print(json.dumps(worker(args.worker, args.tokens, args.threads)))
+        print(json.dumps(worker(args.worker, args.model, args.tokens, args.threads)))
         return
     env = environment()
     try:
@@ -170,13 +182,18 @@ def main() -> None:
         env["gguf"] = md.version("gguf")
     except Exception:  # noqa: BLE001 - recorded as missing
         pass
-    env["model"] = Path(_model_path()).name
-    result: dict[str, Any] = {"env": env, "decode": side_by_side(args.rounds, args.tokens, args.threads)}
+    model = _model_path()
+    env["model"] = Path(model).name
+    result: dict[str, Any] = {
+        "env": env,
+        "decode": side_by_side(model, args.rounds, args.tokens, args.threads),
+    }
     if args.kernels:
         result["kernels"] = run_worker(["--worker", "kernels", "--threads", str(args.threads)])
     if args.quality:
         result["quality"] = run_worker(["--worker", "quality", "--threads", str(args.threads)])
     result["load_average_1_5_15_after"] = os.getloadavg()
+    result["noise_note"] = noise_note(result["decode"], os.cpu_count() or 1)
     write_result(args.out, result)
     d = result["decode"]
     print(
