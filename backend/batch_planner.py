@@ -58,7 +58,8 @@ class BatchPlanner:
     def schedule(self) -> StepPlan | None:
         plan = StepPlan([], [], [], [])
         self._schedule_decode(plan)
-        self._schedule_prefill(plan, self.cfg.chunked_prefill_size - len(plan.items))
+        tokens = sum(len(it.token_ids) for it in plan.items)  # decode items carry drafts when verifying
+        self._schedule_prefill(plan, self.cfg.chunked_prefill_size - tokens)
         return plan if plan.items else None
 
     # ---- decode -------------------------------------------------------------------------
