@@ -50,7 +50,9 @@ def greedy_reference(ref_engine: Any, prompts: list[str], tokens: int) -> list[l
     return seqs
 
 
-def agreement(engine: Any, ref_engine: Any, seqs: list[list[int]], prompt_lens: list[int]) -> dict[str, float]:
+def agreement(
+    engine: Any, ref_engine: Any, seqs: list[list[int]], prompt_lens: list[int]
+) -> dict[str, float]:
     """Share of generated positions where engine's argmax equals the reference continuation
     (both teacher forced on it), and the relative logit error there."""
     from engine_helpers import position_logits
@@ -63,7 +65,11 @@ def agreement(engine: Any, ref_engine: Any, seqs: list[list[int]], prompt_lens: 
         same += int((ours.argmax(-1) == torch.tensor(seq[n:])).sum())
         total += len(seq) - n
         errs.append(((ours - ref).norm() / ref.norm()).item())
-    return {"greedy_agreement": same / total, "positions": total, "logits_rel_err_mean": sum(errs) / len(errs)}
+    return {
+        "greedy_agreement": same / total,
+        "positions": total,
+        "logits_rel_err_mean": sum(errs) / len(errs),
+    }
 
 
 def perplexity(engine: Any, text: str = TEXT) -> float:
@@ -78,10 +84,11 @@ def perplexity(engine: Any, text: str = TEXT) -> float:
 def load_seconds(quantization: str, threads: int) -> dict[str, float]:
     """Engine() in a fresh process (tokenizer cache warm): construction alone, and with imports."""
     code = (
-        "import time; t0 = time.perf_counter(); import torch; torch.set_num_threads(%d);"
+        f"import time; t0 = time.perf_counter(); import torch; torch.set_num_threads({threads});"
         "from radixlm.backend.engine import Engine; t1 = time.perf_counter();"
-        "e = Engine(quantization=%r); t2 = time.perf_counter(); print(t2 - t1, t2 - t0); e.shutdown()"
-    ) % (threads, quantization)
+        f"e = Engine(quantization={quantization!r}); t2 = time.perf_counter(); print(t2 - t1, t2 - t0);"
+        "e.shutdown()"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     engine_s, total_s = map(float, out.stdout.split()[-2:])
     return {"engine_init_s": engine_s, "with_imports_s": total_s}
