@@ -134,6 +134,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model-path", default=None, help="HF folder or GGUF file (default: SmolLM2-135M GGUF)")
     g.add_argument("--device", default=None)
     g.add_argument("--dtype", default=None)
+    g.add_argument(
+        "--quantization",
+        choices=("auto", "gguf", "dequantize"),
+        default=None,
+        help="GGUF weights: kept as blocks (gguf), dequantized to --dtype at load (dequantize), or "
+        "auto: kept on the CPU, dequantized on CUDA",
+    )
     g.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens")
     g.add_argument("--mem-fraction-static", type=float, default=0.85)
     g.add_argument(
@@ -193,6 +200,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "model_path",
         "device",
         "dtype",
+        "quantization",
         "max_total_tokens",
         "mem_fraction_static",
         "chunked_prefill_size",
