@@ -5,6 +5,7 @@ prompt-lookup proposer. Promises: a proposal is a deterministic function of the 
 
 from __future__ import annotations
 
+import random
 import weakref
 from collections import OrderedDict
 from typing import Protocol
@@ -108,3 +109,28 @@ class NgramProposer:
         self._corpus.move_to_end(req.rid)
         while len(self._corpus) > self._corpus_cap:
             self._corpus.popitem(last=False)
+
+
+class ReplayProposer:
+    """For measuring the verify machinery, not for users: proposes a recorded continuation of the
+    prompt (the target's own earlier greedy output), each draft replaced by a wrong token with
+    probability `wrong`, so acceptance is what the benchmark asks (random weights accept no n-gram)."""
+
+    name = "replay"
+
+    def __init__(
+        self, references: dict[tuple[int, ...], list[int]], wrong: float = 0.0, seed: int = 0
+    ) -> None:
+        self.references = references
+        self.wrong = wrong
+        self.rng = random.Random(seed)
+
+    def propose(self, req: Req, k: int) -> list[int]:
+        ref = self.references.get(tuple(req.input_ids))
+        n = len(req.output_ids)
+        if ref is None or k <= 0 or (n and (n > len(ref) or ref[n - 1] != req.output_ids[-1])):
+            return []
+        return [t + 1 if self.rng.random() < self.wrong else t for t in ref[n : n + k]]
+
+    def observe_finished(self, req: Req) -> None:
+        return None

@@ -4,8 +4,11 @@ warm-up that fills the prefix cache, so both modes decode from cached prompts un
 machine load. Reports output tokens/s per run, the on/off ratio per pair (its spread is the
 noise), acceptance length, and whether greedy outputs matched. Workloads: JSON extraction from a
 document, a ReAct step quoting an observation, editing a code block (copy-heavy), free chat.
+--replay-wrong W measures the verify machinery instead: drafts replay the target's own greedy output
+(recorded by the off run), each one wrong with probability W, verified on every step (policy
+"always") — acceptance on demand, as on random weights, where n-grams accept nothing.
 
-    python benchmarks/speculative.py [--batch-sizes 1,8,64] [--reps 3] [--out PATH]
+    python benchmarks/speculative.py [--batch-sizes 1,8,64] [--reps 3] [--replay-wrong 0] [--out PATH]
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any
 from bench_env import device_tag, environment, write_result
 
 from radixlm import Engine
+from radixlm.backend.speculative_policy import SpecPolicy
+from radixlm.backend.speculative_proposer import ReplayProposer
 
 NAMES = ["Maria Gonzalez", "Wei Chen", "Amara Okafor", "Lukas Schmidt", "Priya Raman", "Diego Alvarez"]
 STREETS = ["Market Street", "Oak Avenue", "Hillside Road", "Harbor Lane", "Elm Court"]
@@ -110,11 +115,25 @@ def run_once(engine: Engine, prompts: list[str], max_new: int, algorithm: str) -
     }
 
 
-def bench(engine: Engine, workload: str, batch: int, reps: int) -> dict[str, Any]:
+def install_replay(engine: Engine, prompts: list[str], max_new: int, wrong: float) -> None:
+    """Record the greedy outputs, then let drafts replay them on every step."""
+    ids = [engine.tokenizer.encode(p) for p in prompts]  # as the engine tokenizes a text prompt
+    outs = engine.generate(
+        input_ids=ids, sampling_params=[{"temperature": 0, "max_new_tokens": max_new}] * len(ids)
+    )
+    refs = {tuple(i): o["output_ids"] for i, o in zip(ids, outs)}
+    spec = engine.scheduler.spec
+    spec.proposer = ReplayProposer(refs, wrong)
+    spec.policy = SpecPolicy(adaptive=False)
+
+
+def bench(engine: Engine, workload: str, batch: int, reps: int, replay: float | None) -> dict[str, Any]:
     rng = random.Random(batch * 7 + len(workload))
     prompts = [WORKLOADS[workload](rng) for _ in range(batch)]
     max_new = MAX_NEW.get(batch, 32)
     run_once(engine, prompts, 4, "none")  # untimed: fills the prefix cache for both modes
+    if replay is not None:
+        install_replay(engine, prompts, max_new, replay)
     off, on = [], []
     for r in range(reps):
         order = ("none", "ngram") if r % 2 == 0 else ("ngram", "none")
@@ -155,6 +174,9 @@ def main() -> None:
     ap.add_argument("--num-draft-tokens", type=int, default=4)
     ap.add_argument("--policy", default="auto")
     ap.add_argument("--quantization", default=None, help="the engine's (default: GGUF blocks kept on CPU)")
+    ap.add_argument(
+        "--replay-wrong", type=float, default=None, help="measure the verify machinery (see above)"
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     env = environment()
@@ -166,7 +188,8 @@ def main() -> None:
     rows = []
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         for workload in args.workloads.split(","):
-            rows.append(bench(engine, workload, batch, args.reps if batch < 64 else max(1, args.reps - 2)))
+            reps = args.reps if batch < 64 else max(1, args.reps - 2)
+            rows.append(bench(engine, workload, batch, reps, args.replay_wrong))
     env["load_average_after"] = __import__("os").getloadavg()
     result = {
         "benchmark": "speculative",
@@ -176,7 +199,8 @@ def main() -> None:
         "rows": rows,
         "how": "one engine, per-request speculative_algorithm ngram vs none, timed runs alternating, greedy",
     }
-    out = args.out or Path(__file__).parent / "results" / f"speculative_{device_tag(env)}.json"
+    tag = device_tag(env) + ("" if args.replay_wrong is None else f"_replay{args.replay_wrong:g}")
+    out = args.out or Path(__file__).parent / "results" / f"speculative_{tag}.json"
     write_result(out, result)
     engine.shutdown()
 
