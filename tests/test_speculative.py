@@ -203,3 +203,28 @@ def test_overlap_scheduler_identical(ref_engine):
         assert st["kv_free_slots"] == st["kv_total_slots"]
     finally:
         eng.shutdown()
+
+
+@pytest.mark.slow
+def test_sampled_tokens_follow_the_same_distribution(ref_engine, spec_engine):
+    """T > 0 on the real model: the joint of output tokens 2 and 3 (drafted and verified with
+    speculation) has the same distribution with speculation on and off (chi-squared homogeneity)."""
+    stats = pytest.importorskip("scipy.stats")
+    prompt = CASES[0][0]
+    n = 400
+    p = {"temperature": 1.0, "top_k": 3, "max_new_tokens": 4, "ignore_eos": True}
+
+    def joint(eng: Engine) -> dict[tuple[int, int], int]:
+        counts: dict[tuple[int, int], int] = {}
+        for o in eng.generate([prompt] * n, [dict(p) for _ in range(n)]):
+            key = (o["output_ids"][1], o["output_ids"][2])
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    before = spec_engine.get_stats().get("spec_draft_tokens", 0)
+    on, off = joint(spec_engine), joint(ref_engine)
+    assert spec_engine.get_stats()["spec_draft_tokens"] - before >= n
+    cells = [k for k in set(on) | set(off) if on.get(k, 0) + off.get(k, 0) >= 10]
+    table = [[on.get(k, 0) for k in cells], [off.get(k, 0) for k in cells]]
+    assert len(cells) >= 2
+    assert stats.chi2_contingency(table)[1] > 1e-3
