@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -25,6 +26,8 @@ from .token_index import TokenVocab, vocab_from_tokenizer
 
 KINDS = ("regex", "json_schema", "ebnf", "json")
 ENGINES = ("fsm", "xgrammar", "llguidance", "auto")
+MAX_RELAX = 6  # non-strict: refusals answered by dropping a construct, per schema
+RELAX_BUDGET_S = 1.5  # non-strict: no further relaxation once a compile has taken this long
 
 
 class GrammarBackend:
@@ -148,30 +151,47 @@ class GrammarBackend:
         return self._fsm(regex)
 
     def _llguidance_schema(self, prepared: PreparedSchema, strict: bool) -> CompiledGrammar:
+        """Strict: llguidance's refusal is the answer. Non-strict: the construct llguidance names is
+        dropped and named (schema_relax), a oneOf it cannot prove exclusive is enforced as anyOf and
+        named, and the compile is retried, at most MAX_RELAX times and within RELAX_BUDGET_S."""
         from .schema_matcher import SchemaGrammar
+        from .schema_relax import relax
 
         if prepared.schema is False:
             raise ValueError("invalid JSON schema: it matches nothing")
-        generation = generation_policy(prepared.schema)
-        closed = closed_policy(prepared.schema)
-        try:
-            return SchemaGrammar(
-                self.llguidance, prepared.schema, generation, prepared.dropped, fallback=closed
-            )
-        except ValueError as e:
-            if strict or "oneOf constraints are not supported" not in str(e):
-                raise ValueError(f"JSON schema not supported: {e}") from e
-        # non-strict: a oneOf llguidance cannot prove exclusive is enforced as anyOf, and named
-        dropped = [
-            *prepared.dropped,
-            *(f"oneOf at {ptr} (as anyOf)" for ptr in one_of_pointers(prepared.schema)),
-        ]
-        try:
-            return SchemaGrammar(
-                self.llguidance, prepared.schema, generation, dropped, coerce_one_of=True, fallback=closed
-            )
-        except ValueError as e:
-            raise ValueError(f"JSON schema not supported: {e}") from e
+        start = time.monotonic()
+        coerce = False
+        for attempt in range(MAX_RELAX + 1):
+            generation = generation_policy(prepared.schema)
+            closed = closed_policy(prepared.schema)
+            try:
+                return SchemaGrammar(
+                    self.llguidance,
+                    prepared.schema,
+                    generation,
+                    prepared.dropped,
+                    coerce_one_of=coerce,
+                    fallback=closed,
+                )
+            except ValueError as e:
+                error = e
+            reason = str(error)
+            if strict or attempt == MAX_RELAX:
+                break
+            if time.monotonic() - start > RELAX_BUDGET_S:
+                raise ValueError(
+                    f"JSON schema not supported: compile over its {RELAX_BUDGET_S} s budget "
+                    f"after {attempt} relaxations ({error})"
+                ) from error
+            if "oneOf constraints are not supported" in reason and not coerce:
+                coerce = True
+                names = [f"oneOf at {ptr} (as anyOf)" for ptr in one_of_pointers(prepared.schema)]
+            else:
+                names = relax(prepared.schema, reason, self.llguidance)
+            if not names:
+                break
+            prepared.dropped.extend(names)
+        raise ValueError(f"JSON schema not supported: {error}") from error
 
     def _fsm(self, regex: str) -> CompiledGrammar:
         """Ready once the DFA is built; the mask rows are filled on demand and by a background task."""

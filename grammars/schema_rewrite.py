@@ -15,7 +15,9 @@ def rewrite(schema: Any) -> Any:
     """The schema with every known case rewritten in place (the same object, or False)."""
     if not isinstance(schema, dict):
         return schema
-    mergeable = "/allOf/" not in json.dumps(schema)  # no $ref points into an allOf member
+    text = json.dumps(schema)
+    mergeable = "/allOf/" not in text  # no $ref points into an allOf member
+    renamable = "/oneOf/" not in text  # nor into a oneOf's branches (the rewrite renames it)
     for node, _ in list(walk(schema)):
         if mergeable:
             _merge_all_of(node)
@@ -23,7 +25,8 @@ def rewrite(schema: Any) -> Any:
         _property_names(node)
         _dependencies(node)
         _not(node, schema)
-        _one_of(node, schema)
+        if renamable:
+            _one_of(node, schema)
         _implied_type(node, schema)
     return schema
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import unquote
 
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
@@ -59,7 +60,7 @@ def resolve_pointer(root: Any, ref: str) -> Any:
     """The node a local '#/...' reference names; ValueError when it does not resolve."""
     node = root
     for part in [p for p in ref.split("#", 1)[1].split("/") if p]:
-        part = part.replace("~1", "/").replace("~0", "~")
+        part = unquote(part).replace("~1", "/").replace("~0", "~")  # a URI fragment: %-decoded
         if isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         elif isinstance(node, dict) and part in node:

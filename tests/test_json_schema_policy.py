@@ -206,6 +206,7 @@ def test_penalty_counts_follow_output_under_jump_forward(backend: GrammarBackend
             "n": {"type": "integer", "minimum": 0, "maximum": 99},
         },
         "required": ["name", "n"],
+        "additionalProperties": False,  # open, the lowest allowed token adds properties forever
     }
     fut = backend.compile_async("json_schema", schema)
     prompt = backend.tokenizer.encode('{"x', add_special_tokens=False)

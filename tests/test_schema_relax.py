@@ -1,0 +1,177 @@
+"""Non-strict relaxation when llguidance refuses a schema: strict mode still refuses; non-strict drops
+the construct llguidance names, names it with its JSON pointer, and only ever widens (every instance
+valid against the original schema per jsonschema is still accepted). Over-budget relaxation is refused
+with a reason."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from test_grammar_cases import default_tokenizer
+
+from radixlm.grammars import GrammarBackend, grammar_backend
+from radixlm.grammars.schema_walk import resolve_pointer
+
+
+@pytest.fixture(scope="module")
+def backend() -> GrammarBackend:
+    return GrammarBackend(default_tokenizer(), 49152, use_disk_cache=False)
+
+
+def accepts(backend: GrammarBackend, grammar, value) -> bool:
+    m = grammar.new_matcher()
+    text = json.dumps(value, separators=(", ", ": "))
+    ids = backend.tokenizer.encode(text, add_special_tokens=False)
+    return (
+        all(m.accept_token(t) for t in ids)
+        and m.accept_token(backend.stop_token_ids[0])
+        and m.is_terminated()
+    )
+
+
+NODE = {
+    "type": "object",
+    "properties": {
+        "v": {"type": "integer"},
+        "kids": {"type": "array", "items": {"$ref": "#/definitions/node"}},
+    },
+}
+CASES = [
+    pytest.param(  # a recursive $ref intersected with a pattern property's schema
+        {
+            "definitions": {"node": NODE},
+            "type": "object",
+            "properties": {"by": {"$ref": "#/definitions/node"}},
+            "patternProperties": {"^[a-z]*": {"$ref": "#/definitions/node"}},
+        },
+        "patternProperties at #",
+        [{"by": {"v": 1, "kids": [{"v": 2}]}}, {"other": {"v": 3}}],
+        id="recursive-ref-beside-pattern-properties",
+    ),
+    pytest.param(
+        {"type": "object", "patternProperties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+        "patternProperties at #",
+        [{"ab": 1}, {"a": 2, "c": "x"}],
+        id="overlapping-pattern-properties",
+    ),
+    pytest.param(
+        {
+            "type": "object",
+            "patternProperties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "additionalProperties": False,
+        },
+        "additionalProperties at #",  # it goes too: it would refuse the keys the patterns allowed
+        [{"ab": 1}, {"b": 2}],
+        id="overlapping-pattern-properties-closed",
+    ),
+    pytest.param(
+        {
+            "type": "object",
+            "properties": {"s": {"type": "string", "pattern": "^(?!@@)[a-z@]+$"}},
+            "required": ["s"],
+        },
+        "pattern at #/properties/s",
+        [{"s": "a@b"}, {"s": "abc"}],
+        id="lookahead-pattern",
+    ),
+    pytest.param(
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}},
+            "additionalProperties": {"type": "integer"},
+            "minProperties": 1,
+        },
+        "minProperties at #",
+        [{"a": 1}, {"a": 1, "b": 2}],
+        id="min-properties-beside-optional",
+    ),
+    pytest.param(
+        {"type": "object", "properties": {"x": {"type": "number", "minimum": 0, "maximum": 1.79769e308}}},
+        "maximum at #/properties/x",
+        [{"x": 0.5}, {"x": 12345}],
+        id="bound-near-double-max",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "named", "valid"), CASES)
+def test_refused_strict_relaxed_and_named_nonstrict(
+    backend: GrammarBackend, schema: dict, named: str, valid: list
+) -> None:
+    with pytest.raises(ValueError):
+        backend.compile("json_schema", schema)
+    g = backend.compile("json_schema", schema, strict=False)
+    assert any(d.startswith(named) for d in g.dropped_keywords), g.dropped_keywords
+    for value in valid:
+        jsonschema.validate(value, schema)  # the examples are valid: widening must keep them
+        assert accepts(backend, g, value), value
+
+
+def test_relaxation_keeps_what_it_does_not_drop(backend: GrammarBackend) -> None:
+    """Only the lookahead pattern goes: the sibling property's type and the required list stay."""
+    schema = {
+        "type": "object",
+        "properties": {"s": {"type": "string", "pattern": "^(?!x)[a-z]+$"}, "n": {"type": "integer"}},
+        "required": ["s", "n"],
+    }
+    g = backend.compile("json_schema", schema, strict=False)
+    assert accepts(backend, g, {"s": "ab", "n": 1})
+    assert not accepts(backend, g, {"s": "ab", "n": "1"})
+    assert not accepts(backend, g, {"s": "ab"})
+
+
+def test_percent_encoded_pointer_resolves(backend: GrammarBackend) -> None:
+    schema = {
+        "type": "object",
+        "patternProperties": {"[a-z]+": {"type": "integer"}},
+        "properties": {"n": {"$ref": "#/patternProperties/%5Ba-z%5D%2B"}},
+    }
+    assert resolve_pointer(schema, "#/patternProperties/%5Ba-z%5D%2B") == {"type": "integer"}
+    g = backend.compile("json_schema", schema)
+    assert accepts(backend, g, {"n": 3})
+    assert not accepts(backend, g, {"n": "3"})
+
+
+def test_relaxation_over_budget_is_refused(backend: GrammarBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(grammar_backend, "RELAX_BUDGET_S", 0.0)
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(?!q)[a-z]+$"}}}
+    with pytest.raises(ValueError, match="budget"):
+        backend.compile("json_schema", schema, strict=False)
+
+
+MASKBENCH = Path("/work/shared/data/jsonschemabench/maskbench_dev.jsonl.gz")
+# Refused by llguidance as they stand: recursive $refs intersected with siblings, an external
+# base URI, overlapping patternProperties, lookaround regexes.
+REFUSED = {
+    "WashingtonPost---wp_1_Normalized",
+    "Github_ultra---o69206",
+    "Github_ultra---o91126",
+    "Handwritten---test.NoType",
+    "JsonSchemaStore---chrome-extension-locales-messages",
+    "JsonSchemaStore---web-types",
+}
+
+
+def test_refused_maskbench_schemas_compile_relaxed(backend: GrammarBackend) -> None:
+    """Each compiles non-strict with its drops named, and accepts every instance jsonschema and the
+    label agree is valid (widening only)."""
+    if not MASKBENCH.exists():
+        pytest.skip("MaskBench development sample not present")
+    with gzip.open(MASKBENCH, "rt") as f:
+        docs = {row["source"]: row["doc"] for row in map(json.loads, f) if row["source"] in REFUSED}
+    assert set(docs) == REFUSED
+    checked = 0
+    for name, doc in docs.items():
+        g = backend.compile("json_schema", doc["schema"], strict=False)
+        assert g.dropped_keywords and all(" at #" in d for d in g.dropped_keywords), name
+        cls = jsonschema.validators.validator_for(doc["schema"])
+        validator = cls(doc["schema"])
+        for t in doc["tests"]:
+            if t["valid"] and validator.is_valid(t["data"]):
+                assert accepts(backend, g, t["data"]), (name, t["data"])
+                checked += 1
+    assert checked >= 3
