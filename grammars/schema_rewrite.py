@@ -4,6 +4,7 @@ rewrite keeps the set of valid instances exactly; a case it does not know is lef
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -66,10 +67,46 @@ def _mergeable(node: dict, member: dict) -> bool:
     return not any(group & set(node) and group & set(member) for group in _COUPLED)
 
 
+MAX_UNIQUE_ARRAYS = 100  # arrays listed for uniqueItems over a finite item set (4 values: 65)
+
+
 def _unique_items(node: dict) -> None:
     val = node.get("uniqueItems")
     if val is False or (val is True and isinstance(node.get("maxItems"), int) and node["maxItems"] <= 1):
         del node["uniqueItems"]
+        return
+    values = _finite_items(node) if val is True and "enum" not in node and "const" not in node else None
+    if values is None:
+        return
+    arrays = [list(p) for n in range(len(values) + 1) for p in itertools.permutations(values, n)]
+    if len(arrays) <= MAX_UNIQUE_ARRAYS:  # every array of distinct items, in every order
+        del node["uniqueItems"]
+        node["enum"] = arrays
+
+
+def _finite_items(node: dict) -> list | None:
+    """The values an array's items may take when they are few scalars that no two compare equal
+    under uniqueItems (strings, booleans, null, integers): from items' enum, const or boolean type."""
+    items = node.get("items")
+    if node.get("type") != "array":  # an enum of arrays would refuse the other types it allows
+        return None
+    if not isinstance(items, dict) or {"prefixItems", "additionalItems", "contains"} & set(node):
+        return None
+    if "const" in items:
+        values = [items["const"]]
+    elif isinstance(items.get("enum"), list):
+        values = items["enum"]
+    elif items.get("type") == "boolean":
+        values = [False, True]
+    else:
+        return None
+    if not all(v is None or isinstance(v, (str, bool, int)) for v in values):
+        return None
+    out: list = []
+    for v in values:  # 1 and true differ for uniqueItems; a repeated enum value counts once
+        if not any(v == u and type(v) is type(u) for u in out):
+            out.append(v)
+    return out
 
 
 def _property_names(node: dict) -> None:

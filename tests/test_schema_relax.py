@@ -175,3 +175,11 @@ def test_refused_maskbench_schemas_compile_relaxed(backend: GrammarBackend) -> N
                 assert accepts(backend, g, t["data"]), (name, t["data"])
                 checked += 1
     assert checked >= 3
+
+
+def test_unique_items_over_an_enum_enforced_strict(backend: GrammarBackend) -> None:
+    schema = {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True, "minItems": 1}
+    g = backend.compile("json_schema", schema)
+    assert not g.dropped_keywords
+    for value in (["a"], ["c", "a"], ["b", "c", "a"], [], ["a", "a"], ["a", "b", "a"], ["d"]):
+        assert accepts(backend, g, value) == jsonschema.Draft202012Validator(schema).is_valid(value), value

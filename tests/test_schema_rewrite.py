@@ -5,6 +5,7 @@ would separate coupled keywords (properties / additionalProperties) is not made.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 
 import jsonschema
@@ -42,3 +43,36 @@ def test_what_is_merged_and_what_is_not() -> None:
     assert "allOf" in rewrite(copy.deepcopy(CASES[1]))
     assert "type" not in rewrite(copy.deepcopy(CASES[4]))
     assert "type" in rewrite(copy.deepcopy(CASES[5]))  # the const branch is not an object
+
+
+UNIQUE_CASES = [
+    {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True},
+    {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True, "minItems": 1},
+    {"type": "array", "items": {"enum": [1, True, None, 1]}, "uniqueItems": True},
+    {"type": "array", "items": {"const": "x"}, "uniqueItems": True},
+]
+
+
+@pytest.mark.parametrize("schema", UNIQUE_CASES)
+def test_unique_items_over_few_values_is_exact(schema: dict) -> None:
+    """Every array of length <= 4 over the item values (and one outsider) is valid after the rewrite
+    exactly when jsonschema says it is valid against the original."""
+    out = rewrite(copy.deepcopy(schema))
+    assert "uniqueItems" not in out
+    pool = [*({json.dumps(v): v for v in _item_values(schema)}.values()), "z"]
+    for n in range(5):
+        for arr in itertools.product(pool, repeat=n):
+            value = list(arr)
+            assert jsonschema.Draft202012Validator(out).is_valid(value) == jsonschema.Draft202012Validator(
+                schema
+            ).is_valid(value), value
+
+
+def _item_values(schema: dict) -> list:
+    items = schema["items"]
+    return [items["const"]] if "const" in items else items.get("enum", [False, True])
+
+
+def test_unique_items_kept_when_types_beyond_arrays() -> None:
+    schema = {"type": ["array", "null"], "items": {"enum": ["a", "b"]}, "uniqueItems": True}
+    assert rewrite(copy.deepcopy(schema)) == schema
