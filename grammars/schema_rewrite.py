@@ -23,6 +23,7 @@ def rewrite(schema: Any) -> Any:
         if mergeable:
             _merge_all_of(node)
         _unique_items(node)
+        _if_then_else(node)
         _property_names(node)
         _dependencies(node)
         _not(node, schema)
@@ -82,6 +83,46 @@ def _unique_items(node: dict) -> None:
     if len(arrays) <= MAX_UNIQUE_ARRAYS:  # every array of distinct items, in every order
         del node["uniqueItems"]
         node["enum"] = arrays
+
+
+def _if_then_else(node: dict) -> None:
+    """if/then/else decided by a required property with a declared enum (or const) of scalars, that
+    `if` tests with const/enum: an anyOf of the two exclusive branches, the property's values split
+    between them."""
+    cond = node.get("if")
+    required = node.get("required") if isinstance(node.get("required"), list) else []
+    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    if node.get("type") != "object" or not isinstance(cond, dict) or set(cond) - {"properties", "required"}:
+        return
+    tested = cond.get("properties")
+    if not isinstance(tested, dict) or len(tested) != 1 or not set(cond.get("required", [])) <= set(tested):
+        return
+    (name, test), declared = next(iter(tested.items())), props.get(next(iter(tested)))
+    if name not in required or not isinstance(test, dict) or not isinstance(declared, dict):
+        return
+    chosen, domain = _scalars(test), _scalars(declared)
+    if chosen is None or domain is None or set(test) - {"const", "enum"}:
+        return
+    keys = {json.dumps(v) for v in chosen}
+    branches = []
+    for values, sub in (
+        ([v for v in domain if json.dumps(v) in keys], node.get("then", True)),
+        ([v for v in domain if json.dumps(v) not in keys], node.get("else", True)),
+    ):
+        if values:
+            branches.append({"properties": {name: {"enum": values}}, "allOf": [sub]})
+    for key in ("if", "then", "else"):
+        node.pop(key, None)
+    node["allOf"] = [*node.get("allOf", []), {"anyOf": branches} if branches else False]
+
+
+def _scalars(schema: dict) -> list | None:
+    """The values of a const or enum of strings, booleans, null or integers (json.dumps tells them
+    apart as JSON Schema equality does)."""
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if not isinstance(values, list) or not all(v is None or isinstance(v, (str, bool, int)) for v in values):
+        return None
+    return values
 
 
 def _finite_items(node: dict) -> list | None:

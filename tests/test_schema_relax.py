@@ -1,7 +1,8 @@
 """Non-strict relaxation when llguidance refuses a schema: strict mode still refuses; non-strict drops
 the construct llguidance names, names it with its JSON pointer, and only ever widens (every instance
 valid against the original schema per jsonschema is still accepted). Over-budget relaxation is refused
-with a reason."""
+with a reason. Strict mode enforces the exact rewrites end to end (uniqueItems over an enum, if/then/else
+on a required discriminator)."""
 
 from __future__ import annotations
 
@@ -182,4 +183,26 @@ def test_unique_items_over_an_enum_enforced_strict(backend: GrammarBackend) -> N
     g = backend.compile("json_schema", schema)
     assert not g.dropped_keywords
     for value in (["a"], ["c", "a"], ["b", "c", "a"], [], ["a", "a"], ["a", "b", "a"], ["d"]):
+        assert accepts(backend, g, value) == jsonschema.Draft202012Validator(schema).is_valid(value), value
+
+
+def test_if_on_a_required_discriminator_enforced_strict(backend: GrammarBackend) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"kind": {"enum": ["a", "b"]}, "n": {"type": "integer"}},
+        "required": ["kind"],
+        "additionalProperties": False,
+        "if": {"properties": {"kind": {"const": "a"}}},
+        "then": {"required": ["n"]},
+        "else": {"properties": {"n": {"maximum": 0}}},
+    }
+    g = backend.compile("json_schema", schema)
+    docs = [
+        {"kind": "a", "n": 5},
+        {"kind": "a"},
+        {"kind": "b"},
+        {"kind": "b", "n": 5},
+        {"kind": "b", "n": -1},
+    ]
+    for value in docs:
         assert accepts(backend, g, value) == jsonschema.Draft202012Validator(schema).is_valid(value), value

@@ -76,3 +76,39 @@ def _item_values(schema: dict) -> list:
 def test_unique_items_kept_when_types_beyond_arrays() -> None:
     schema = {"type": ["array", "null"], "items": {"enum": ["a", "b"]}, "uniqueItems": True}
     assert rewrite(copy.deepcopy(schema)) == schema
+
+
+IF_CASES = [
+    {
+        "type": "object",
+        "properties": {"kind": {"enum": ["a", "b", "c"]}, "n": {"type": "integer"}},
+        "required": ["kind"],
+        "if": {"properties": {"kind": {"const": "a"}}},
+        "then": {"required": ["n"]},
+        "else": {"properties": {"n": {"maximum": 0}}},
+    },
+    {
+        "type": "object",
+        "properties": {"kind": {"type": "string", "enum": ["a", "b"]}, "n": {}},
+        "required": ["kind"],
+        "if": {"properties": {"kind": {"enum": ["b"]}}, "required": ["kind"]},
+        "then": {"properties": {"n": {"type": "string"}}},
+    },
+]
+
+
+@pytest.mark.parametrize("schema", IF_CASES)
+def test_if_on_a_required_enum_is_exact(schema: dict) -> None:
+    out = rewrite(copy.deepcopy(schema))
+    assert not {"if", "then", "else"} & set(out)
+    for kind in ("a", "b", "c", "d", 1, None):
+        for n in (None, -1, 3, "x"):
+            for doc in ({"kind": kind, "n": n}, {"kind": kind}, {"n": n}):
+                want = jsonschema.Draft202012Validator(schema).is_valid(doc)
+                assert jsonschema.Draft202012Validator(out).is_valid(doc) == want, doc
+
+
+def test_if_on_an_optional_property_is_kept() -> None:
+    schema = copy.deepcopy(IF_CASES[0])
+    schema["required"] = []
+    assert "if" in rewrite(copy.deepcopy(schema))
