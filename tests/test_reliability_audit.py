@@ -28,6 +28,9 @@ EXPLAINED = {
     ("dsl/cli.py", "dynamic import"): "`radixlm run FILE` runs a file named on the command line",
     ("dsl/__init__.py", "dynamic import"): "lazy attribute import of fixed radixlm module names",
     ("dsl/interpreter.py", "dynamic import"): "__import__('contextlib') of a constant name",
+    ("backend/server/dp.py", "subprocess"): "`radixlm serve --dp N` starts its replicas and the "
+    "router once, from the command line's own arguments, as an argument list (no shell); requests "
+    "only reach them over HTTP",
 }
 
 
