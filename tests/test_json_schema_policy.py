@@ -216,7 +216,9 @@ def test_penalty_counts_follow_output_under_jump_forward(backend: GrammarBackend
     rg.resolve()
     stats = SimpleNamespace(extra={})
     bitmask = torch.full((1, 1536), -1, dtype=torch.int32)
-    while not rg.is_terminated():
+    for _ in range(200):  # bounded: a grammar that never terminates fails instead of hanging
+        if rg.is_terminated():
+            break
         rg.fill_next_token_bitmask(bitmask, 0)
         tok = int(allowed_ids(bitmask[0], 49152)[0])
         req.output_ids.append(tok)
@@ -227,6 +229,7 @@ def test_penalty_counts_follow_output_under_jump_forward(backend: GrammarBackend
         seen = expected > 0
         seen[prompt] = True
         assert torch.equal(req.penalty_seen, seen)
+    assert rg.is_terminated(), req.output_ids
     text = backend.tokenizer.decode([t for t in req.output_ids if t not in backend.stop_token_ids])
     jsonschema.validate(json.loads(text), schema)
     assert bool(stats.extra.get("jump_forward_steps")) == jump
