@@ -132,8 +132,8 @@ def test_rope_freqs_gguf_matches_hf_llama3_scaling(llama31, tmp_path, default_mo
         assert ((ours - ref).norm() / ref.norm()) <= 1e-4
     finally:
         eng.shutdown()
-    # the same file without rope_freqs is what loading used to give: positions past the
-    # original 32-token context come out wrong, so the check above can fail
+    # the same file without rope_freqs (rope scaling ignored): positions past the original
+    # 32-token context come out wrong, so the check above can fail
     bare = tmp_path / "bare.gguf"
     write_llama31_gguf(llama31, bare, with_rope_freqs=False)
     eng = _engine(bare, default_model_dir)
