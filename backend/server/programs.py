@@ -282,36 +282,47 @@ async def _stream_program(entry: RegisteredProgram, state: ProgramRun) -> AsyncI
     yield SSE_DONE
 
 
+def program_registry(app: FastAPI) -> ProgramRegistry:
+    registry: ProgramRegistry | None = app.state.programs
+    if registry is None:
+        raise HTTPException(404, "no programs are registered on this server (start it with --programs)")
+    return registry
+
+
+def admit_program_run(
+    app: FastAPI, name: str, req: ProgramRunRequest
+) -> tuple[RegisteredProgram, dict[str, Any], dict[str, Any], _Run]:
+    """Check a run request and admit it: the program, its validated arguments, its sampling options
+    and the admitted run (404 unknown program, 422 bad arguments, 503 while the server stops).
+    The caller must end the run (finish, or cancel then finish)."""
+    reg = program_registry(app)
+    entry = reg.get(name)
+    kwargs = _validated_args(entry, req.args)
+    options = req.sampling_options(app.state.runner.max_new_tokens)
+    if not app.state.runner.accepting:
+        raise HTTPException(503, "server is shutting down", headers={"Retry-After": "1"})
+    return entry, kwargs, options, reg.admit(app.state.engine)
+
+
 def register(app: FastAPI) -> None:
     registry: ProgramRegistry | None = app.state.programs
     if registry is not None:
         app.state.runner.add_work_source(lambda: len(registry.active), registry.cancel_all)
 
-    def need_registry() -> ProgramRegistry:
-        if registry is None:
-            raise HTTPException(404, "no programs are registered on this server (start it with --programs)")
-        return registry
-
     @app.get("/programs")
     async def list_programs() -> dict[str, Any]:
-        reg = need_registry()
+        reg = program_registry(app)
         return {"programs": [p.describe() for p in reg.programs.values()]}
 
     @app.post("/programs/{name}")
     async def run_program(name: str, req: ProgramRunRequest, request: Request) -> Any:
-        reg = need_registry()
-        entry = reg.get(name)
-        kwargs = _validated_args(entry, req.args)
-        options = req.sampling_options(app.state.runner.max_new_tokens)
-        if not app.state.runner.accepting:
-            raise HTTPException(503, "server is shutting down", headers={"Retry-After": "1"})
-        run = reg.admit(app.state.engine)
+        entry, kwargs, options, run = admit_program_run(app, name, req)
         try:
             state = await until_disconnect(
                 request, asyncio.to_thread(run.start, name, req.stream, options, kwargs)
             )
             if req.stream:
-                return await sse_response(request, _run_events(run, _stream_program(entry, state)))
+                return await sse_response(request, run_events(run, _stream_program(entry, state)))
             return await until_disconnect(request, asyncio.to_thread(_result_body, name, state))
         except ValueError as exc:
             raise ValueError(f"program {name} failed: {exc}") from exc
@@ -323,7 +334,7 @@ def register(app: FastAPI) -> None:
                 run.finish()
 
 
-async def _run_events(run: _Run, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def run_events(run: _Run, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """The stream owns the run from here: leaving early (disconnect) cancels it."""
     run.handed_over = True
     complete = False

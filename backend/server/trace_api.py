@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from fastapi import FastAPI, HTTPException, Request
 
-from .programs import ProgramRegistry, _run_events, _validated_args
+from .programs import admit_program_run, program_registry, run_events
 from .protocol import ProgramRunRequest
 from .streams import SSE_DONE, sse, sse_response, until_disconnect
 
@@ -54,23 +54,15 @@ async def trace_events(run: TracedRun) -> AsyncIterator[bytes]:
 def register(app: FastAPI) -> None:
     @app.post("/programs/{name}/trace")
     async def trace_program(name: str, req: ProgramRunRequest, request: Request) -> Any:
-        reg: ProgramRegistry | None = app.state.programs
-        if reg is None:
-            raise HTTPException(404, "no programs are registered on this server (start it with --programs)")
-        host = reg.host
+        host = program_registry(app).host
         if not callable(getattr(host, "trace", None)):
             raise HTTPException(501, "this server's program host cannot trace runs")
-        entry = reg.get(name)
-        kwargs = _validated_args(entry, req.args)
-        options = req.sampling_options(app.state.runner.max_new_tokens)
-        if not app.state.runner.accepting:
-            raise HTTPException(503, "server is shutting down", headers={"Retry-After": "1"})
-        run = reg.admit(app.state.engine)
+        _, kwargs, options, run = admit_program_run(app, name, req)
         try:
             traced = await until_disconnect(
                 request, asyncio.to_thread(host.trace, name, run.view, options=options, args=kwargs)
             )
-            return await sse_response(request, _run_events(run, trace_events(traced)))
+            return await sse_response(request, run_events(run, trace_events(traced)))
         except BaseException:
             run.cancel()  # client gone or the run could not start: abort what it submitted
             raise
