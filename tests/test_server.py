@@ -10,9 +10,7 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -26,6 +24,7 @@ import jsonschema
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from server_helpers import launch_server
 
 KEY = "test-key-123"
 MAX_PROMPT_TOKENS = 512
@@ -63,12 +62,6 @@ RUN_FILE = textwrap.dedent('''
 ''')
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     def __init__(self, proc: subprocess.Popen, url: str) -> None:
         self.proc = proc
@@ -90,28 +83,10 @@ class Server:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     progs = tmp_path_factory.mktemp("progs") / "programs.py"
     progs.write_text(PROGRAMS)
-    port = _free_port()
-    cmd = [sys.executable, "-m", "radixlm.launch_server", "--host", "127.0.0.1", "--port", str(port),
-           "--api-key", KEY, "--programs", str(progs), "--max-prompt-tokens", str(MAX_PROMPT_TOKENS),
-           "--max-body-bytes", "65536", "--max-pending-requests", str(MAX_PENDING), "--drain-timeout", "3",
-           "--log-level", "warning", "--device", "cpu"]
-    log = progs.parent / "server.log"
-    with open(log, "w") as log_file:  # a file, not a pipe: a full pipe would stall the server
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text()[-4000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("server did not start")
-        time.sleep(0.3)
+    args = ["--api-key", KEY, "--programs", str(progs), "--max-prompt-tokens", str(MAX_PROMPT_TOKENS),
+            "--max-body-bytes", "65536", "--max-pending-requests", str(MAX_PENDING), "--drain-timeout", "3",
+            "--log-level", "warning", "--device", "cpu"]  # fmt: skip
+    proc, url = launch_server(args, progs.parent / "server.log")
     srv = Server(proc, url)
     yield srv
     if proc.poll() is None:

@@ -18,15 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
+from server_helpers import free_port, launch_server
 
 from radixlm.backend.server.serve_cmd import serve_parser
 from radixlm.cli import main
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_cli_without_arguments_fails_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,14 +70,9 @@ def test_busy_port_is_reported_before_the_model_loads(tmp_path: Path) -> None:
 
 
 def _start(tmp_path: Path, drain_s: float) -> tuple[subprocess.Popen, str, Path]:
-    port = _free_port()
+    port = free_port()
     log = tmp_path / f"server-{port}.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "radixlm.launch_server",
-        "--port",
-        str(port),
+    args = [
         "--device",
         "cpu",
         "--max-total-tokens",
@@ -92,19 +82,8 @@ def _start(tmp_path: Path, drain_s: float) -> tuple[subprocess.Popen, str, Path]
         "--log-level",
         "info",
     ]
-    with open(log, "w") as f:  # a file, not a pipe: a full pipe would stall the server
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url, log
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.3)
+    proc, url = launch_server(args, log, port=port)
+    return proc, url, log
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -6,61 +6,25 @@ checked like any sampling key ('draft' is a 422 naming the reason), and serve re
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
+from server_helpers import free_port, launch_server
 
 DOC = "Invoice 7731: 3x steel bolts, 2x copper pipes, shipped to 42 Harbor Lane, Portsmouth, on 2025-02-11."
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
     log = tmp_path_factory.mktemp("spec") / "server.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "radixlm.launch_server",
-        "--port",
-        str(port),
-        "--device",
-        "cpu",
-        "--speculative-algorithm",
-        "ngram",
-        "--speculative-policy",
-        "always",
-        "--log-level",
-        "warning",
-        "--max-total-tokens",
-        "4096",
-    ]
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
+    args = ["--device", "cpu", "--speculative-algorithm", "ngram", "--speculative-policy", "always",
+            "--log-level", "warning", "--max-total-tokens", "4096"]  # fmt: skip
+    proc, base = launch_server(args, log)
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(log.read_text()[-3000:])
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.3)
         yield base
     finally:
         proc.terminate()
@@ -115,7 +79,7 @@ def test_serve_refuses_draft() -> None:
         "-m",
         "radixlm.launch_server",
         "--port",
-        str(_free_port()),
+        str(free_port()),
         "--device",
         "cpu",
         "--speculative-algorithm",

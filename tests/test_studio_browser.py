@@ -10,9 +10,7 @@ import json
 import os
 import resource
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -22,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from server_helpers import launch_server
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -85,38 +84,14 @@ class Server:
             time.sleep(0.1)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     progs = tmp_path_factory.mktemp("studio") / "programs.py"
     progs.write_text(PROGRAMS)
-    port = _free_port()
-    cmd = [sys.executable, "-m", "radixlm.launch_server", "--host", "127.0.0.1", "--port", str(port),
-           "--api-key", KEY, "--device", "cpu", "--log-level", "warning", "--drain-timeout", "2",
-           "--programs", str(ROOT / "examples" / "tree_of_thought.py"),
-           "--programs", str(ROOT / "examples" / "json_extraction.py"), "--programs", str(progs)]  # fmt: skip
-    log = progs.parent / "server.log"
-    with open(log, "w") as log_file:  # a file, not a pipe: a full pipe would stall the server
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text()[-4000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("server did not start")
-        time.sleep(0.3)
+    args = ["--api-key", KEY, "--device", "cpu", "--log-level", "warning", "--drain-timeout", "2",
+            "--programs", str(ROOT / "examples" / "tree_of_thought.py"),
+            "--programs", str(ROOT / "examples" / "json_extraction.py"), "--programs", str(progs)]  # fmt: skip
+    proc, url = launch_server(args, progs.parent / "server.log")
     yield Server(url)
     proc.terminate()
     try:

@@ -1,0 +1,43 @@
+"""Starting a real `radixlm.launch_server` process for the HTTP tests: a free loopback port, the
+log in a file (a full pipe would stall the server), and a bounded wait for /health."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_server(
+    args: list[str], log: Path, port: int | None = None, timeout_s: float = 180
+) -> tuple[subprocess.Popen, str]:
+    """Start the server on 127.0.0.1 with `args`; return (process, base URL) once /health answers
+    200. Raises with the log's tail if the process exits first, and kills it past `timeout_s`."""
+    port = free_port() if port is None else port
+    cmd = [sys.executable, "-m", "radixlm.launch_server", "--host", "127.0.0.1", "--port", str(port), *args]
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log.read_text()[-4000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("server did not start")
+        time.sleep(0.3)
