@@ -77,7 +77,8 @@ class NgramProposer:
     def __init__(self, min_n: int = 2, max_n: int = 4, corpus_requests: int = 16) -> None:
         self.min_n, self.max_n = min_n, max_n
         self._own: weakref.WeakKeyDictionary[Req, NgramIndex] = weakref.WeakKeyDictionary()
-        self._corpus: OrderedDict[str, NgramIndex] = OrderedDict()  # finished requests, newest last
+        # finished requests, newest last: their tokens, indexed on first use
+        self._corpus: OrderedDict[str, NgramIndex | list[int]] = OrderedDict()
         self._corpus_cap = corpus_requests
 
     def propose(self, req: Req, k: int) -> list[int]:
@@ -91,21 +92,30 @@ class NgramProposer:
         if found:
             return found
         tail = index.ids[-self.max_n :]
-        for other in reversed(self._corpus.values()):
-            found = other.continuation(tail, k)
+        for rid in reversed(self._corpus):
+            found = self._corpus_index(rid).continuation(tail, k)
             if found:
                 return found
         return []
 
+    def _corpus_index(self, rid: str) -> NgramIndex:
+        """A finished request's n-gram index, built the first time a proposal consults it."""
+        entry = self._corpus[rid]
+        if isinstance(entry, NgramIndex):
+            return entry
+        index = NgramIndex(self.min_n, self.max_n)
+        index.sync(entry)
+        self._corpus[rid] = index
+        return index
+
     def observe_finished(self, req: Req) -> None:
-        index = self._own.pop(req, None)
+        # Only the tokens are kept here: every finished request passes through, speculating or not,
+        # and indexing thousands of prompt tokens each would cost the scheduler more than a step.
+        self._own.pop(req, None)
         if self._corpus_cap <= 0 or len(req.output_ids) == 0:
             return
-        if index is None:
-            index = NgramIndex(self.min_n, self.max_n)
-        ids = req.all_ids
-        index.sync([*ids, -1])  # a sentinel, so n-grams ending at the last real token are indexed
-        self._corpus[req.rid] = index
+        # a sentinel, so n-grams ending at the last real token are indexed
+        self._corpus[req.rid] = [*req.all_ids, -1]
         self._corpus.move_to_end(req.rid)
         while len(self._corpus) > self._corpus_cap:
             self._corpus.popitem(last=False)
