@@ -34,8 +34,9 @@ def grammar_backend(engine: Any) -> GrammarBackend:
     with _BACKEND_LOCK:  # the start-up warm-up thread and a first request may both get here
         backend = getattr(engine, "_grammar_backend", None)
         if backend is None:
-            backend = GrammarBackend(engine.tokenizer, engine.model_config.vocab_size,
-                                     stop_token_ids=sorted(engine.eos_token_ids))
+            backend = GrammarBackend(
+                engine.tokenizer, engine.model_config.vocab_size, stop_token_ids=sorted(engine.eos_token_ids)
+            )
             engine._grammar_backend = backend
         return backend
 
@@ -44,8 +45,9 @@ class RequestGrammar:
     """A request's grammar state: the compile future, then its matcher (set on the caller's thread
     before the request is submitted; after that only the scheduler thread touches it)."""
 
-    def __init__(self, future: Future, backend: GrammarBackend, jump_forward: bool,
-                 spec: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self, future: Future, backend: GrammarBackend, jump_forward: bool, spec: tuple[str, str] | None = None
+    ) -> None:
         self.future = future
         self.backend = backend
         self.jump_forward = jump_forward
@@ -82,6 +84,11 @@ class RequestGrammar:
 
     def fill_next_token_bitmask(self, bitmask: Any, row: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, row)  # type: ignore[union-attr]
+
+    def parallel_mask_matcher(self) -> Any:
+        """The llguidance matcher behind this request's mask, if any (one batched fill per step)."""
+        source = getattr(self.matcher, "parallel_mask_matcher", None)
+        return source() if source is not None else None
 
     def is_terminated(self) -> bool:
         return self.matcher is not None and self.matcher.is_terminated()
@@ -121,7 +128,9 @@ class RequestGrammar:
             record_token(req, t)
         added = new_ids if replaced else [tok, *new_ids]
         stats.extra["jump_forward_steps"] = stats.extra.get("jump_forward_steps", 0) + 1
-        stats.extra["jump_forward_passes_saved"] = stats.extra.get("jump_forward_passes_saved", 0) + len(added) - 1
+        stats.extra["jump_forward_passes_saved"] = (
+            stats.extra.get("jump_forward_passes_saved", 0) + len(added) - 1
+        )
         return added
 
     def _forced_stop(self, room: int) -> int | None:
@@ -182,7 +191,9 @@ def json_schema_error(schema_text: str, output: str) -> str | None:
     schema = json.loads(schema_text)
     cls = jsonschema.validators.validator_for(schema)
     try:
-        err = jsonschema.exceptions.best_match(cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(value))
+        err = jsonschema.exceptions.best_match(
+            cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(value)
+        )
     except jsonschema.exceptions.SchemaError as e:
         return f"schema cannot be checked: {e.message}"
     except Exception as e:  # an unresolvable $ref or a regex Python cannot compile
@@ -201,8 +212,12 @@ def attach_grammars(engine: Any, reqs: list[Any]) -> None:
             backend = grammar_backend(engine)
             # forced tokens carry no logprobs: keep one sampled token per output id when they are asked for
             strict = getattr(req.params, "json_schema_strict", True)
-            req.grammar = RequestGrammar(backend.compile_async(kind, text, which, strict), backend,
-                                         jump and not req.return_logprob, (kind, text))
+            req.grammar = RequestGrammar(
+                backend.compile_async(kind, text, which, strict),
+                backend,
+                jump and not req.return_logprob,
+                (kind, text),
+            )
 
 
 def wait_grammars(reqs: list[Any]) -> None:

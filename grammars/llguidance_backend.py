@@ -64,6 +64,11 @@ class LLGuidanceMatcher:
         assert target.is_contiguous() and target.dtype == torch.int32 and not target.is_cuda
         self._m.unsafe_compute_mask_ptr(target.data_ptr(), target.numel() * 4)
 
+    def parallel_mask_matcher(self) -> llg.LLMatcher | None:
+        """The llguidance matcher whose mask fill_next_token_bitmask would compute, for a batched
+        fill (grammars/masking.py); None where the row is the stop-token row or all zeros."""
+        return None if self._ended or self._m.is_stopped() else self._m
+
     def accept_token(self, token_id: int) -> bool:
         tok = int(token_id)
         if self._ended:

@@ -4,9 +4,11 @@ them to their logits rows. Promises: unconstrained rows are untouched; a row nev
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
+import llguidance as llg
 import torch
 
 from radixlm.kernels.bitmask import unpack_bitmask_cpu
@@ -14,21 +16,46 @@ from radixlm.kernels.bitmask import unpack_bitmask_cpu
 from .base import allocate_token_bitmask, apply_token_bitmask_
 
 
-def fill_bitmask(reqs: Sequence[Any], vocab_size: int) -> tuple[torch.Tensor, list[int]]:
-    """Bitmask rows for the requests whose .grammar is set (duck-typed matcher), and their indices."""
+def fill_bitmask(
+    reqs: Sequence[Any], vocab_size: int, pin_memory: bool = False
+) -> tuple[torch.Tensor, list[int]]:
+    """Bitmask rows for the requests whose .grammar is set (duck-typed matcher), and their indices.
+    Rows backed by llguidance are computed in one call on its thread pool, outside the GIL: one by
+    one, a batch of 64 JSON masks held the scheduler thread longer than the forward pass."""
     rows = [i for i, r in enumerate(reqs) if getattr(r, "grammar", None) is not None]
-    bitmask = allocate_token_bitmask(len(rows), vocab_size)
+    bitmask = allocate_token_bitmask(len(rows), vocab_size, pin_memory)
+    batched: list[tuple[llg.LLMatcher, int]] = []
     for k, i in enumerate(rows):
-        reqs[i].grammar.fill_next_token_bitmask(bitmask, k)
+        grammar = reqs[i].grammar
+        source = getattr(grammar, "parallel_mask_matcher", None)
+        matcher = source() if source is not None else None
+        if matcher is None:
+            grammar.fill_next_token_bitmask(bitmask, k)
+        else:
+            batched.append((matcher, k))
+    if len(batched) == 1:
+        matcher, k = batched[0]
+        matcher.unsafe_compute_mask_ptr(bitmask[k].data_ptr(), bitmask.shape[1] * 4)
+    elif batched:
+        _executor().unsafe_compute_mask_ptr(
+            batched, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0]
+        )
     return bitmask, rows
+
+
+@functools.cache
+def _executor() -> llg.LLExecutor:
+    return llg.LLExecutor()
 
 
 def apply_grammar_masks(logits: torch.Tensor, reqs: Sequence[Any]) -> None:
     """In place on [N, V] logits, one row per request in order; no host sync on CUDA."""
-    bitmask, rows = fill_bitmask(reqs, logits.shape[-1])
+    # From pageable memory a host-to-device copy first waits for the stream, that is, for the
+    # forward pass: pinned, the mask fill overlaps it.
+    bitmask, rows = fill_bitmask(reqs, logits.shape[-1], pin_memory=logits.is_cuda)
     if not rows:
         return
-    idx = torch.tensor(rows, device=logits.device)
+    idx = torch.tensor(rows, pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
     sub = logits[idx]
     if logits.is_cuda:
         bitmask = bitmask.to(logits.device, non_blocking=True)

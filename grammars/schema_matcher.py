@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 import jsonschema
+import llguidance as llg
 
 from .llguidance_backend import LLGuidanceCompiled, LLGuidanceCompiler, LLGuidanceMatcher
 
@@ -141,6 +142,9 @@ class SchemaMatcher:
 
     def fill_next_token_bitmask(self, bitmask: Any, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
+
+    def parallel_mask_matcher(self) -> llg.LLMatcher | None:
+        return self._m.parallel_mask_matcher()
 
     def accept_token(self, token_id: int) -> bool:
         return self._advance(int(token_id))

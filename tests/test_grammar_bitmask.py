@@ -35,7 +35,9 @@ def _naive(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("batch,vocab,words", [(1, 31, None), (3, 100, None), (2, 64, None), (2, 70, 2), (2, 40, 4)])
+@pytest.mark.parametrize(
+    "batch,vocab,words", [(1, 31, None), (3, 100, None), (2, 64, None), (2, 70, 2), (2, 40, 4)]
+)
 def test_torch_path_matches_naive(batch: int, vocab: int, words: int | None) -> None:
     logits, bitmask = _random_case(batch, vocab, words)
     expected = _naive(logits, bitmask)
@@ -67,8 +69,11 @@ def test_apply_grammar_masks_rows_and_fallback() -> None:
     vocab = 70
     logits, bitmask = _random_case(3, vocab, seed=5)
     logits[2, :] = float("-inf")  # another mask (e.g. min_new_tokens) already removed everything here
-    reqs = [SimpleNamespace(grammar=_FixedMatcher(bitmask[0])), SimpleNamespace(grammar=None),
-            SimpleNamespace(grammar=_FixedMatcher(bitmask[2]))]
+    reqs = [
+        SimpleNamespace(grammar=_FixedMatcher(bitmask[0])),
+        SimpleNamespace(grammar=None),
+        SimpleNamespace(grammar=_FixedMatcher(bitmask[2])),
+    ]
     out = logits.clone()
     apply_grammar_masks(out, reqs)
     assert torch.equal(out[0], _naive(logits[:1], bitmask[:1])[0])
@@ -131,6 +136,50 @@ TRITON_SCRIPT = textwrap.dedent("""
 def test_triton_kernel_matches_torch_interpreted() -> None:
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-c", TRITON_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", TRITON_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_batched_llguidance_fill_equals_row_by_row() -> None:
+    """fill_bitmask computes llguidance rows in one pooled call: every row, at a different point of
+    its document (and one ended, one regex row on our FSM among them), equals the matcher's own fill."""
+    import json
+
+    from test_grammar_cases import default_tokenizer
+
+    from radixlm.grammars import GrammarBackend
+    from radixlm.grammars.masking import fill_bitmask
+
+    backend = GrammarBackend(default_tokenizer(), 49152)
+    tok = backend.tokenizer
+    schema = json.dumps(
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "yz"]}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        }
+    )
+    doc = '{"a": 12, "b": "yz"}'
+    grammars = []
+    for cut in (0, 1, 5, 9, 14, len(doc)):
+        m = backend.compile("json_schema", schema).new_matcher()
+        for t in tok.encode(doc[:cut], add_special_tokens=False):
+            assert m.accept_token(t)
+        grammars.append(m)
+    grammars[-1].accept_token(tok.eos_token_id)  # ended: the stop-token row
+    regex = backend.compile("regex", "[0-9]+").new_matcher()
+    grammars.insert(2, regex)
+    assert sum(getattr(g, "parallel_mask_matcher", lambda: None)() is not None for g in grammars) >= 4
+
+    reqs = [type("Req", (), {"grammar": g})() for g in grammars]
+    reqs.insert(1, type("Req", (), {"grammar": None})())  # an unconstrained row is skipped
+    batched, rows = fill_bitmask(reqs, 49152)
+    assert rows == [0, *range(2, len(reqs))]
+    one_by_one = allocate_token_bitmask(len(grammars), 49152)
+    for k, g in enumerate(grammars):
+        g.fill_next_token_bitmask(one_by_one, k)
+    assert torch.equal(batched, one_by_one)
+    assert not torch.equal(batched[0], batched[1])
