@@ -32,9 +32,13 @@ SCHEMA = {
             "type": "object",
             "properties": {"city": {"type": "string", "maxLength": 16}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
             "required": ["city", "zip"],
+            "additionalProperties": False,
         },
     },
     "required": ["name", "age", "role", "active", "skills", "address"],
+    # closed, as a typed (pydantic) record is: JSON Schema leaves objects open, and a random-weight
+    # model then adds keys until max_new_tokens
+    "additionalProperties": False,
 }
 
 
