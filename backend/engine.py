@@ -56,6 +56,18 @@ def _shutdown_live_engines() -> None:
 atexit.register(_shutdown_live_engines)
 
 
+def _holders(obj: object) -> list[str]:
+    """Type names of what references obj (an instance dict is named by its owner's type)."""
+    names = set()
+    for ref in gc.get_referrers(obj):
+        if isinstance(ref, dict):
+            owners = [o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref]
+            names.update(f"{type(o).__name__}.__dict__" for o in owners)
+        elif not isinstance(ref, list):  # the referrer list of this very call
+            names.add(type(ref).__name__)
+    return sorted(names)
+
+
 class Engine:
     def __init__(
         self,
@@ -389,8 +401,12 @@ class Engine:
 
     def _release_device(self) -> None:
         self._final_stats = self.get_stats()
+        model = weakref.ref(self.runner.model)
         self.scheduler = self.cache = self.runner = self._grammar_backend = None  # type: ignore[assignment]
         gc.collect()  # the model runner and its graph runner / attention backend form cycles
+        if model() is not None:  # say who keeps the weights on the device, so it can be fixed
+            logger.warning("engine shut down but its model is still referenced (by %s): its weights stay "
+                           "in device memory", ", ".join(_holders(model())) or "unknown")
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()

@@ -154,3 +154,22 @@ def test_shutdown_answers_every_waiting_caller():
         eng.generate("again", {"max_new_tokens": 2})
     with pytest.raises(RuntimeError, match="shut down"):
         eng.flush_cache()
+
+
+def test_shutdown_names_what_still_holds_the_model(caplog):
+    """The weights are freed by shutdown unless something outside the engine holds the model; then
+    the log names the holder (on a GPU that memory would otherwise leak without a word)."""
+    from radixlm.backend.engine import Engine
+
+    eng = Engine(max_total_tokens=256)
+    holder = type("Holder", (), {})()
+    holder.model = eng.runner.model
+    with caplog.at_level("WARNING", logger="radixlm"):
+        eng.shutdown()
+    assert "still referenced (by Holder" in caplog.text
+    del holder
+    caplog.clear()
+    other = Engine(max_total_tokens=256)
+    with caplog.at_level("WARNING", logger="radixlm"):
+        other.shutdown()
+    assert "still referenced" not in caplog.text
