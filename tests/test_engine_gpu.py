@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_helpers import last_logits
+from gpu_helpers import mem_fraction
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -19,7 +20,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 def gpu_engine():
     from radixlm.backend.engine import Engine
 
-    eng = Engine(device="cuda", dtype="bfloat16", mem_fraction_static=0.3)
+    eng = Engine(device="cuda", dtype="bfloat16", mem_fraction_static=mem_fraction(0.3))
     yield eng
     eng.shutdown()
 
@@ -64,7 +65,7 @@ def test_triton_path_matches_torch_path(gpu_engine):
 def test_llama_8b_shape_random_weights_generates():
     from radixlm.backend.engine import Engine
 
-    eng = Engine(model_shape="llama-3.1-8b", device="cuda", mem_fraction_static=0.5, context_length=8192)
+    eng = Engine(model_shape="llama-3.1-8b", device="cuda", mem_fraction_static=mem_fraction(0.4), context_length=8192)
     try:
         prompts = [[128000, 791, 6864, 315], [128000, 40, 1093], [128000, 9906, 11, 856, 836]]
         params = {"max_new_tokens": 16, "ignore_eos": True, "temperature": 0}

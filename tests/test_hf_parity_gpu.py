@@ -9,6 +9,7 @@ import gc
 
 import pytest
 import torch
+from gpu_helpers import mem_fraction
 from test_engine_hf_parity import _tiny_model
 
 from radixlm.backend.engine import Engine
@@ -30,7 +31,7 @@ def test_tiny_models_match_hf_on_gpu(kind, tmp_path, default_model_dir):
     rng = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, 512, (n,), generator=rng).tolist() for n in (5, 17, 40, 90)]
     eng = Engine(model_path=str(path), device="cuda", dtype="float32", max_total_tokens=4096,
-                 mem_fraction_static=0.3, max_running_requests=16)
+                 mem_fraction_static=mem_fraction(0.3), max_running_requests=16)
     try:
         assert eng.scheduler.cfg.overlap and eng.runner.graph_runner is not None
         params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}

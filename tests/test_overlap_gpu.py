@@ -11,6 +11,7 @@ import random
 
 import pytest
 import torch
+from gpu_helpers import mem_fraction
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def gpu_engine():
     from radixlm.backend.engine import Engine
 
-    eng = Engine(model_shape="llama-3.2-1b", device="cuda", mem_fraction_static=0.2, context_length=4096,
+    eng = Engine(model_shape="llama-3.2-1b", device="cuda", mem_fraction_static=mem_fraction(0.2), context_length=4096,
                  max_running_requests=64)
     assert eng.scheduler.cfg.overlap and eng.runner.graph_runner is not None
     yield eng
@@ -70,7 +71,7 @@ def test_cascade_graph_decode_agrees_with_plain():
     token where the two runs diverge."""
     from radixlm.backend.engine import Engine
 
-    eng = Engine(model_shape="llama-3.2-1b", device="cuda", dtype="float32", mem_fraction_static=0.45,
+    eng = Engine(model_shape="llama-3.2-1b", device="cuda", dtype="float32", mem_fraction_static=mem_fraction(0.45),
                  context_length=2048, max_running_requests=32)
     try:
         rng = random.Random(3)
