@@ -40,7 +40,7 @@ FULL: dict[str, Any] = {
     "forks": {"shared_len": 8192, "forks": 64, "output_len": 128},
     "json": {"batch": 64, "max_new_tokens": 384},
     "serving": {"num_requests": 300, "input_len": 512, "output_len": 256, "ratio": 0.5, "rates": ["inf", 16]},
-    "programs": {"batch": 16, "kinds": ["few_shot_qa", "tree_of_thought", "json_extraction"]},
+    "programs": {"batch": 16, "kinds": ["few_shot_qa", "tree_of_thought", "json_extraction"], "repeats": 3},
     "timeouts": {"engine": 300, "radix_off": 90, "hf": 70, "server": 110},
 }
 SMALL: dict[str, Any] = {
@@ -127,14 +127,15 @@ def prefix_cascade_off(engine: Any, sizes: dict[str, Any]) -> dict[str, Any]:
 
 
 def programs_overhead(engine: Any, size: dict[str, Any]) -> dict[str, Any]:
-    """DSL programs vs the same engine calls replayed raw (benchmarks/programs.py)."""
+    """DSL programs vs the same engine calls replayed raw (benchmarks/programs.py; median of the
+    repeats, alternating, since one run of 16 programs is too short to tell overhead from noise)."""
     import programs
 
     loads = programs.workloads(size["batch"])
     out = {}
     for kind in size["kinds"]:
         program, batch = loads[kind]
-        r = programs.measure(engine, program, batch, repeats=1)
+        r = programs.measure(engine, program, batch, repeats=size.get("repeats", 1))
         out[kind] = {k: v for k, v in r.items() if not isinstance(v, (list, dict))}
     return out
 
