@@ -26,6 +26,7 @@ from .constrained import attach_grammars, grammar_backend, wait_grammars, wait_g
 from .embeddings import check_inputs, embed, embedding_inputs
 from .engine_inbox import AbortRequest, AddRequest, EngineInbox, RunCall, Stop
 from .engine_inputs import RequestSpec, normalize_requests
+from .engine_release import holders, release_tensors
 from .loader import default_model_path, load_config, resolve_model_dir
 from .loop_mailbox import LoopMailbox, coalesce_chunks
 from .model_config import ModelConfig, named_shape_config
@@ -54,18 +55,6 @@ def _shutdown_live_engines() -> None:
 
 
 atexit.register(_shutdown_live_engines)
-
-
-def _holders(obj: object) -> list[str]:
-    """Type names of what references obj (an instance dict is named by its owner's type)."""
-    names = set()
-    for ref in gc.get_referrers(obj):
-        if isinstance(ref, dict):
-            owners = [o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref]
-            names.update(f"{type(o).__name__}.__dict__" for o in owners)
-        elif not isinstance(ref, list):  # the referrer list of this very call
-            names.add(type(ref).__name__)
-    return sorted(names)
 
 
 class Engine:
@@ -401,12 +390,20 @@ class Engine:
 
     def _release_device(self) -> None:
         self._final_stats = self.get_stats()
-        model = weakref.ref(self.runner.model)
+        model, pool = weakref.ref(self.runner.model), weakref.ref(self.runner.kv_pool)
         self.scheduler = self.cache = self.runner = self._grammar_backend = None  # type: ignore[assignment]
         gc.collect()  # the model runner and its graph runner / attention backend form cycles
-        if model() is not None:  # say who keeps the weights on the device, so it can be fixed
-            logger.warning("engine shut down but its model is still referenced (by %s): its weights stay "
-                           "in device memory", ", ".join(_holders(model())) or "unknown")
+        held = model()
+        if held is not None:  # free the weights anyway, and say who keeps the module alive
+            logger.warning("engine shut down but its model is still referenced (by %s); its weights "
+                           "are released", ", ".join(holders(held)) or "unknown")
+            release_tensors(held)
+            del held
+        kv = pool()
+        if kv is not None:  # the largest allocation: never left to whoever holds the runner
+            kv.k_buffers.clear()
+            kv.v_buffers.clear()
+            del kv
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()

@@ -157,16 +157,18 @@ def test_shutdown_answers_every_waiting_caller():
 
 
 def test_shutdown_names_what_still_holds_the_model(caplog):
-    """The weights are freed by shutdown unless something outside the engine holds the model; then
-    the log names the holder (on a GPU that memory would otherwise leak without a word)."""
+    """Shutdown frees the weights even when something outside the engine holds the model (their
+    tensors are emptied in place), and the log names the holder."""
     from radixlm.backend.engine import Engine
 
     eng = Engine(max_total_tokens=256)
     holder = type("Holder", (), {})()
-    holder.model = eng.runner.model
+    holder.model, holder.kv_pool = eng.runner.model, eng.runner.kv_pool
     with caplog.at_level("WARNING", logger="radixlm"):
         eng.shutdown()
     assert "still referenced (by Holder" in caplog.text
+    assert all(t.numel() == 0 for t in holder.model.parameters())  # its memory is released anyway
+    assert holder.kv_pool.k_buffers == [] and holder.kv_pool.v_buffers == []
     del holder
     caplog.clear()
     other = Engine(max_total_tokens=256)
