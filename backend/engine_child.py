@@ -66,9 +66,18 @@ def child_main(conn: Connection, engine_kwargs: dict[str, Any]) -> None:
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
     source = engine_kwargs.get("tokenizer_path") or engine.tokenizer_source
-    conn.send(("ready", {"model_config": engine.model_config, "model_path": engine.model_path,
-                         "device": str(engine.device), "eos_token_ids": engine.eos_token_ids,
-                         "tokenizer_source": None if source is None else str(source)}))
+    conn.send(
+        (
+            "ready",
+            {
+                "model_config": engine.model_config,
+                "model_path": engine.model_path,
+                "device": str(engine.device),
+                "eos_token_ids": engine.eos_token_ids,
+                "tokenizer_source": None if source is None else str(source),
+            },
+        )
+    )
     outbox = Outbox(conn)
     pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="radixlm-engine-submit")
     try:
@@ -96,7 +105,9 @@ def _generate(engine: Any, outbox: Outbox, call_id: int, kw: dict[str, Any]) -> 
     try:
         kw = dict(kw)
         rid = kw.pop("rid", None)
-        specs, single = engine._specs(kw.pop("prompt"), kw.pop("sampling_params"), kw.pop("input_ids"), rid, **kw)
+        specs, single = engine._specs(
+            kw.pop("prompt"), kw.pop("sampling_params"), kw.pop("input_ids"), rid, **kw
+        )
         for spec in specs:
             spec.rid = spec.rid or uuid.uuid4().hex
         reqs = engine._make_reqs(specs, lambda k: lambda item: outbox.put(("chunk", call_id, k, item)))

@@ -49,12 +49,22 @@ def normalize_requests(
         if not -1 <= logprob_start_len < max(len(ids), 1):
             raise ValueError(f"logprob_start_len must be in [-1, {len(ids) - 1}], got {logprob_start_len}")
         for i in range(params.n):
-            p = params if params.n == 1 else replace(params, n=1, seed=None if params.seed is None else params.seed + i)
-            specs.append(RequestSpec(
-                rid=r if params.n == 1 else f"{r}-{i}", input_ids=list(ids), params=p,
-                return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                top_logprobs_num=top_logprobs_num, stream=stream,
-            ))
+            p = (
+                params
+                if params.n == 1
+                else replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+            )
+            specs.append(
+                RequestSpec(
+                    rid=r if params.n == 1 else f"{r}-{i}",
+                    input_ids=list(ids),
+                    params=p,
+                    return_logprob=return_logprob,
+                    logprob_start_len=logprob_start_len,
+                    top_logprobs_num=top_logprobs_num,
+                    stream=stream,
+                )
+            )
     if stream and len(specs) != 1:
         raise ValueError("stream=True takes exactly one prompt with n=1")
     return specs, single and params_list[0].n == 1

@@ -68,8 +68,9 @@ class EngineProcess:
     def __init__(self, start_timeout_s: float = 1800.0, **engine_kwargs: Any) -> None:
         ctx = mp.get_context("spawn")  # CUDA cannot be forked
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=child_main, args=(child_conn, engine_kwargs), name="radixlm-engine",
-                                 daemon=True)
+        self._proc = ctx.Process(
+            target=child_main, args=(child_conn, engine_kwargs), name="radixlm-engine", daemon=True
+        )
         self._proc.start()
         child_conn.close()
         if not self._conn.poll(start_timeout_s):
@@ -154,10 +155,18 @@ class EngineProcess:
         return waiter.ack.result()
 
     # ---- the Engine API ------------------------------------------------------------------
-    def generate(self, prompt: Any = None, sampling_params: Any = None, input_ids: Any = None,
-                 stream: bool = False, **kw: Any) -> dict | list[dict] | Iterator[dict]:
-        call_id, waiter = self._start(None, dict(prompt=prompt, sampling_params=sampling_params,
-                                                 input_ids=input_ids, stream=stream, **kw))
+    def generate(
+        self,
+        prompt: Any = None,
+        sampling_params: Any = None,
+        input_ids: Any = None,
+        stream: bool = False,
+        **kw: Any,
+    ) -> dict | list[dict] | Iterator[dict]:
+        call_id, waiter = self._start(
+            None,
+            dict(prompt=prompt, sampling_params=sampling_params, input_ids=input_ids, stream=stream, **kw),
+        )
         rids, single = waiter.ack.result()  # raises the child's ValueError as is
         if stream:
             return self._stream_sync(call_id, waiter, rids[0])
@@ -177,10 +186,18 @@ class EngineProcess:
             if not done:
                 self.abort_request(rid)
 
-    async def async_generate(self, prompt: Any = None, sampling_params: Any = None, input_ids: Any = None,
-                             stream: bool = False, **kw: Any) -> dict | list[dict] | AsyncIterator[dict]:
-        call_id, waiter = self._start(asyncio.get_running_loop(), dict(
-            prompt=prompt, sampling_params=sampling_params, input_ids=input_ids, stream=stream, **kw))
+    async def async_generate(
+        self,
+        prompt: Any = None,
+        sampling_params: Any = None,
+        input_ids: Any = None,
+        stream: bool = False,
+        **kw: Any,
+    ) -> dict | list[dict] | AsyncIterator[dict]:
+        call_id, waiter = self._start(
+            asyncio.get_running_loop(),
+            dict(prompt=prompt, sampling_params=sampling_params, input_ids=input_ids, stream=stream, **kw),
+        )
         try:
             rids, single = await asyncio.shield(asyncio.wrap_future(waiter.ack))
         except asyncio.CancelledError:
@@ -260,5 +277,7 @@ def _aborted(why: str) -> dict[str, Any]:
 def _rebuild(err: tuple[str, str]) -> Exception:
     """The child's exception as the same built-in type where it is one (ValueError stays ValueError)."""
     kind, message = err
-    cls = {"ValueError": ValueError, "RuntimeError": RuntimeError, "TypeError": TypeError}.get(kind, RuntimeError)
+    cls = {"ValueError": ValueError, "RuntimeError": RuntimeError, "TypeError": TypeError}.get(
+        kind, RuntimeError
+    )
     return cls(message)

@@ -100,7 +100,9 @@ class ReqToTokenTable:
         self.max_requests = max_requests
         self.max_context_len = max_context_len
         self.table = torch.zeros((max_requests, max_context_len), dtype=torch.int64, device=device)
-        self.host = self.table if self.table.device.type == "cpu" else torch.zeros_like(self.table, device="cpu")
+        self.host = (
+            self.table if self.table.device.type == "cpu" else torch.zeros_like(self.table, device="cpu")
+        )
         self._free_rows = list(range(max_requests - 1, -1, -1))
 
     def available_size(self) -> int:

@@ -27,10 +27,18 @@ SCHEMA = {
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
         "role": {"enum": ["admin", "engineer", "designer", "manager"]},
         "active": {"type": "boolean"},
-        "skills": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3},
+        "skills": {
+            "type": "array",
+            "items": {"type": "string", "maxLength": 12},
+            "minItems": 1,
+            "maxItems": 3,
+        },
         "address": {
             "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 16}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+            "properties": {
+                "city": {"type": "string", "maxLength": 16},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
             "required": ["city", "zip"],
             "additionalProperties": False,
         },
@@ -51,7 +59,13 @@ def run(engine: Engine, prompts: list[list[int]], params: dict[str, Any]) -> dic
     after = engine.get_stats()
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("forward_passes", "jump_forward_passes_saved")}
-    return {"duration_s": dt, "output_tokens": tokens, "output_throughput": tokens / dt, **delta, "outputs": outs}
+    return {
+        "duration_s": dt,
+        "output_tokens": tokens,
+        "output_throughput": tokens / dt,
+        **delta,
+        "outputs": outs,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -70,9 +84,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         prompt = tok.encode("Generate a JSON record of a fictional employee:\n")
         prompts = [prompt + tok.encode(f" #{i}\n") for i in range(args.batch)]
         base = {"max_new_tokens": args.max_new_tokens, "temperature": 0.7, "seed": 1}
-        engine.generate(input_ids=prompts[:2], sampling_params={**base, "json_schema": SCHEMA})  # compile + warm
-        result: dict[str, Any] = {"benchmark": "constrained_decode", "env": environment(), "args": vars(args),
-                                  "model": engine.model_config.model_name, "schema": SCHEMA}
+        engine.generate(
+            input_ids=prompts[:2], sampling_params={**base, "json_schema": SCHEMA}
+        )  # compile + warm
+        result: dict[str, Any] = {
+            "benchmark": "constrained_decode",
+            "env": environment(),
+            "args": vars(args),
+            "model": engine.model_config.model_name,
+            "schema": SCHEMA,
+        }
         free = run(engine, prompts, {**base, "ignore_eos": True})
         for jf in (True, False):
             engine.disable_jump_forward = not jf
@@ -91,8 +112,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["free"] = free
         # Per-token cost: constrained vs free decode steps (tokens differ, so compare per token).
         con = result["constrained_no_jump_forward"]
-        result["per_token_overhead"] = (con["duration_s"] / con["output_tokens"]) / (free["duration_s"] / free["output_tokens"]) - 1
-        print(json.dumps({k: v for k, v in result.items() if k not in ("env", "schema")}, indent=1, default=str))
+        result["per_token_overhead"] = (con["duration_s"] / con["output_tokens"]) / (
+            free["duration_s"] / free["output_tokens"]
+        ) - 1
+        print(
+            json.dumps({k: v for k, v in result.items() if k not in ("env", "schema")}, indent=1, default=str)
+        )
     finally:
         engine.shutdown()
     dev = "cpu" if engine.device.type == "cpu" else "h200"

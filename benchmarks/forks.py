@@ -31,9 +31,11 @@ import radixlm as sgl  # noqa: E402
 from radixlm.backend.engine import Engine  # noqa: E402
 from radixlm.runtime import Runtime  # noqa: E402
 
-WORDS = ("river stone market letter engine garden window silver morning harbor lantern copper "
-         "meadow signal thunder candle orchard bridge compass velvet granite falcon pepper "
-         "quarry ribbon saddle timber violet walnut anchor basket cinder dagger ember").split()
+WORDS = (
+    "river stone market letter engine garden window silver morning harbor lantern copper "
+    "meadow signal thunder candle orchard bridge compass velvet granite falcon pepper "
+    "quarry ribbon saddle timber violet walnut anchor basket cinder dagger ember"
+).split()
 
 
 @sgl.function
@@ -67,8 +69,11 @@ def synthetic_document(tokenizer: Any, n_tokens: int, seed: int) -> tuple[str, i
     lines: list[str] = []
     count = 0
     while count < n_tokens:
-        batch = [f"Note {len(lines) + k}: the {rng.choice(WORDS)} near the {rng.choice(WORDS)} is "
-                 f"{' '.join(rng.choices(WORDS, k=8))}.\n" for k in range(64)]
+        batch = [
+            f"Note {len(lines) + k}: the {rng.choice(WORDS)} near the {rng.choice(WORDS)} is "
+            f"{' '.join(rng.choices(WORDS, k=8))}.\n"
+            for k in range(64)
+        ]
         lines += batch
         count = len(tokenizer.encode("".join(lines)))
     lo, hi = 0, len(lines)  # the longest prefix of lines within n_tokens
@@ -87,7 +92,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def timed_run(runtime: RecordingRuntime, document: str, forks: int, output_len: int) -> tuple[float, dict[str, int]]:
+def timed_run(
+    runtime: RecordingRuntime, document: str, forks: int, output_len: int
+) -> tuple[float, dict[str, int]]:
     """One program run from a flushed cache: (wall seconds, the engine counters it moved)."""
     engine = runtime.engine
     if not engine.flush_cache():
@@ -99,11 +106,19 @@ def timed_run(runtime: RecordingRuntime, document: str, forks: int, output_len: 
     sync(engine.device)
     dt = time.perf_counter() - t0
     after = engine.get_stats()
-    keys = ("forward_passes", "generated_tokens", "cascade_steps", "computed_prompt_tokens", "cached_prompt_tokens")
+    keys = (
+        "forward_passes",
+        "generated_tokens",
+        "cascade_steps",
+        "computed_prompt_tokens",
+        "cached_prompt_tokens",
+    )
     return dt, {k: after.get(k, 0) - before.get(k, 0) for k in keys}
 
 
-def run_mode(runtime: RecordingRuntime, cascade: bool, document: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_mode(
+    runtime: RecordingRuntime, cascade: bool, document: str, args: argparse.Namespace
+) -> dict[str, Any]:
     runtime.engine.scheduler.cfg.enable_cascade = cascade  # read every step; the loop is idle here
     runtime.outputs = {}
     full_s, counters = timed_run(runtime, document, args.forks, args.output_len)
@@ -111,40 +126,64 @@ def run_mode(runtime: RecordingRuntime, cascade: bool, document: str, args: argp
     one_s, _ = timed_run(runtime, document, args.forks, 1)
     decode_tokens = args.forks * (args.output_len - 1)
     decode_s = full_s - one_s
-    res = {"cascade": cascade, "program_s": full_s, "program_1_token_s": one_s, "decode_s": decode_s,
-           "decode_tokens": decode_tokens, "decode_tok_s": decode_tokens / decode_s if decode_s > 0 else None,
-           "output_tok_s": args.forks * args.output_len / full_s, **counters}
-    print(f"cascade {'on ' if cascade else 'off'}: program {full_s:.2f} s, decode {decode_s:.2f} s, "
-          f"{res['decode_tok_s'] or float('nan'):.1f} decode tok/s, cascade steps {counters['cascade_steps']} "
-          f"of {counters['forward_passes']} forward passes")
+    res = {
+        "cascade": cascade,
+        "program_s": full_s,
+        "program_1_token_s": one_s,
+        "decode_s": decode_s,
+        "decode_tokens": decode_tokens,
+        "decode_tok_s": decode_tokens / decode_s if decode_s > 0 else None,
+        "output_tok_s": args.forks * args.output_len / full_s,
+        **counters,
+    }
+    print(
+        f"cascade {'on ' if cascade else 'off'}: program {full_s:.2f} s, decode {decode_s:.2f} s, "
+        f"{res['decode_tok_s'] or float('nan'):.1f} decode tok/s, cascade steps {counters['cascade_steps']} "
+        f"of {counters['forward_passes']} forward passes"
+    )
     return {"result": res, "outputs": outputs}
 
 
-def match_fraction(a: dict[tuple[int, ...], list[int]], b: dict[tuple[int, ...], list[int]]) -> dict[str, Any]:
+def match_fraction(
+    a: dict[tuple[int, ...], list[int]], b: dict[tuple[int, ...], list[int]]
+) -> dict[str, Any]:
     keys = sorted(set(a) & set(b))
     same = sum(a[k] == b[k] for k in keys)
-    return {"branches": len(keys), "identical": same, "fraction": same / len(keys) if keys else None,
-            "missing": len(set(a) ^ set(b))}
+    return {
+        "branches": len(keys),
+        "identical": same,
+        "fraction": same / len(keys) if keys else None,
+        "missing": len(set(a) ^ set(b)),
+    }
 
 
 def _note(result: dict[str, Any]) -> str:
     """Say what the on/off ratio means for this run."""
     steps = [r["cascade_steps"] for r in result["runs"] if r["cascade"]]
     if not all(steps):
-        why = ("this attention backend ignores cascade plans" if not result["backend_runs_cascade_plans"]
-               else "find_cascade_groups judged the sharing too small to pay")
-        return (f"cascade steps in the 'on' runs: {steps} -- on and off ran the same attention ({why}); "
-                "their ratio is run-to-run noise, not a cascade effect")
+        why = (
+            "this attention backend ignores cascade plans"
+            if not result["backend_runs_cascade_plans"]
+            else "find_cascade_groups judged the sharing too small to pay"
+        )
+        return (
+            f"cascade steps in the 'on' runs: {steps} -- on and off ran the same attention ({why}); "
+            "their ratio is run-to-run noise, not a cascade effect"
+        )
     return f"cascade steps in the 'on' runs: {steps}; the ratio compares cascade with plain paged decode"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-path", default=None)
-    p.add_argument("--model-shape", default=None, help="named real shape with random weights, e.g. llama-3.1-8b")
+    p.add_argument(
+        "--model-shape", default=None, help="named real shape with random weights, e.g. llama-3.1-8b"
+    )
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
-    p.add_argument("--shared-len", type=int, default=None, help="shared document tokens (default 8192 GPU, 256 CPU)")
+    p.add_argument(
+        "--shared-len", type=int, default=None, help="shared document tokens (default 8192 GPU, 256 CPU)"
+    )
     p.add_argument("--forks", type=int, default=64)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--mem-fraction-static", type=float, default=0.85)
@@ -153,24 +192,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.forks < 2 or args.output_len < 2:
-        p.error("--forks and --output-len must be at least 2 (decode time is the M-token run minus the 1-token run)")
+        p.error(
+            "--forks and --output-len must be at least 2 (decode time is the M-token run minus the 1-token run)"
+        )
     return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     t_load = time.perf_counter()
-    engine = Engine(model_path=args.model_path, model_shape=args.model_shape, device=args.device, dtype=args.dtype,
-                    mem_fraction_static=args.mem_fraction_static, max_total_tokens=args.max_total_tokens,
-                    max_running_requests=max(256, args.forks + 8))
+    engine = Engine(
+        model_path=args.model_path,
+        model_shape=args.model_shape,
+        device=args.device,
+        dtype=args.dtype,
+        mem_fraction_static=args.mem_fraction_static,
+        max_total_tokens=args.max_total_tokens,
+        max_running_requests=max(256, args.forks + 8),
+    )
     load_s = time.perf_counter() - t_load
     if args.shared_len is None:
         args.shared_len = 8192 if engine.device.type == "cuda" else 256
-    result: dict[str, Any] = {"benchmark": "forks", "env": environment(), "args": vars(args),
-                              "model": engine.model_config.model_name, "engine_load_s": load_s,
-                              "attention_backend": type(engine.runner.attn_backend).__name__,
-                              "backend_runs_cascade_plans": engine.runner.supports_cascade,
-                              "cascade_enabled_by_default": engine.scheduler.cfg.enable_cascade}
+    result: dict[str, Any] = {
+        "benchmark": "forks",
+        "env": environment(),
+        "args": vars(args),
+        "model": engine.model_config.model_name,
+        "engine_load_s": load_s,
+        "attention_backend": type(engine.runner.attn_backend).__name__,
+        "backend_runs_cascade_plans": engine.runner.supports_cascade,
+        "cascade_enabled_by_default": engine.scheduler.cfg.enable_cascade,
+    }
     try:
         runtime = RecordingRuntime(engine)
         document, n_doc = synthetic_document(engine.tokenizer, args.shared_len, args.seed)

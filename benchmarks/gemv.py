@@ -26,13 +26,28 @@ from kernel_checks import BOUND, rel_err  # noqa: E402
 from radixlm.kernels.gemv import GemvConfig, default_config, gemv, gemv_ref  # noqa: E402
 
 # (name, N, K, calls per decode step of llama-3.1-8b)
-SHAPES = [("qkv", 6144, 4096, 32), ("o_proj", 4096, 4096, 32), ("gate_up", 28672, 4096, 32),
-          ("down", 4096, 14336, 32), ("lm_head", 128256, 4096, 1)]
-SWEEP = [GemvConfig("fma", 8, 512, 4), GemvConfig("fma", 4, 1024, 4), GemvConfig("fma", 2, 2048, 4),
-         GemvConfig("fma", 2, 4096, 4), GemvConfig("fma", 4, 2048, 8), GemvConfig("fma", 8, 1024, 8),
-         GemvConfig("fma", 8, 512, 4, 3), GemvConfig("fma", 4, 1024, 4, 3),
-         GemvConfig("dot", 16, 256, 4, 4), GemvConfig("dot", 16, 512, 4, 3), GemvConfig("dot", 32, 256, 4, 4),
-         GemvConfig("dot", 16, 128, 4, 6), GemvConfig("dot", 32, 128, 4, 6)]
+SHAPES = [
+    ("qkv", 6144, 4096, 32),
+    ("o_proj", 4096, 4096, 32),
+    ("gate_up", 28672, 4096, 32),
+    ("down", 4096, 14336, 32),
+    ("lm_head", 128256, 4096, 1),
+]
+SWEEP = [
+    GemvConfig("fma", 8, 512, 4),
+    GemvConfig("fma", 4, 1024, 4),
+    GemvConfig("fma", 2, 2048, 4),
+    GemvConfig("fma", 2, 4096, 4),
+    GemvConfig("fma", 4, 2048, 8),
+    GemvConfig("fma", 8, 1024, 8),
+    GemvConfig("fma", 8, 512, 4, 3),
+    GemvConfig("fma", 4, 1024, 4, 3),
+    GemvConfig("dot", 16, 256, 4, 4),
+    GemvConfig("dot", 16, 512, 4, 3),
+    GemvConfig("dot", 32, 256, 4, 4),
+    GemvConfig("dot", 16, 128, 4, 6),
+    GemvConfig("dot", 32, 128, 4, 6),
+]
 CALLS = {s: c for s, _, _, c in SHAPES}
 BUDGET_S = 110.0  # sweep stops (remaining rows marked skipped) so the whole run stays < 2.5 min
 L2_BYTES = 60e6
@@ -43,8 +58,14 @@ def n_copies(nbytes: int) -> int:
 
 
 def make_sets(n: int, k: int, m: int, dt: torch.dtype, dev: str, copies: int) -> list[tuple]:
-    return [(torch.randn(m, k, device=dev).to(dt), (torch.randn(n, k, device=dev) / k**0.5).to(dt),
-             torch.empty(m, n, dtype=dt, device=dev)) for _ in range(copies)]
+    return [
+        (
+            torch.randn(m, k, device=dev).to(dt),
+            (torch.randn(n, k, device=dev) / k**0.5).to(dt),
+            torch.empty(m, n, dtype=dt, device=dev),
+        )
+        for _ in range(copies)
+    ]
 
 
 def gpu_timer(fns: list) -> float:
@@ -53,8 +74,17 @@ def gpu_timer(fns: list) -> float:
     return time_fn(fns, reps=40, trials=5)
 
 
-def bench_shape(name: str, n: int, k: int, m: int, weights: list[torch.Tensor], dt: torch.dtype, dev: str,
-                timer, deadline: float) -> list[dict]:
+def bench_shape(
+    name: str,
+    n: int,
+    k: int,
+    m: int,
+    weights: list[torch.Tensor],
+    dt: torch.dtype,
+    dev: str,
+    timer,
+    deadline: float,
+) -> list[dict]:
     xs = [torch.randn(m, k, device=dev).to(dt) for _ in weights]
     outs = [torch.empty(m, n, dtype=dt, device=dev) for _ in weights]
     wbytes = n * k * weights[0].element_size()
@@ -62,14 +92,27 @@ def bench_shape(name: str, n: int, k: int, m: int, weights: list[torch.Tensor], 
     rows = []
 
     def row(impl: str, cfg: str, secs: float | None, err: float | None, note: str = "") -> dict:
-        r = {"shape": name, "M": m, "N": n, "K": k, "impl": impl, "config": cfg, "rel_err": err, "note": note,
-             "us": None if secs is None else secs * 1e6,
-             "tbps": None if secs is None else wbytes / secs / 1e12}
+        r = {
+            "shape": name,
+            "M": m,
+            "N": n,
+            "K": k,
+            "impl": impl,
+            "config": cfg,
+            "rel_err": err,
+            "note": note,
+            "us": None if secs is None else secs * 1e6,
+            "tbps": None if secs is None else wbytes / secs / 1e12,
+        }
         rows.append(r)
         return r
 
-    row("cublas", "F.linear", timer([lambda i=i: F.linear(xs[i], weights[i]) for i in range(len(xs))]),
-        rel_err(F.linear(xs[0], weights[0]), ref))
+    row(
+        "cublas",
+        "F.linear",
+        timer([lambda i=i: F.linear(xs[i], weights[i]) for i in range(len(xs))]),
+        rel_err(F.linear(xs[0], weights[0]), ref),
+    )
     sweep = SWEEP + [c for c in [default_config(m)] if c not in SWEEP]
     for cfg in sweep:
         if time.perf_counter() > deadline:
@@ -108,15 +151,19 @@ def best_rows(rows: list[dict]) -> dict[str, dict]:
 
 def print_table(best: dict[str, dict]) -> dict[int, dict]:
     """The table, plus per M the summed per-decode-step µs (calls x µs) for cuBLAS / best / DEFAULT."""
-    print(f"{'case':<16}{'cuBLAS us':>10}{'TB/s':>6}{'best us':>9}{'TB/s':>6}{'x':>6}  {'best config':<24}"
-          f"{'default us':>10}")
+    print(
+        f"{'case':<16}{'cuBLAS us':>10}{'TB/s':>6}{'best us':>9}{'TB/s':>6}{'x':>6}  {'best config':<24}"
+        f"{'default us':>10}"
+    )
     step: dict[int, dict] = {}
     for key, e in best.items():
         c, b, d = e.get("cublas"), e.get("best"), e.get("default")
         f = lambda r, f: f"{r[f]:.2f}" if r else "-"  # noqa: E731
         speed = f"{c['us'] / b['us']:.2f}" if c and b else "-"
-        print(f"{key:<16}{f(c, 'us'):>10}{f(c, 'tbps'):>6}{f(b, 'us'):>9}{f(b, 'tbps'):>6}{speed:>6}  "
-              f"{b['config'] if b else '-':<24}{f(d, 'us'):>10}")
+        print(
+            f"{key:<16}{f(c, 'us'):>10}{f(c, 'tbps'):>6}{f(b, 'us'):>9}{f(b, 'tbps'):>6}{speed:>6}  "
+            f"{b['config'] if b else '-':<24}{f(d, 'us'):>10}"
+        )
         s = step.setdefault(e["M"], {"cublas_us": 0.0, "best_us": 0.0, "default_us": 0.0, "complete": True})
         for name, r in (("cublas_us", c), ("best_us", b), ("default_us", d)):
             if r is None:
@@ -124,8 +171,11 @@ def print_table(best: dict[str, dict]) -> dict[int, dict]:
             else:
                 s[name] += e["calls"] * r["us"]
     for m, s in step.items():
-        print(f"M={m}: linear layers per decode step: cuBLAS {s['cublas_us']:.0f} us, best gemv "
-              f"{s['best_us']:.0f} us, DEFAULT {s['default_us']:.0f} us" + ("" if s["complete"] else " (incomplete)"))
+        print(
+            f"M={m}: linear layers per decode step: cuBLAS {s['cublas_us']:.0f} us, best gemv "
+            f"{s['best_us']:.0f} us, DEFAULT {s['default_us']:.0f} us"
+            + ("" if s["complete"] else " (incomplete)")
+        )
     return step
 
 
@@ -151,8 +201,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="benchmarks/results/gemv_h200.json")
     ap.add_argument("--ms", default="1,2,4,8", help="comma-separated row counts M")
-    ap.add_argument("--dry-run", action="store_true", help="CPU: tiny shapes under the Triton interpreter, "
-                    "fake times, JSON to /tmp (rehearses the sweep, checks and table)")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="CPU: tiny shapes under the Triton interpreter, "
+        "fake times, JSON to /tmp (rehearses the sweep, checks and table)",
+    )
     args = ap.parse_args()
     ms = [int(v) for v in args.ms.split(",")]
     dry = args.dry_run
@@ -164,8 +218,10 @@ def main() -> None:
     t0 = time.perf_counter()
     deadline = t0 + BUDGET_S
     rows: list[dict] = []
-    weights = {s: [(torch.randn(n, k, device=dev) / k**0.5).to(dt) for _ in range(n_copies(n * k * 2))]
-               for s, n, k, _ in shapes}
+    weights = {
+        s: [(torch.randn(n, k, device=dev) / k**0.5).to(dt) for _ in range(n_copies(n * k * 2))]
+        for s, n, k, _ in shapes
+    }
     for m in ms:  # M=1 first: the batch-1 decode case gets timed even if the budget runs out
         for s, n, k, _ in shapes:
             rows += bench_shape(s, n, k, m, weights[s], dt, dev, timer, deadline)
@@ -177,10 +233,19 @@ def main() -> None:
         print("!!", r["shape"], r["M"], r["config"], r["note"], r["rel_err"])
     from kernels_common import GRAPH_FAILURES
 
-    result = {"env": environment(), "dtype": str(dt), "defaults": {m: default_config(m).label() for m in ms},
-              "suggested_defaults": suggest(rows), "elapsed_s": time.perf_counter() - t0,
-              "step_us_by_M": step, "best": best, "rows": rows, "graph_failures": GRAPH_FAILURES,
-              "n_wrong_or_error": len(wrong), "dry_run": dry}
+    result = {
+        "env": environment(),
+        "dtype": str(dt),
+        "defaults": {m: default_config(m).label() for m in ms},
+        "suggested_defaults": suggest(rows),
+        "elapsed_s": time.perf_counter() - t0,
+        "step_us_by_M": step,
+        "best": best,
+        "rows": rows,
+        "graph_failures": GRAPH_FAILURES,
+        "n_wrong_or_error": len(wrong),
+        "dry_run": dry,
+    }
     write_result("/tmp/gemv_dry_run.json" if dry else args.out, result)
 
 

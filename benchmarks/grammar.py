@@ -38,17 +38,47 @@ REGEXES = {
 }
 S = {"type": "string", "maxLength": 20}
 SCHEMAS = {
-    "person": {"type": "object", "properties": {"name": S, "age": {"type": "integer"}, "email": S},
-               "required": ["name", "age"]},
-    "nested": {"type": "object", "properties": {"user": {"type": "object", "properties": {
-        "id": {"type": "integer"}, "tags": {"type": "array", "items": S, "maxItems": 4}}, "required": ["id", "tags"]},
-        "active": {"type": "boolean"}}, "required": ["user", "active"]},
-    "enum_anyof": {"type": "object", "properties": {"kind": {"enum": ["a", "b", "c"]},
-                                                     "v": {"anyOf": [{"type": "integer"}, {"type": "null"}]}},
-                   "required": ["kind", "v"]},
-    "defs_array": {"$defs": {"P": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
-                                   "required": ["x", "y"]}},
-                   "type": "array", "items": {"$ref": "#/$defs/P"}, "minItems": 1, "maxItems": 3},
+    "person": {
+        "type": "object",
+        "properties": {"name": S, "age": {"type": "integer"}, "email": S},
+        "required": ["name", "age"],
+    },
+    "nested": {
+        "type": "object",
+        "properties": {
+            "user": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer"},
+                    "tags": {"type": "array", "items": S, "maxItems": 4},
+                },
+                "required": ["id", "tags"],
+            },
+            "active": {"type": "boolean"},
+        },
+        "required": ["user", "active"],
+    },
+    "enum_anyof": {
+        "type": "object",
+        "properties": {
+            "kind": {"enum": ["a", "b", "c"]},
+            "v": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        },
+        "required": ["kind", "v"],
+    },
+    "defs_array": {
+        "$defs": {
+            "P": {
+                "type": "object",
+                "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+                "required": ["x", "y"],
+            }
+        },
+        "type": "array",
+        "items": {"$ref": "#/$defs/P"},
+        "minItems": 1,
+        "maxItems": 3,
+    },
 }
 
 
@@ -79,8 +109,13 @@ def time_walks(grammar, vocab, walks: int, max_steps: int = 200) -> dict:
             steps += 1
             if m.is_terminated():
                 break
-    return {"steps": steps, "mask_p50_us": percentile(fill_us, 50), "mask_p99_us": percentile(fill_us, 99),
-            "accept_p50_us": percentile(accept_us, 50), "accept_p99_us": percentile(accept_us, 99)}
+    return {
+        "steps": steps,
+        "mask_p50_us": percentile(fill_us, 50),
+        "mask_p99_us": percentile(fill_us, 99),
+        "accept_p50_us": percentile(accept_us, 50),
+        "accept_p99_us": percentile(accept_us, 99),
+    }
 
 
 def bench_one(tokenizer, vocab_size: int, kind: str, spec, walks: int) -> dict:
@@ -131,9 +166,12 @@ def main() -> None:
     for kind, name, spec in cases:
         r = bench_one(tokenizer, vocab_size, kind, spec, args.walks)
         results.append({"kind": kind, "name": name, **r})
-        print(f"{kind:11s} {name:12s} fsm mask p50 {r['fsm']['mask_p50_us']:6.1f} us p99 {r['fsm']['mask_p99_us']:6.1f}"
-              f" compile {r['fsm']['compile_ms']:7.1f} ms | xgrammar mask p50 {r['xgrammar']['mask_p50_us']:6.1f} us"
-              f" p99 {r['xgrammar']['mask_p99_us']:6.1f} compile {r['xgrammar']['compile_ms']:7.1f} ms", flush=True)
+        print(
+            f"{kind:11s} {name:12s} fsm mask p50 {r['fsm']['mask_p50_us']:6.1f} us p99 {r['fsm']['mask_p99_us']:6.1f}"
+            f" compile {r['fsm']['compile_ms']:7.1f} ms | xgrammar mask p50 {r['xgrammar']['mask_p50_us']:6.1f} us"
+            f" p99 {r['xgrammar']['mask_p99_us']:6.1f} compile {r['xgrammar']['compile_ms']:7.1f} ms",
+            flush=True,
+        )
     summary = {}
     for engine in ("fsm", "xgrammar"):
         summary[engine] = {
@@ -141,23 +179,32 @@ def main() -> None:
             "max_mask_p99_us": float(np.max([r[engine]["mask_p99_us"] for r in results])),
             "median_compile_ms": float(np.median([r[engine]["compile_ms"] for r in results])),
         }
-    versions = {p: importlib.metadata.version(p) for p in ("torch", "xgrammar", "interegular", "numpy", "transformers")}
+    versions = {
+        p: importlib.metadata.version(p)
+        for p in ("torch", "xgrammar", "interegular", "numpy", "transformers")
+    }
     doc = {
         "benchmark": "grammar mask/compile, our FSM vs xgrammar, CPU",
-        "gpu": "none", "device": "cpu", "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(), "python": platform.python_version(), "versions": versions,
+        "gpu": "none",
+        "device": "cpu",
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "versions": versions,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "tokenizer": "SmolLM2-135M-Instruct (GPT-2 byte-level BPE)", "vocab_size": vocab_size,
+        "tokenizer": "SmolLM2-135M-Instruct (GPT-2 byte-level BPE)",
+        "vocab_size": vocab_size,
         "walks_per_grammar": args.walks,
         "method": "random walks sampling from the mask; time.perf_counter_ns around each fill_next_token_bitmask "
-                  "(one bitmask row) and accept_token. compile_ms = fresh backend, no caches, after the "
-                  "per-vocabulary setup (token trie / xgrammar TokenizerInfo); for our FSM it is the full "
-                  "compile (every mask row), first_mask_ready_ms is when GrammarBackend.compile returns "
-                  "(DFA + first row; other rows fill on demand / in the background), and 'cold' are walks "
-                  "started right then (rows computed on first visit). The top-level mask/accept numbers are "
-                  "with the grammar complete (a cached grammar: the steady state while serving).",
+        "(one bitmask row) and accept_token. compile_ms = fresh backend, no caches, after the "
+        "per-vocabulary setup (token trie / xgrammar TokenizerInfo); for our FSM it is the full "
+        "compile (every mask row), first_mask_ready_ms is when GrammarBackend.compile returns "
+        "(DFA + first row; other rows fill on demand / in the background), and 'cold' are walks "
+        "started right then (rows computed on first visit). The top-level mask/accept numbers are "
+        "with the grammar complete (a cached grammar: the steady state while serving).",
         "goal": {"fsm_mask_p50_us_max": 20.0},
-        "summary": summary, "results": results,
+        "summary": summary,
+        "results": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")

@@ -43,8 +43,11 @@ from radixlm.kernels.decode_attention import choose_num_splits, decode_attention
 from radixlm.kernels.extend_attention import extend_attention, extend_config  # noqa: E402
 
 DECODE = [(1, 4096), (64, 4096), (128, 2048), (256, 1024), (32, 16384)]
-EXTEND = [("B=8 2048+512", [2048] * 8, [512] * 8), ("B=32 1024+128", [1024] * 32, [128] * 32),
-          ("one 8192 prompt", [0], [8192])]
+EXTEND = [
+    ("B=8 2048+512", [2048] * 8, [512] * 8),
+    ("B=32 1024+128", [1024] * 32, [128] * 32),
+    ("one 8192 prompt", [0], [8192]),
+]
 
 
 def ceilings() -> dict:
@@ -75,8 +78,14 @@ def decode_shape(fi, bw: float, sweep: bool, bsz: int, L: int) -> dict:
     def ours(i, s=splits, table=table, **kw):
         return lambda: decode_attention(qs[i], sets[i][0], sets[i][1], table, ridx, lens, num_splits=s, **kw)
 
-    row = {"shape": f"B={bsz} L={L}", "batch": bsz, "len": L, "kv_bytes": kv_bytes, "splits": splits,
-           "roofline_us": (kv_bytes + 2 * bsz * HQ * D * 2) / bw * 1e6}
+    row = {
+        "shape": f"B={bsz} L={L}",
+        "batch": bsz,
+        "len": L,
+        "kv_bytes": kv_bytes,
+        "splits": splits,
+        "roofline_us": (kv_bytes + 2 * bsz * HQ * D * 2) / bw * 1e6,
+    }
     row["ours_us"] = time_fn([ours(i) for i in range(len(sets))], label="decode") * 1e6
     row["ours_eager_us"] = time_fn([ours(i) for i in range(len(sets))], graph=False) * 1e6
     scat, _ = paged_table(seq, scattered=True)
@@ -93,14 +102,25 @@ def decode_shape(fi, bw: float, sweep: bool, bsz: int, L: int) -> dict:
 
 def sweep_decode(ours, n: int, splits: int) -> list[dict]:
     out = []
-    for bn, nw, ns in [(32, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 2), (64, 2, 2),
-                       (32, 2, 3), (128, 8, 3)]:
+    for bn, nw, ns in [
+        (32, 4, 2),
+        (64, 4, 2),
+        (64, 4, 3),
+        (64, 8, 2),
+        (128, 4, 2),
+        (128, 8, 2),
+        (64, 2, 2),
+        (32, 2, 3),
+        (128, 8, 3),
+    ]:
         for s in sorted({max(1, splits // 2), splits, splits * 2, splits * 4}):
             try:
                 t = time_fn([ours(i, s, block_n=bn, num_warps=nw, num_stages=ns) for i in range(n)], 20, 3)
                 out.append({"block_n": bn, "num_warps": nw, "num_stages": ns, "splits": s, "us": t * 1e6})
             except Exception as exc:  # a config that does not compile is recorded, not fatal
-                out.append({"block_n": bn, "num_warps": nw, "num_stages": ns, "splits": s, "error": str(exc)[:200]})
+                out.append(
+                    {"block_n": bn, "num_warps": nw, "num_stages": ns, "splits": s, "error": str(exc)[:200]}
+                )
     best = min((r for r in out if "us" in r), key=lambda r: r["us"], default=None)
     log("  decode sweep best:", best)
     return out
@@ -114,7 +134,9 @@ def bench_extend(fi, tflops: float, bw: float, sweep: bool) -> list[dict]:
     return [extend_shape(fi, tflops, bw, sweep, name, prefix, ext) for name, prefix, ext in EXTEND]
 
 
-def extend_shape(fi, tflops: float, bw: float, sweep: bool, name: str, prefix: list[int], ext: list[int]) -> dict:
+def extend_shape(
+    fi, tflops: float, bw: float, sweep: bool, name: str, prefix: list[int], ext: list[int]
+) -> dict:
     seq = [p + e for p, e in zip(prefix, ext)]
     table, n_slots = paged_table(seq)  # new tokens' slots too (FlashInfer reads them from the pages)
     sets = kv_sets(n_slots, 2)
@@ -126,11 +148,17 @@ def extend_shape(fi, tflops: float, bw: float, sweep: bool, name: str, prefix: l
 
     def ours(i, **kw):
         q, k, v = qkv[i]
-        return lambda: extend_attention(q, k, v, sets[i][0], sets[i][1], table, ridx, pl, el, starts, max(ext), **kw)
+        return lambda: extend_attention(
+            q, k, v, sets[i][0], sets[i][1], table, ridx, pl, el, starts, max(ext), **kw
+        )
 
     flops = extend_flops(prefix, ext)
-    row = {"shape": name, "flops": flops, "roofline_us": max(flops / tflops / 1e12,
-           2 * sum(seq) * HKV * D * 2 / bw) * 1e6, "ours_us": time_fn([ours(i) for i in range(2)], 10, 5, label="extend") * 1e6}
+    row = {
+        "shape": name,
+        "flops": flops,
+        "roofline_us": max(flops / tflops / 1e12, 2 * sum(seq) * HKV * D * 2 / bw) * 1e6,
+        "ours_us": time_fn([ours(i) for i in range(2)], 10, 5, label="extend") * 1e6,
+    }
     if sweep:
         row["sweep"] = sweep_extend(ours)
     if fi is not None:
@@ -143,8 +171,16 @@ def extend_shape(fi, tflops: float, bw: float, sweep: bool, name: str, prefix: l
 def sweep_extend(ours) -> list[dict]:
     out = []
     for pack in (True, False):
-        for bm, bn, nw, ns in [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 3),
-                               (128, 64, 4, 3), (64, 128, 4, 2), (256, 64, 8, 2)]:
+        for bm, bn, nw, ns in [
+            (128, 64, 8, 3),
+            (128, 64, 8, 2),
+            (128, 128, 8, 2),
+            (64, 64, 4, 3),
+            (128, 32, 4, 3),
+            (128, 64, 4, 3),
+            (64, 128, 4, 2),
+            (256, 64, 8, 2),
+        ]:
             cfg = {"pack_gqa": pack, "block_m": bm, "block_n": bn, "num_warps": nw, "num_stages": ns}
             try:
                 t = time_fn([ours(i, **cfg) for i in range(2)], 5, 3)
@@ -161,15 +197,24 @@ def fi_extend(fi, table, seq, ext, sets, qkv) -> float:
     ptr, idx, last = fi_pages(table, seq)
     qo = torch.tensor([0] + list(torch.tensor(ext).cumsum(0).tolist()), dtype=torch.int32, device=DEV)
     w.plan(qo, ptr, idx, last, HQ, HKV, D, PAGE, causal=True, q_data_type=DT, kv_data_type=DT)
-    return time_fn([lambda i=i: w.run(qkv[i][0], (fi_view(sets[i][0]), fi_view(sets[i][1]))) for i in range(2)],
-                   10, 5, label="flashinfer prefill") * 1e6
+    return (
+        time_fn(
+            [lambda i=i: w.run(qkv[i][0], (fi_view(sets[i][0]), fi_view(sets[i][1]))) for i in range(2)],
+            10,
+            5,
+            label="flashinfer prefill",
+        )
+        * 1e6
+    )
 
 
 def correctness(kinds: tuple[str, ...] = ("decode", "extend", "cascade", "other")) -> list:
     """Every kernel vs its reference at every benchmark shape (bf16) plus ragged, fp32 and other
     head layouts; a check that raises is recorded as a failure, not fatal."""
     c, f32 = checks, torch.float32
-    todo = [("decode", lambda b=b, L=L: c.check_decode(DEV, DT, [L] * b, HQ, HKV, D, [None])) for b, L in DECODE]
+    todo = [
+        ("decode", lambda b=b, L=L: c.check_decode(DEV, DT, [L] * b, HQ, HKV, D, [None])) for b, L in DECODE
+    ]
     todo += [("extend", lambda p=p, e=e: c.check_extend(DEV, DT, p, e, HQ, HKV, D)) for _, p, e in EXTEND]
     todo += [
         ("decode", lambda: c.check_decode(DEV, DT, [1, 77, 1000, 4097, 333], HQ, HKV, D, [1, 3, None])),
@@ -179,10 +224,25 @@ def correctness(kinds: tuple[str, ...] = ("decode", "extend", "cascade", "other"
         ("extend", lambda: c.check_extend(DEV, f32, [0, 17, 300], [20, 1, 177], HQ, HKV, D, 32, 32, 4)),
         ("extend", lambda: c.check_extend(DEV, DT, [3, 0, 250], [100, 64, 7], 9, 3, 64)),
         ("cascade", lambda: c.check_cascade(DEV, DT, [64], [8192], [256] * 64, HQ, HKV, D)),
-        ("cascade", lambda: c.check_cascade(DEV, DT, [3, 1, 5], [500, 0, 130], [7, 1, 40, 3, 9, 100, 2, 2, 60],
-                                            HQ, HKV, D)),
-        ("cascade", lambda: c.check_cascade(DEV, DT, [40, 1, 1, 20], [3000, 0, 0, 1000],
-                                            [1 + (7 * i) % 300 for i in range(62)], HQ, HKV, D)),
+        (
+            "cascade",
+            lambda: c.check_cascade(
+                DEV, DT, [3, 1, 5], [500, 0, 130], [7, 1, 40, 3, 9, 100, 2, 2, 60], HQ, HKV, D
+            ),
+        ),
+        (
+            "cascade",
+            lambda: c.check_cascade(
+                DEV,
+                DT,
+                [40, 1, 1, 20],
+                [3000, 0, 0, 1000],
+                [1 + (7 * i) % 300 for i in range(62)],
+                HQ,
+                HKV,
+                D,
+            ),
+        ),
         ("cascade", lambda: c.check_cascade(DEV, f32, [5, 1], [700, 0], [1, 60, 3, 9, 200, 900], HQ, HKV, D)),
         ("other", lambda: c.check_pointwise(DEV, DT, 300, 4096) + c.check_pointwise(DEV, f32, 33, 576)),
         ("other", lambda: c.check_rotary(DEV, DT, 500, HQ, HKV, D) + c.check_rotary(DEV, f32)),
@@ -215,22 +275,36 @@ def plot(res: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(17, 5))
-    groups = [("decode (µs, lower is better)", res.get("decode", []), "ours_us", "flashinfer_us", "roofline_us"),
-              ("extend (µs, lower is better)", res.get("extend", []), "ours_us", "flashinfer_us", "roofline_us")]
+    groups = [
+        ("decode (µs, lower is better)", res.get("decode", []), "ours_us", "flashinfer_us", "roofline_us"),
+        ("extend (µs, lower is better)", res.get("extend", []), "ours_us", "flashinfer_us", "roofline_us"),
+    ]
     for ax, (title, rows, o, f, r) in zip(axes, groups):
         x = range(len(rows))
-        for j, (key, lab) in enumerate([(o, "radixlm Triton (current defaults)"), (f, "FlashInfer 0.7.4"), (r, "roofline")]):
-            vals = [row.get("ours_current_default_us", row.get(key, 0)) if key == o else row.get(key, 0) for row in rows]
+        for j, (key, lab) in enumerate(
+            [(o, "radixlm Triton (current defaults)"), (f, "FlashInfer 0.7.4"), (r, "roofline")]
+        ):
+            vals = [
+                row.get("ours_current_default_us", row.get(key, 0)) if key == o else row.get(key, 0)
+                for row in rows
+            ]
             ax.bar([i + (j - 1) * 0.27 for i in x], vals, 0.27, label=lab)
         ax.set_xticks(list(x), [row["shape"] for row in rows], rotation=20, fontsize=8)
         ax.set_yscale("log")
         ax.set_title(title)
         ax.legend(fontsize=8)
     c = res.get("cascade", {})
-    keys = [("plain_us", "plain decode (ours)"), ("flashinfer_plain_us", "plain decode (FlashInfer)"),
-            ("cascade_two_launch_us", "cascade two-launch"), ("cascade_us", "cascade (ours)"),
-            ("roofline_plain_us", "roofline plain"), ("roofline_cascade_us", "roofline cascade")]
-    axes[2].bar([lab for _, lab in keys], [c.get(k, 0) for k, _ in keys], color=["C0", "C1", "C3", "C2", "C7", "C7"])
+    keys = [
+        ("plain_us", "plain decode (ours)"),
+        ("flashinfer_plain_us", "plain decode (FlashInfer)"),
+        ("cascade_two_launch_us", "cascade two-launch"),
+        ("cascade_us", "cascade (ours)"),
+        ("roofline_plain_us", "roofline plain"),
+        ("roofline_cascade_us", "roofline cascade"),
+    ]
+    axes[2].bar(
+        [lab for _, lab in keys], [c.get(k, 0) for k, _ in keys], color=["C0", "C1", "C3", "C2", "C7", "C7"]
+    )
     if "speedup_vs_plain" in c:
         axes[2].set_title(f"cascade: {c['shape']} (µs), {c['speedup_vs_plain']:.1f}x")
     axes[2].tick_params(axis="x", rotation=25, labelsize=8)
@@ -245,13 +319,27 @@ def main(out_dir: str, sweep: bool, only: list[str]) -> None:
 
     kinds = only or ["decode", "extend", "cascade"]
     fi = load_flashinfer()
-    res = {"gpu": torch.cuda.get_device_name(0), "date": datetime.datetime.now(datetime.UTC).isoformat(),
-           "versions": {"torch": torch.__version__, "triton": triton.__version__,
-                        "flashinfer": getattr(fi, "__version__", None), "cuda": torch.version.cuda},
-           "config": {"Hq": HQ, "Hkv": HKV, "D": D, "dtype": "bf16", "flashinfer_page_size": PAGE, "only": kinds,
-                      "timing": "median of 7 trials (3 in sweeps), each one CUDA-graph replay of 40 calls (10 for "
-                                "extend; 20/5 in sweeps) between CUDA events, rotating buffer sets totalling >= 180 MB "
-                                "(cold L2); *_eager_us: the same calls queued without a graph"}}
+    res = {
+        "gpu": torch.cuda.get_device_name(0),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(),
+        "versions": {
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "flashinfer": getattr(fi, "__version__", None),
+            "cuda": torch.version.cuda,
+        },
+        "config": {
+            "Hq": HQ,
+            "Hkv": HKV,
+            "D": D,
+            "dtype": "bf16",
+            "flashinfer_page_size": PAGE,
+            "only": kinds,
+            "timing": "median of 7 trials (3 in sweeps), each one CUDA-graph replay of 40 calls (10 for "
+            "extend; 20/5 in sweeps) between CUDA events, rotating buffer sets totalling >= 180 MB "
+            "(cold L2); *_eager_us: the same calls queued without a graph",
+        },
+    }
     t0 = time.time()
     res["ceilings"] = ceilings()
     log("ceilings", res["ceilings"])
@@ -260,8 +348,11 @@ def main(out_dir: str, sweep: bool, only: list[str]) -> None:
     bad = [r for r in res["correctness"] if not r["ok"]]
     log(f"correctness: {len(recs) - len(bad)}/{len(recs)} ok ({time.time() - t0:.0f} s)", *bad, sep="\n  ")
     bw, tf = res["ceilings"]["copy_TBps"] * 1e12, res["ceilings"]["bf16_matmul_TFLOPs"]
-    benches = {"decode": lambda: bench_decode(fi, bw, sweep), "extend": lambda: bench_extend(fi, tf, bw, sweep),
-               "cascade": lambda: bench_cascade(fi, bw, sweep)}
+    benches = {
+        "decode": lambda: bench_decode(fi, bw, sweep),
+        "extend": lambda: bench_extend(fi, tf, bw, sweep),
+        "cascade": lambda: bench_cascade(fi, bw, sweep),
+    }
     for key in kinds:
         try:
             res[key] = benches[key]()
@@ -296,24 +387,37 @@ def summarize(res: dict) -> None:
             if best is not None:
                 r["best_config"], r["ours_best_us"] = {k: v for k, v in best.items() if k != "us"}, best["us"]
             if "flashinfer_us" in r:
-                res["ratios"][f"{kind} {r['shape']} ours/FI (run's default)"] = r["flashinfer_us"] / r["ours_us"]
+                res["ratios"][f"{kind} {r['shape']} ours/FI (run's default)"] = (
+                    r["flashinfer_us"] / r["ours_us"]
+                )
                 if "ours_current_default_us" in r:
                     res["ratios"][f"{kind} {r['shape']} ours/FI (current default)"] = (
-                        r["flashinfer_us"] / r["ours_current_default_us"])
+                        r["flashinfer_us"] / r["ours_current_default_us"]
+                    )
                 if best is not None:
-                    res["ratios"][f"{kind} {r['shape']} ours/FI (best swept)"] = r["flashinfer_us"] / best["us"]
+                    res["ratios"][f"{kind} {r['shape']} ours/FI (best swept)"] = (
+                        r["flashinfer_us"] / best["us"]
+                    )
             ours = r.get("ours_current_default_us", r["ours_us"])
             res["ratios"][f"{kind} {r['shape']} fraction of roofline"] = r["roofline_us"] / ours
     c = res.get("cascade", {})
     if "speedup_vs_plain" in c:
         res["ratios"]["cascade speedup vs plain decode (ours)"] = c["speedup_vs_plain"]
-        res["ratios"]["cascade speedup vs plain decode's no-reuse roofline"] = c["roofline_plain_us"] / c["cascade_us"]
+        res["ratios"]["cascade speedup vs plain decode's no-reuse roofline"] = (
+            c["roofline_plain_us"] / c["cascade_us"]
+        )
         if "flashinfer_plain_us" in c:
-            res["ratios"]["cascade speedup vs plain decode (FlashInfer)"] = c["flashinfer_plain_us"] / c["cascade_us"]
+            res["ratios"]["cascade speedup vs plain decode (FlashInfer)"] = (
+                c["flashinfer_plain_us"] / c["cascade_us"]
+            )
         if "cascade_two_launch_us" in c:
-            res["ratios"]["cascade speedup vs plain decode (two-launch impl)"] = c["plain_us"] / c["cascade_two_launch_us"]
+            res["ratios"]["cascade speedup vs plain decode (two-launch impl)"] = (
+                c["plain_us"] / c["cascade_two_launch_us"]
+            )
         if "cascade_best_us" in c:
-            res["ratios"]["cascade speedup vs plain decode (best swept)"] = c["plain_us"] / c["cascade_best_us"]
+            res["ratios"]["cascade speedup vs plain decode (best swept)"] = (
+                c["plain_us"] / c["cascade_best_us"]
+            )
         res["ratios"]["cascade fraction of its roofline"] = c["roofline_cascade_us"] / c["cascade_us"]
     for k, v in res["ratios"].items():
         log(f"{k:55s} {v:6.2f}")
@@ -324,7 +428,12 @@ def current_defaults(res: dict) -> None:
     """Attach, per shape, the sweep entry that matches the kernels' current default config
     (so defaults chosen from a run's sweep are reported with that run's numbers)."""
     for r in res.get("decode", []):
-        want = {"block_n": 64, "num_warps": 4, "num_stages": 3, "splits": choose_num_splits(r["batch"], HKV, r["len"])}
+        want = {
+            "block_n": 64,
+            "num_warps": 4,
+            "num_stages": 3,
+            "splits": choose_num_splits(r["batch"], HKV, r["len"]),
+        }
         hit = [e for e in r.get("sweep", []) if "us" in e and all(e[k] == v for k, v in want.items())]
         if hit:
             r["current_default"], r["ours_current_default_us"] = want, hit[0]["us"]
@@ -369,12 +478,24 @@ def parse_args(argv: list[str]):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir", nargs="?", default="benchmarks/results", help="where the JSON and PNG go")
     ap.add_argument("--sweep", action="store_true", help="also sweep tile / split knobs (adds a few minutes)")
-    ap.add_argument("--only", default="", help="comma list of decode,extend,cascade: run just those benchmarks "
-                    "(and their correctness checks); writes kernels_h200_<only>.json so a full run is not overwritten")
-    ap.add_argument("--reanalyze", nargs=4, metavar=("RUN_JSON", "OUT", "COPY_TBPS", "NOTE"),
-                    help="re-derive rooflines/ratios of a saved run with a corrected copy bandwidth (CPU is fine)")
-    ap.add_argument("--dry-run", action="store_true", help="CPU: run the cascade sweep configs under "
-                    "TRITON_INTERPRET=1 at a tiny version of the benchmark shape against the torch reference")
+    ap.add_argument(
+        "--only",
+        default="",
+        help="comma list of decode,extend,cascade: run just those benchmarks "
+        "(and their correctness checks); writes kernels_h200_<only>.json so a full run is not overwritten",
+    )
+    ap.add_argument(
+        "--reanalyze",
+        nargs=4,
+        metavar=("RUN_JSON", "OUT", "COPY_TBPS", "NOTE"),
+        help="re-derive rooflines/ratios of a saved run with a corrected copy bandwidth (CPU is fine)",
+    )
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="CPU: run the cascade sweep configs under "
+        "TRITON_INTERPRET=1 at a tiny version of the benchmark shape against the torch reference",
+    )
     args = ap.parse_args(argv)
     args.only = [k for k in args.only.split(",") if k]
     if set(args.only) - {"decode", "extend", "cascade"}:

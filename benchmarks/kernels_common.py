@@ -23,8 +23,9 @@ def log(*a: object, **kw: object) -> None:
 GRAPH_FAILURES: list[str] = []
 
 
-def time_fn(fns: list[Callable[[], object]], reps: int = 40, trials: int = 7, graph: bool = True,
-            label: str = "") -> float:
+def time_fn(
+    fns: list[Callable[[], object]], reps: int = 40, trials: int = 7, graph: bool = True, label: str = ""
+) -> float:
     """Median seconds per call. Each trial replays a CUDA graph of `reps` calls rotating over `fns`
     (launch cost hidden); if capture fails, the same calls are queued eagerly between events."""
     for f in fns:
@@ -48,9 +49,11 @@ def time_fn(fns: list[Callable[[], object]], reps: int = 40, trials: int = 7, gr
             GRAPH_FAILURES.append(f"{label}: {type(exc).__name__}: {str(exc)[:200]}")
             torch.cuda.synchronize()
     if run is None:
+
         def run() -> None:
             for i in range(reps):
                 fns[i % len(fns)]()
+
     run()
     out = []
     for _ in range(trials):
@@ -102,8 +105,13 @@ def fi_pages(table: torch.Tensor, seq_lens: list[int]) -> tuple[torch.Tensor, to
 
 
 def kv_sets(n_slots: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(torch.randn(n_slots, HKV, D, dtype=DT, device=DEV), torch.randn(n_slots, HKV, D, dtype=DT, device=DEV))
-            for _ in range(count)]
+    return [
+        (
+            torch.randn(n_slots, HKV, D, dtype=DT, device=DEV),
+            torch.randn(n_slots, HKV, D, dtype=DT, device=DEV),
+        )
+        for _ in range(count)
+    ]
 
 
 def fi_view(buf: torch.Tensor) -> torch.Tensor:
@@ -115,5 +123,11 @@ def fi_decode(fi, table, seq, sets, qs, graph: bool = True) -> float:
     w = fi.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
     ptr, idx, last = fi_pages(table, seq)
     w.plan(ptr, idx, last, HQ, HKV, D, PAGE, q_data_type=DT, kv_data_type=DT)
-    return time_fn([lambda i=i: w.run(qs[i], (fi_view(sets[i][0]), fi_view(sets[i][1]))) for i in range(len(sets))],
-                   graph=graph, label="flashinfer decode") * 1e6
+    return (
+        time_fn(
+            [lambda i=i: w.run(qs[i], (fi_view(sets[i][0]), fi_view(sets[i][1]))) for i in range(len(sets))],
+            graph=graph,
+            label="flashinfer decode",
+        )
+        * 1e6
+    )

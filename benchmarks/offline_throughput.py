@@ -24,7 +24,9 @@ from bench_env import device_tag, environment, write_result  # noqa: E402
 from radixlm.backend.engine import Engine  # noqa: E402
 
 
-def make_workload(n: int, in_len: int, out_len: int, ratio: float, vocab: int, seed: int) -> list[tuple[list[int], int]]:
+def make_workload(
+    n: int, in_len: int, out_len: int, ratio: float, vocab: int, seed: int
+) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
     lo_in, lo_out = max(1, int(in_len * ratio)), max(1, int(out_len * ratio))
     work = []
@@ -45,8 +47,13 @@ def run_radixlm(engine: Engine, work: list[tuple[list[int], int]]) -> dict[str, 
     dt = time.perf_counter() - t0
     out_tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
     in_tokens = sum(len(ids) for ids, _ in work)
-    res = {"duration_s": dt, "output_tokens": out_tokens, "output_throughput": out_tokens / dt,
-           "total_throughput": (out_tokens + in_tokens) / dt, "stats": engine.get_stats()}
+    res = {
+        "duration_s": dt,
+        "output_tokens": out_tokens,
+        "output_throughput": out_tokens / dt,
+        "total_throughput": (out_tokens + in_tokens) / dt,
+        "stats": engine.get_stats(),
+    }
     if len(work) == 1:  # decode rate alone: the prompt's prefill (+ first token) timed separately
         engine.flush_cache()
         t0 = time.perf_counter()
@@ -69,7 +76,10 @@ def add_roofline(result: dict[str, Any], engine: Engine, args: argparse.Namespac
 
 
 def overlap_ratio(result: dict[str, Any], toggled_is_on: bool) -> float:
-    first, second = result["radixlm"]["output_throughput"], result["radixlm_overlap_toggled"]["output_throughput"]
+    first, second = (
+        result["radixlm"]["output_throughput"],
+        result["radixlm_overlap_toggled"]["output_throughput"],
+    )
     return second / first if toggled_is_on else first / second
 
 
@@ -98,7 +108,9 @@ def hf_model_for(engine: Engine, args: argparse.Namespace) -> Any:
     from radixlm.backend.loader import default_model_path, resolve_model_dir
 
     model_path = Path(args.model_path or default_model_path())
-    path = export_hf_folder(model_path) if model_path.suffix == ".gguf" else resolve_model_dir(str(model_path))
+    path = (
+        export_hf_folder(model_path) if model_path.suffix == ".gguf" else resolve_model_dir(str(model_path))
+    )
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(engine.device).eval()
 
 
@@ -114,8 +126,14 @@ def run_hf(model: Any, work: list[tuple[list[int], int]], batch: int, device: to
         ids = torch.tensor([[pad] * (width - len(x)) + x for x, _ in part], device=device)
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x, _ in part], device=device)
         new = max(o for _, o in part)
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                       do_sample=False, pad_token_id=pad)
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=pad,
+        )
         useful += sum(o for _, o in part)
     sync(device)
     dt = time.perf_counter() - t0
@@ -125,7 +143,9 @@ def run_hf(model: Any, work: list[tuple[list[int], int]], batch: int, device: to
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-path", default=None)
-    p.add_argument("--model-shape", default=None, help="named real shape with random weights, e.g. llama-3.1-8b")
+    p.add_argument(
+        "--model-shape", default=None, help="named real shape with random weights, e.g. llama-3.1-8b"
+    )
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--num-prompts", type=int, default=32)
@@ -134,41 +154,75 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--range-ratio", type=float, default=0.25, help="lengths uniform in [ratio*L, L]")
     p.add_argument("--max-running-requests", type=int, default=256)
     p.add_argument("--context-length", type=int, default=None)
-    p.add_argument("--mem-fraction-static", type=float, default=0.85, help="lower it with --compare-hf on GPU")
+    p.add_argument(
+        "--mem-fraction-static", type=float, default=0.85, help="lower it with --compare-hf on GPU"
+    )
     p.add_argument("--compare-hf", action="store_true")
-    p.add_argument("--compare-overlap", action="store_true",
-                   help="run again with overlap scheduling off (same engine) and report the ratio")
-    p.add_argument("--copy-tbps", type=float, default=4.24,
-                   help="HBM copy bandwidth for the weight-streaming roofline (BENCHMARKING.md: 4.24 on the H200)")
+    p.add_argument(
+        "--compare-overlap",
+        action="store_true",
+        help="run again with overlap scheduling off (same engine) and report the ratio",
+    )
+    p.add_argument(
+        "--copy-tbps",
+        type=float,
+        default=4.24,
+        help="HBM copy bandwidth for the weight-streaming roofline (BENCHMARKING.md: 4.24 on the H200)",
+    )
     p.add_argument("--hf-batch-size", type=int, default=0, help="default: all prompts in one batch")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     t_load = time.perf_counter()
-    engine = Engine(model_path=args.model_path, model_shape=args.model_shape, device=args.device, dtype=args.dtype,
-                    max_running_requests=args.max_running_requests, mem_fraction_static=args.mem_fraction_static,
-                    context_length=args.context_length)
+    engine = Engine(
+        model_path=args.model_path,
+        model_shape=args.model_shape,
+        device=args.device,
+        dtype=args.dtype,
+        max_running_requests=args.max_running_requests,
+        mem_fraction_static=args.mem_fraction_static,
+        context_length=args.context_length,
+    )
     load_s = time.perf_counter() - t_load
     try:
-        work = make_workload(args.num_prompts, args.input_len, args.output_len, args.range_ratio,
-                             engine.model_config.vocab_size, args.seed)
-        result: dict[str, Any] = {"benchmark": "offline_throughput", "env": environment(), "args": vars(args),
-                                  "model": engine.model_config.model_name, "engine_load_s": load_s,
-                                  "radixlm": run_radixlm(engine, work)}
-        print(f"radixlm: {result['radixlm']['output_throughput']:.1f} output tok/s "
-              f"(overlap {'on' if engine.scheduler.cfg.overlap else 'off'})")
+        work = make_workload(
+            args.num_prompts,
+            args.input_len,
+            args.output_len,
+            args.range_ratio,
+            engine.model_config.vocab_size,
+            args.seed,
+        )
+        result: dict[str, Any] = {
+            "benchmark": "offline_throughput",
+            "env": environment(),
+            "args": vars(args),
+            "model": engine.model_config.model_name,
+            "engine_load_s": load_s,
+            "radixlm": run_radixlm(engine, work),
+        }
+        print(
+            f"radixlm: {result['radixlm']['output_throughput']:.1f} output tok/s "
+            f"(overlap {'on' if engine.scheduler.cfg.overlap else 'off'})"
+        )
         add_roofline(result, engine, args)
         if args.compare_overlap:
             engine.scheduler.cfg.overlap = not engine.scheduler.cfg.overlap  # the loop is idle: safe
             result["radixlm_overlap_toggled"] = run_radixlm(engine, work)
             result["overlap_on_vs_off"] = overlap_ratio(result, engine.scheduler.cfg.overlap)
-            print(f"overlap toggled: {result['radixlm_overlap_toggled']['output_throughput']:.1f} tok/s; "
-                  f"on/off {result['overlap_on_vs_off']:.3f}x")
+            print(
+                f"overlap toggled: {result['radixlm_overlap_toggled']['output_throughput']:.1f} tok/s; "
+                f"on/off {result['overlap_on_vs_off']:.3f}x"
+            )
         if args.compare_hf:
             model = hf_model_for(engine, args)
             result["hf"] = run_hf(model, work, args.hf_batch_size or len(work), engine.device)
-            result["speedup_vs_hf"] = result["radixlm"]["output_throughput"] / result["hf"]["output_throughput"]
-            print(f"HF generate: {result['hf']['output_throughput']:.1f} tok/s; ratio {result['speedup_vs_hf']:.2f}x")
+            result["speedup_vs_hf"] = (
+                result["radixlm"]["output_throughput"] / result["hf"]["output_throughput"]
+            )
+            print(
+                f"HF generate: {result['hf']['output_throughput']:.1f} tok/s; ratio {result['speedup_vs_hf']:.2f}x"
+            )
     finally:
         engine.shutdown()
     dev = "cpu" if engine.device.type == "cpu" else device_tag(result["env"])

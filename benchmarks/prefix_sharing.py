@@ -32,14 +32,26 @@ from radixlm.backend.engine import Engine  # noqa: E402
 
 FULL = {
     "few_shot": {"prefix_len": 2048, "num_questions": 256, "question_len": 48, "output_len": 32},
-    "tree": {"num_roots": 32, "branches": 8, "root_len": 512, "root_output_len": 128, "branch_len": 32,
-             "branch_output_len": 64},
+    "tree": {
+        "num_roots": 32,
+        "branches": 8,
+        "root_len": 512,
+        "root_output_len": 128,
+        "branch_len": 32,
+        "branch_output_len": 64,
+    },
     "multi_turn": {"num_sessions": 64, "turns": 4, "system_len": 512, "user_len": 64, "output_len": 64},
 }
 SMALL = {
     "few_shot": {"prefix_len": 512, "num_questions": 24, "question_len": 16, "output_len": 8},
-    "tree": {"num_roots": 4, "branches": 4, "root_len": 128, "root_output_len": 16, "branch_len": 8,
-             "branch_output_len": 8},
+    "tree": {
+        "num_roots": 4,
+        "branches": 4,
+        "root_len": 128,
+        "root_output_len": 16,
+        "branch_len": 8,
+        "branch_output_len": 8,
+    },
     "multi_turn": {"num_sessions": 8, "turns": 4, "system_len": 128, "user_len": 16, "output_len": 8},
 }
 
@@ -80,15 +92,24 @@ def few_shot(r: Runner, prefix_len: int, num_questions: int, question_len: int, 
     r.generate([prefix + r.ids(question_len) for _ in range(num_questions)], output_len)
 
 
-def tree(r: Runner, num_roots: int, branches: int, root_len: int, root_output_len: int, branch_len: int,
-         branch_output_len: int) -> None:
+def tree(
+    r: Runner,
+    num_roots: int,
+    branches: int,
+    root_len: int,
+    root_output_len: int,
+    branch_len: int,
+    branch_output_len: int,
+) -> None:
     roots = [r.ids(root_len) for _ in range(num_roots)]
     conts = r.generate(roots, root_output_len)
     kids = [root + cont + r.ids(branch_len) for root, cont in zip(roots, conts) for _ in range(branches)]
     r.generate(kids, branch_output_len)
 
 
-def multi_turn(r: Runner, num_sessions: int, turns: int, system_len: int, user_len: int, output_len: int) -> None:
+def multi_turn(
+    r: Runner, num_sessions: int, turns: int, system_len: int, user_len: int, output_len: int
+) -> None:
     history = [r.ids(system_len) for _ in range(num_sessions)]
     for _ in range(turns):
         prompts = [h + r.ids(user_len) for h in history]
@@ -106,10 +127,16 @@ def sync(device: Any) -> None:
 
 def make_engine(args: argparse.Namespace, disable: bool) -> Engine:
     return Engine(
-        model_path=args.model_path, device=args.device, dtype=args.dtype,
-        max_total_tokens=args.max_total_tokens, mem_fraction_static=args.mem_fraction_static,
-        chunked_prefill_size=args.chunked_prefill_size, max_running_requests=args.max_running_requests,
-        disable_radix_cache=disable, random_weights=args.random_weights, model_shape=args.model_shape,
+        model_path=args.model_path,
+        device=args.device,
+        dtype=args.dtype,
+        max_total_tokens=args.max_total_tokens,
+        mem_fraction_static=args.mem_fraction_static,
+        chunked_prefill_size=args.chunked_prefill_size,
+        max_running_requests=args.max_running_requests,
+        disable_radix_cache=disable,
+        random_weights=args.random_weights,
+        model_shape=args.model_shape,
         seed=args.seed,
     )
 
@@ -120,7 +147,9 @@ def run_mode(args: argparse.Namespace, sizes: dict[str, dict], disable: bool) ->
     try:
         vocab = engine.model_config.vocab_size
         warm = Runner(engine, vocab, seed=999)  # compile kernels for long and short extends, decode
-        warm.generate([warm.ids(min(args.chunked_prefill_size, 1024) + 64)] + [warm.ids(32) for _ in range(8)], 4)
+        warm.generate(
+            [warm.ids(min(args.chunked_prefill_size, 1024) + 64)] + [warm.ids(32) for _ in range(8)], 4
+        )
         results: dict[str, Any] = {"device": str(engine.device)}
         for name in args.workloads:
             engine.flush_cache()
@@ -130,8 +159,11 @@ def run_mode(args: argparse.Namespace, sizes: dict[str, dict], disable: bool) ->
             WORKLOADS[name](r, **sizes[name])
             results[name] = summarize(r, before, engine.get_stats())
             results[name]["requests_deferred_by_dedup"] = engine.scheduler.policy.num_deferred - deferred
-            print(f"  radix {'off' if disable else 'on '} {name:10s} {results[name]['output_throughput']:9.1f} "
-                  f"out tok/s  hit {results[name]['hit_rate']:.3f}  {r.elapsed:.2f} s", flush=True)
+            print(
+                f"  radix {'off' if disable else 'on '} {name:10s} {results[name]['output_throughput']:9.1f} "
+                f"out tok/s  hit {results[name]['hit_rate']:.3f}  {r.elapsed:.2f} s",
+                flush=True,
+            )
             results[name]["_outputs"] = r.outputs
         return results
     finally:
@@ -143,15 +175,25 @@ def run_mode_subprocess(mode: str) -> dict[str, Any]:
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
-        subprocess.run([sys.executable, __file__, *sys.argv[1:], "--mode", mode, "--partial-out", path], check=True)
+        subprocess.run(
+            [sys.executable, __file__, *sys.argv[1:], "--mode", mode, "--partial-out", path], check=True
+        )
         return json.loads(Path(path).read_text())
     finally:
         os.unlink(path)
 
 
 def summarize(r: Runner, before: dict[str, int], after: dict[str, int]) -> dict[str, Any]:
-    delta = {k: after[k] - before[k] for k in ("cached_prompt_tokens", "computed_prompt_tokens",
-                                               "forward_passes", "num_retractions", "generated_tokens")}
+    delta = {
+        k: after[k] - before[k]
+        for k in (
+            "cached_prompt_tokens",
+            "computed_prompt_tokens",
+            "forward_passes",
+            "num_retractions",
+            "generated_tokens",
+        )
+    }
     return {
         "duration_s": r.elapsed,
         "output_tokens": r.output_tokens,
@@ -164,7 +206,9 @@ def summarize(r: Runner, before: dict[str, int], after: dict[str, int]) -> dict[
     }
 
 
-def compare(on: dict[str, Any], off: dict[str, Any], names: list[str], sizes: dict[str, dict]) -> dict[str, Any]:
+def compare(
+    on: dict[str, Any], off: dict[str, Any], names: list[str], sizes: dict[str, dict]
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in names:
         a, b = on[name], off[name]
@@ -236,12 +280,16 @@ def main() -> None:
         "benchmark": "prefix_sharing",
         "env": environment(),
         "args": {k: v for k, v in vars(args).items() if k not in ("mode", "partial_out")},
-        "model": args.model_path or (args.model_shape and f"random:{args.model_shape}") or "default (SmolLM2-135M GGUF)",
+        "model": args.model_path
+        or (args.model_shape and f"random:{args.model_shape}")
+        or "default (SmolLM2-135M GGUF)",
         "workloads": compare(on, off, args.workloads, sizes),
     }
     for name, w in result["workloads"].items():
-        print(f"{name:10s} speedup {w['speedup_output_throughput']:.2f}x  hit rate on "
-              f"{w['radix_on']['hit_rate']:.3f}  identical outputs {w['greedy_outputs_identical']}")
+        print(
+            f"{name:10s} speedup {w['speedup_output_throughput']:.2f}x  hit rate on "
+            f"{w['radix_on']['hit_rate']:.3f}  identical outputs {w['greedy_outputs_identical']}"
+        )
     write_result(args.out or default_out(args.device), result)
 
 

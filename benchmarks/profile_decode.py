@@ -25,8 +25,13 @@ def main() -> None:
     p.add_argument("--no-overlap", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    eng = Engine(model_shape=args.model_shape, device="cuda", context_length=args.context_length,
-                 mem_fraction_static=0.6, overlap_schedule=not args.no_overlap)
+    eng = Engine(
+        model_shape=args.model_shape,
+        device="cuda",
+        context_length=args.context_length,
+        mem_fraction_static=0.6,
+        overlap_schedule=not args.no_overlap,
+    )
     try:
         ids = [[100 + (i * 7 + j) % 20000 for j in range(args.input_len)] for i in range(args.batch)]
         sp = {"max_new_tokens": args.steps, "ignore_eos": True, "temperature": 0}
@@ -46,12 +51,20 @@ def main() -> None:
                 rows.append({"name": e.key[:90], "calls": e.count, "device_us": dev_us})
         rows.sort(key=lambda r: -r["device_us"])
         busy = sum(r["device_us"] for r in rows) / 1e6
-        res = {"args": vars(args), "wall_s": wall, "device_busy_s": busy, "steps": args.steps,
-               "wall_ms_per_step": wall / args.steps * 1e3, "device_ms_per_step": busy / args.steps * 1e3,
-               "kernels": rows[:40]}
+        res = {
+            "args": vars(args),
+            "wall_s": wall,
+            "device_busy_s": busy,
+            "steps": args.steps,
+            "wall_ms_per_step": wall / args.steps * 1e3,
+            "device_ms_per_step": busy / args.steps * 1e3,
+            "kernels": rows[:40],
+        }
         print(json.dumps({k: v for k, v in res.items() if k != "kernels"}, indent=1))
         for r in rows[:25]:
-            print(f"{r['device_us'] / args.steps:9.1f} us/step  {r['calls'] / args.steps:6.1f}/step  {r['name']}")
+            print(
+                f"{r['device_us'] / args.steps:9.1f} us/step  {r['calls'] / args.steps:6.1f}/step  {r['name']}"
+            )
         if args.out:
             Path(args.out).write_text(json.dumps(res, indent=1))
     finally:

@@ -42,6 +42,7 @@ def load_example(name: str) -> Any:
 
 def workloads(batch: int) -> dict[str, tuple[Any, list[dict[str, Any]]]]:
     """kind → (program, batch of kwargs). Inputs are the examples' own, cycled to `batch`."""
+
     def cycle(items: list[Any]) -> list[Any]:
         return [items[i % len(items)] for i in range(batch)]
 
@@ -58,8 +59,10 @@ def workloads(batch: int) -> dict[str, tuple[Any, list[dict[str, Any]]]]:
         "quickstart": (qs.quick_chat, [{"question": q} for q in cycle(questions)]),
         "few_shot_qa": (fs.few_shot_qa, [{"question": q} for q in cycle(fs.QUESTIONS)]),
         "json_extraction": (js.extract_person, [{"text": t} for t in cycle(js.TEXTS)]),
-        "react_agent": (ra.react_agent, [{"question": q} for q in cycle(["How high is Mount Everest?",
-                                                                          "Who created Python?"])]),
+        "react_agent": (
+            ra.react_agent,
+            [{"question": q} for q in cycle(["How high is Mount Everest?", "Who created Python?"])],
+        ),
         "tree_of_thought": (tot.tree_of_thought, [{"problem": p} for p in cycle(problems)]),
         "parallel_summarisation": (ps.summarise, [{"paragraphs": d} for d in cycle(docs)]),
     }
@@ -80,8 +83,13 @@ class RecordingRuntime(Runtime):
             return self._tick
 
     def _log(self, kind: str, fn: Any, **payload: Any) -> Any:
-        call = {"kind": kind, "thread": threading.get_ident(), "start": self._next_tick(),
-                "t0": time.perf_counter(), **payload}
+        call = {
+            "kind": kind,
+            "thread": threading.get_ident(),
+            "start": self._next_tick(),
+            "t0": time.perf_counter(),
+            **payload,
+        }
         out = fn()
         if kind == "stream":
             out = list(out)
@@ -93,12 +101,22 @@ class RecordingRuntime(Runtime):
         return iter(out) if kind == "stream" else out
 
     def _request(self, input_ids, sampling, **logprob):
-        return self._log("generate", lambda: Runtime._request(self, input_ids, sampling, **logprob),
-                         input_ids=input_ids, sampling=dict(sampling), logprob=logprob)
+        return self._log(
+            "generate",
+            lambda: Runtime._request(self, input_ids, sampling, **logprob),
+            input_ids=input_ids,
+            sampling=dict(sampling),
+            logprob=logprob,
+        )
 
     def _request_stream(self, input_ids, sampling, **logprob):
-        return self._log("stream", lambda: Runtime._request_stream(self, input_ids, sampling, **logprob),
-                         input_ids=input_ids, sampling=dict(sampling), logprob=logprob)
+        return self._log(
+            "stream",
+            lambda: Runtime._request_stream(self, input_ids, sampling, **logprob),
+            input_ids=input_ids,
+            sampling=dict(sampling),
+            logprob=logprob,
+        )
 
     def pin_prefix(self, ids):
         return self._log("pin", lambda: Runtime.pin_prefix(self, ids), input_ids=list(ids))
@@ -129,7 +147,9 @@ def replay(engine: Any, calls: list[dict[str, Any]]) -> float:
         elif c["kind"] == "unpin":
             engine.unpin_prefix(handles.pop(c["handle"]))
         elif c["kind"] == "stream":
-            for _ in engine.generate(input_ids=c["input_ids"], sampling_params=c["sampling"], stream=True, **c["logprob"]):
+            for _ in engine.generate(
+                input_ids=c["input_ids"], sampling_params=c["sampling"], stream=True, **c["logprob"]
+            ):
                 pass
         else:
             engine.generate(input_ids=c["input_ids"], sampling_params=c["sampling"], **c["logprob"])
@@ -193,7 +213,9 @@ def measure(engine: Any, program: Any, batch: list[dict[str, Any]], repeats: int
     run, so immune to the machine's load drifting between runs — the time no engine call was
     in flight (pure interpreter time on the critical path) relative to engine-busy time."""
     prog_w, prog_c, raw_w, raw_c, idle, calls, work = [], [], [], [], [], [], []
-    program.run_batch(batch, backend=Runtime(engine=engine), temperature=0)  # warm caches (grammars, allocator)
+    program.run_batch(
+        batch, backend=Runtime(engine=engine), temperature=0
+    )  # warm caches (grammars, allocator)
     for _ in range(repeats):
         rec = RecordingRuntime(engine)
         engine.flush_cache()
@@ -209,9 +231,15 @@ def measure(engine: Any, program: Any, batch: list[dict[str, Any]], repeats: int
     med = statistics.median
     toks = output_tokens(calls)
     return {
-        "batch": len(batch), "engine_calls": len(calls), "output_tokens": toks,
-        "program_wall_s": prog_w, "raw_wall_s": raw_w, "program_cpu_s": prog_c, "raw_cpu_s": raw_c,
-        "program_out_tok_per_s": toks / med(prog_w), "raw_out_tok_per_s": toks / med(raw_w),
+        "batch": len(batch),
+        "engine_calls": len(calls),
+        "output_tokens": toks,
+        "program_wall_s": prog_w,
+        "raw_wall_s": raw_w,
+        "program_cpu_s": prog_c,
+        "raw_cpu_s": raw_c,
+        "program_out_tok_per_s": toks / med(prog_w),
+        "raw_out_tok_per_s": toks / med(raw_w),
         "programs_per_s": len(batch) / med(prog_w),
         "overhead_wall": (med(prog_w) - med(raw_w)) / med(raw_w),
         "overhead_cpu": (med(prog_c) - med(raw_c)) / med(raw_c),
@@ -255,20 +283,31 @@ def main() -> None:
             results[kind] = measure(engine, program, batch, args.repeats)
         except ValueError as e:  # e.g. constrained decoding not available in this engine build
             results[kind] = {"skipped": str(e)}
-        print(kind, json.dumps({k: v for k, v in results[kind].items() if not isinstance(v, (list, dict))}),
-              flush=True)
+        print(
+            kind,
+            json.dumps({k: v for k, v in results[kind].items() if not isinstance(v, (list, dict))}),
+            flush=True,
+        )
+
     def median_of(key: str) -> float | None:
         vals = [r[key] for r in results.values() if key in r]
         return statistics.median(vals) if vals else None
 
     out = {
-        "benchmark": "programs", "device": device,
+        "benchmark": "programs",
+        "device": device,
         "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
-        "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "model": str(engine.model_path),
-        "batch": args.batch, "repeats": args.repeats, "results": results,
-        "median_overhead_wall": median_of("overhead_wall"), "median_overhead_cpu": median_of("overhead_cpu"),
-        "median_overhead_idle_in_run": median_of("overhead_idle_in_run"), "goal_overhead": 0.05,
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": str(engine.model_path),
+        "batch": args.batch,
+        "repeats": args.repeats,
+        "results": results,
+        "median_overhead_wall": median_of("overhead_wall"),
+        "median_overhead_cpu": median_of("overhead_cpu"),
+        "median_overhead_idle_in_run": median_of("overhead_idle_in_run"),
+        "goal_overhead": 0.05,
         "load_avg_1m_at_end": os.getloadavg()[0],
     }
     path = Path(args.out or ROOT / "benchmarks" / "results" / f"programs_{device}.json")

@@ -37,11 +37,15 @@ def in_process_scenarios(args: argparse.Namespace) -> dict[str, Any]:
     try:
         srv = start_thread(engine, max_pending_requests=256)
         try:
-            out = {"disconnects": disconnects(srv, n_drop=args.disconnects, n_abort=args.aborts, n_bystanders=4)}
+            out = {
+                "disconnects": disconnects(srv, n_drop=args.disconnects, n_abort=args.aborts, n_bystanders=4)
+            }
         finally:
             srv.close()
         print("disconnects", out["disconnects"], flush=True)
-        srv = start_thread(engine, max_prompt_tokens=64, max_new_tokens=4)  # cases, not the model, fill the time
+        srv = start_thread(
+            engine, max_prompt_tokens=64, max_new_tokens=4
+        )  # cases, not the model, fill the time
         try:
             out["fuzz_api"] = fuzz_api(srv, examples_per_op=args.fuzz_examples, time_cap_s=args.fuzz_seconds)
         finally:
@@ -53,8 +57,10 @@ def in_process_scenarios(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def subprocess_scenarios(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
-    tiny = start_subprocess(["--max-total-tokens", str(args.pool_tokens), "--chunked-prefill-size", "32",
-                             "--drain-timeout", "2"], log_dir)
+    tiny = start_subprocess(
+        ["--max-total-tokens", str(args.pool_tokens), "--chunked-prefill-size", "32", "--drain-timeout", "2"],
+        log_dir,
+    )
     try:
         out = {"overload": overload(tiny, n_requests=args.overload_requests, prompt_words=6, max_new=24)}
         print("overload", out["overload"], flush=True)
@@ -76,14 +82,22 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
     sent = ov["sent"] + sk["sent"] + dc["bystanders"]
     finished = ov["finished"] + sk["ok"] + dc["bystanders_identical"]
     return {
-        "requests_sent": sent, "requests_finished": finished, "requests_lost": sent - finished,
-        "retractions": ov["retractions"], "overload_identical_to_alone": ov["identical_to_alone"],
+        "requests_sent": sent,
+        "requests_finished": finished,
+        "requests_lost": sent - finished,
+        "retractions": ov["retractions"],
+        "overload_identical_to_alone": ov["identical_to_alone"],
         "tok_s_before_during_after": [ov["tok_s_before"], ov["tok_s_during"], ov["tok_s_after"]],
-        "fuzz_cases_tried": fz["cases_tried"], "fuzz_5xx_seen": fz["5xx_seen"],
-        "disconnects": dc["disconnects"] + dc["aborted_by_id"], "leaked_slots": dc["leaked_slots"],
-        "soak_seconds": sk["seconds"], "soak_rss_start_mb": sk["rss_start_mb"], "soak_rss_end_mb": sk["rss_end_mb"],
+        "fuzz_cases_tried": fz["cases_tried"],
+        "fuzz_5xx_seen": fz["5xx_seen"],
+        "disconnects": dc["disconnects"] + dc["aborted_by_id"],
+        "leaked_slots": dc["leaked_slots"],
+        "soak_seconds": sk["seconds"],
+        "soak_rss_start_mb": sk["rss_start_mb"],
+        "soak_rss_end_mb": sk["rss_end_mb"],
         "soak_kv_free_initial_after": [sk["kv_free_initial"], sk["kv_free_after"]],
-        "shutdown_exit_code": r["shutdown"]["exit_code"], "shutdown_threads_hung": r["shutdown"]["threads_hung"],
+        "shutdown_exit_code": r["shutdown"]["exit_code"],
+        "shutdown_threads_hung": r["shutdown"]["threads_hung"],
     }
 
 
@@ -102,9 +116,17 @@ def main() -> None:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         results = {**in_process_scenarios(args), **subprocess_scenarios(args, Path(tmp))}
-    write_result(args.out, {"benchmark": "reliability", "env": environment(), "settings": vars(args),
-                            "summary": summary(results), "scenarios": results,
-                            "wall_seconds": time.monotonic() - t0})
+    write_result(
+        args.out,
+        {
+            "benchmark": "reliability",
+            "env": environment(),
+            "settings": vars(args),
+            "summary": summary(results),
+            "scenarios": results,
+            "wall_seconds": time.monotonic() - t0,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -29,9 +29,11 @@ from typing import Any
 
 import httpx
 
-WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point "
-         "government company number group problem fact water room mother area money story month lot right "
-         "study book job word business issue side kind head house service friend father power hour game line").split()
+WORDS = (
+    "time person year way day thing man world life hand part child eye woman place work week case point "
+    "government company number group problem fact water room mother area money story month lot right "
+    "study book job word business issue side kind head house service friend father power hour game line"
+).split()
 
 
 @dataclass
@@ -58,7 +60,9 @@ class Result:
 # ---------------------------------------------------------------- workloads
 
 
-def random_items(n: int, input_len: int, output_len: int, ratio: float, vocab: int, rng: random.Random) -> list[Item]:
+def random_items(
+    n: int, input_len: int, output_len: int, ratio: float, vocab: int, rng: random.Random
+) -> list[Item]:
     """Uniform lengths in [ratio*L, L]; token ids drawn away from the special-token range."""
     lo, hi = min(1000, vocab // 4), max(min(vocab - 1, 30000), min(1000, vocab // 4) + 1)
     items = []
@@ -71,13 +75,17 @@ def random_items(n: int, input_len: int, output_len: int, ratio: float, vocab: i
 
 def chat_items(n: int, input_len: int, output_len: int, rng: random.Random) -> list[Item]:
     """Chat-like: a shared system prompt, log-normal user and reply lengths (ShareGPT-like skew)."""
-    system = "You are a helpful assistant. " + " ".join(rng.choice(WORDS) for _ in range(max(8, input_len // 4)))
+    system = "You are a helpful assistant. " + " ".join(
+        rng.choice(WORDS) for _ in range(max(8, input_len // 4))
+    )
     items = []
     for _ in range(n):
         words = max(4, min(4 * input_len, int(rng.lognormvariate(math.log(input_len / 2), 0.8))))
         out = max(4, min(4 * output_len, int(rng.lognormvariate(math.log(output_len), 0.7))))
         user = " ".join(rng.choice(WORDS) for _ in range(words))
-        items.append(Item(out, messages=[{"role": "system", "content": system}, {"role": "user", "content": user}]))
+        items.append(
+            Item(out, messages=[{"role": "system", "content": system}, {"role": "user", "content": user}])
+        )
     return items
 
 
@@ -93,12 +101,19 @@ def make_items(args: argparse.Namespace, vocab: int, seed: int) -> list[Item]:
 
 def _request(item: Item) -> tuple[str, dict[str, Any]]:
     if item.messages is not None:
-        return "/v1/chat/completions", {"messages": item.messages, "max_tokens": item.output_len, "stream": True,
-                                        "ignore_eos": True, "temperature": 0,
-                                        "stream_options": {"include_usage": True}}
-    return "/generate", {"input_ids": item.input_ids, "stream": True,
-                         "sampling_params": {"max_new_tokens": item.output_len, "ignore_eos": True,
-                                             "temperature": 0}}
+        return "/v1/chat/completions", {
+            "messages": item.messages,
+            "max_tokens": item.output_len,
+            "stream": True,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream_options": {"include_usage": True},
+        }
+    return "/generate", {
+        "input_ids": item.input_ids,
+        "stream": True,
+        "sampling_params": {"max_new_tokens": item.output_len, "ignore_eos": True, "temperature": 0},
+    }
 
 
 def _new_tokens(path: str, event: dict[str, Any], seen: int) -> tuple[int, dict[str, Any] | None]:
@@ -145,8 +160,9 @@ async def send(client: httpx.AsyncClient, item: Item) -> Result:
 # ---------------------------------------------------------------- a run at one rate
 
 
-async def run_rate(base_url: str, api_key: str | None, items: list[Item], rate: float,
-                   rng: random.Random) -> dict[str, Any]:
+async def run_rate(
+    base_url: str, api_key: str | None, items: list[Item], rate: float, rng: random.Random
+) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=len(items) + 8, max_keepalive_connections=len(items) + 8)
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=3600, limits=limits) as client:
@@ -170,7 +186,11 @@ def _pct(values: list[float], q: float) -> float:
 
 def _stats(values: list[float]) -> dict[str, float]:
     ms = [v * 1000 for v in values]
-    return {"mean_ms": sum(ms) / len(ms) if ms else float("nan"), "p50_ms": _pct(ms, 50), "p99_ms": _pct(ms, 99)}
+    return {
+        "mean_ms": sum(ms) / len(ms) if ms else float("nan"),
+        "p50_ms": _pct(ms, 50),
+        "p99_ms": _pct(ms, 99),
+    }
 
 
 def summarize(results: list[Result], duration: float, rate: float) -> dict[str, Any]:
@@ -179,12 +199,17 @@ def summarize(results: list[Result], duration: float, rate: float) -> dict[str, 
     in_tokens = sum(r.input_len for r in ok)
     return {
         "request_rate": "inf" if not math.isfinite(rate) else rate,
-        "completed": len(ok), "failed": len(results) - len(ok),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
         "errors": sorted({r.error for r in results if not r.ok})[:5],
-        "duration_s": duration, "input_tokens": in_tokens, "output_tokens": out_tokens,
-        "request_throughput": len(ok) / duration, "output_throughput": out_tokens / duration,
+        "duration_s": duration,
+        "input_tokens": in_tokens,
+        "output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": out_tokens / duration,
         "total_token_throughput": (in_tokens + out_tokens) / duration,
-        "ttft": _stats([r.ttft for r in ok]), "itl": _stats([x for r in ok for x in r.itl]),
+        "ttft": _stats([r.ttft for r in ok]),
+        "itl": _stats([x for r in ok for x in r.itl]),
         "e2e": _stats([r.e2e for r in ok]),
     }
 
@@ -196,8 +221,19 @@ def launch_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "radixlm.backend.server", "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning", "--max-pending-requests", str(max(256, 2 * args.num_prompts))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "radixlm.backend.server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--max-pending-requests",
+        str(max(256, 2 * args.num_prompts)),
+    ]
     for flag in _ENGINE_FLAGS:
         value = getattr(args, flag)
         if value is not None:
@@ -224,8 +260,16 @@ def launch_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     raise SystemExit("server did not start in time")
 
 
-_ENGINE_FLAGS = ("model_path", "device", "dtype", "max_total_tokens", "model_shape", "context_length",
-                 "max_running_requests", "chunked_prefill_size")
+_ENGINE_FLAGS = (
+    "model_path",
+    "device",
+    "dtype",
+    "max_total_tokens",
+    "model_shape",
+    "context_length",
+    "max_running_requests",
+    "chunked_prefill_size",
+)
 
 
 def offline_anchor(args: argparse.Namespace, items: list[Item]) -> dict[str, Any]:
@@ -234,7 +278,9 @@ def offline_anchor(args: argparse.Namespace, items: list[Item]) -> dict[str, Any
     from radixlm.backend.engine import Engine
 
     kwargs = {k: getattr(args, k) for k in _ENGINE_FLAGS if getattr(args, k) is not None}
-    engine = Engine(random_weights=args.random_weights, disable_radix_cache=args.disable_radix_cache, **kwargs)
+    engine = Engine(
+        random_weights=args.random_weights, disable_radix_cache=args.disable_radix_cache, **kwargs
+    )
     try:
         # warm up on the same batch shape (other tokens, 2 steps), as the server was by its earlier runs
         warm = [list(reversed(it.input_ids)) for it in items]
@@ -246,23 +292,36 @@ def offline_anchor(args: argparse.Namespace, items: list[Item]) -> dict[str, Any
     finally:
         engine.shutdown()
     tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    return {"what": "in-process Engine.generate, all requests at once, no HTTP", "duration_s": duration,
-            "output_tokens": tokens, "output_throughput": tokens / duration}
+    return {
+        "what": "in-process Engine.generate, all requests at once, no HTTP",
+        "duration_s": duration,
+        "output_tokens": tokens,
+        "output_throughput": tokens / duration,
+    }
 
 
 def environment() -> dict[str, Any]:
     import importlib.metadata as md
 
-    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
-                           "cpu_count": os.cpu_count(), "load_average_1_5_15": os.getloadavg(), "gpu": "none"}
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "load_average_1_5_15": os.getloadavg(),
+        "gpu": "none",
+    }
     for pkg in ("radixlm", "torch", "transformers", "fastapi", "uvicorn", "httpx"):
         try:
             env[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             env[pkg] = None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if out.returncode == 0 and out.stdout.strip():
             env["gpu"] = out.stdout.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError):
@@ -284,12 +343,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the JSON result here")
     p.add_argument("--launch-timeout", type=float, default=900)
-    p.add_argument("--offline-anchor", action="store_true",
-                   help="also run the random workload through an in-process Engine (same engine options)")
+    p.add_argument(
+        "--offline-anchor",
+        action="store_true",
+        help="also run the random workload through an in-process Engine (same engine options)",
+    )
     g = p.add_argument_group("engine (with --launch)")
     for flag in ("--model-path", "--device", "--dtype", "--model-shape"):
         g.add_argument(flag, default=None)
-    for flag in ("--max-total-tokens", "--context-length", "--max-running-requests", "--chunked-prefill-size"):
+    for flag in (
+        "--max-total-tokens",
+        "--context-length",
+        "--max-running-requests",
+        "--chunked-prefill-size",
+    ):
         g.add_argument(flag, type=int, default=None)
     g.add_argument("--random-weights", action="store_true")
     g.add_argument("--disable-radix-cache", action="store_true")
@@ -318,8 +385,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             run = asyncio.run(run_rate(url, args.api_key, items, rate, random.Random(args.seed + 1 + k)))
             run["seed"] = args.seed + 1 + k
             runs.append(run)
-            print(json.dumps({k: run[k] for k in ("request_rate", "completed", "failed", "output_throughput",
-                                                  "ttft", "itl", "e2e")}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        k: run[k]
+                        for k in (
+                            "request_rate",
+                            "completed",
+                            "failed",
+                            "output_throughput",
+                            "ttft",
+                            "itl",
+                            "e2e",
+                        )
+                    }
+                ),
+                flush=True,
+            )
     finally:
         if proc is not None:
             proc.terminate()
@@ -331,10 +413,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         anchor["compared_with_request_rate"] = burst["request_rate"]
         anchor["server_over_offline_throughput"] = burst["output_throughput"] / anchor["output_throughput"]
         print(json.dumps({"offline_anchor": anchor}), flush=True)
-    result = {"benchmark": "serving", "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "environment": {**env, "load_average_end": os.getloadavg()}, "model": info,
-              "config": {k: v for k, v in vars(args).items() if k not in ("api_key",)}, "runs": runs,
-              "offline_anchor": anchor}
+    result = {
+        "benchmark": "serving",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "environment": {**env, "load_average_end": os.getloadavg()},
+        "model": info,
+        "config": {k: v for k, v in vars(args).items() if k not in ("api_key",)},
+        "runs": runs,
+        "offline_anchor": anchor,
+    }
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -50,8 +50,14 @@ SMALL: dict[str, Any] = {
     "mixed": {"n": 12, "in_len": 64, "out_len": 12, "ratio": 0.25},
     "prefix": {
         "few_shot": {"prefix_len": 256, "num_questions": 8, "question_len": 8, "output_len": 4},
-        "tree": {"num_roots": 2, "branches": 3, "root_len": 64, "root_output_len": 6, "branch_len": 8,
-                 "branch_output_len": 4},
+        "tree": {
+            "num_roots": 2,
+            "branches": 3,
+            "root_len": 64,
+            "root_output_len": 6,
+            "branch_len": 8,
+            "branch_output_len": 4,
+        },
         "multi_turn": {"num_sessions": 3, "turns": 3, "system_len": 64, "user_len": 8, "output_len": 4},
     },
     "forks": {"shared_len": 128, "forks": 3, "output_len": 4},
@@ -111,9 +117,14 @@ def worker_engine(sizes: dict[str, Any], device: str) -> dict[str, Any]:
 def engine_defaults(engine: Any) -> dict[str, Any]:
     cfg = engine.scheduler.cfg
     graphs = engine.runner.graph_runner
-    return {"max_running_requests": cfg.max_running_requests, "chunked_prefill_size": cfg.chunked_prefill_size,
-            "overlap": cfg.overlap, "cascade": cfg.enable_cascade, "kv_slots": engine.runner.allocator.size,
-            "cuda_graph_max_bs": graphs.max_bs if graphs is not None else None}
+    return {
+        "max_running_requests": cfg.max_running_requests,
+        "chunked_prefill_size": cfg.chunked_prefill_size,
+        "overlap": cfg.overlap,
+        "cascade": cfg.enable_cascade,
+        "kv_slots": engine.runner.allocator.size,
+        "cuda_graph_max_bs": graphs.max_bs if graphs is not None else None,
+    }
 
 
 def prefix_cascade_off(engine: Any, sizes: dict[str, Any]) -> dict[str, Any]:
@@ -159,8 +170,14 @@ def worker_hf(sizes: dict[str, Any], device: str) -> dict[str, Any]:
 
     s = sizes["b128"]
     shape = sizes["engine"].get("model_shape")
-    fake = type("E", (), {"runner": type("R", (), {"dtype": torch.bfloat16 if device == "cuda" else torch.float32})(),
-                          "device": torch.device(device)})()
+    fake = type(
+        "E",
+        (),
+        {
+            "runner": type("R", (), {"dtype": torch.bfloat16 if device == "cuda" else torch.float32})(),
+            "device": torch.device(device),
+        },
+    )()
     model = hf_model_for(fake, argparse.Namespace(model_shape=shape, model_path=None))
     vocab = model.config.vocab_size
     work = make_workload(s["n"], s["in_len"], s["out_len"], s["ratio"], vocab, seed=0)
@@ -222,11 +239,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", default=",".join(WORKERS), help=f"comma list of {WORKERS}")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/suite_<device>.json)")
     p.add_argument("--compare", default=None, help="an earlier suite JSON: exit 1 if any ratio fell by > 5%%")
-    p.add_argument("--readme", default=None,
-                   help="write README.md's Measured section from these suite JSONs (comma list: a full run, "
-                        "then partial runs whose rows replace its rows)")
-    p.add_argument("--engine-steps", default=None,
-                   help="comma list: run only these workloads in the engine worker (a partial run)")
+    p.add_argument(
+        "--readme",
+        default=None,
+        help="write README.md's Measured section from these suite JSONs (comma list: a full run, "
+        "then partial runs whose rows replace its rows)",
+    )
+    p.add_argument(
+        "--engine-steps",
+        default=None,
+        help="comma list: run only these workloads in the engine worker (a partial run)",
+    )
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--partial-out", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -245,19 +268,31 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.readme:
         paths = args.readme.split(",")
-        suite_report.write_readme([(p, json.loads(Path(p).read_text())) for p in paths],
-                                  Path(__file__).parent.parent / "README.md")
+        suite_report.write_readme(
+            [(p, json.loads(Path(p).read_text())) for p in paths], Path(__file__).parent.parent / "README.md"
+        )
         return 0
     sizes = SMALL if args.small else FULL
     if args.worker:
         _PARTIAL["path"] = args.partial_out
         _PARTIAL["engine_steps"] = args.engine_steps or ""
-        fn = {"engine": worker_engine, "radix_off": worker_radix_off, "hf": worker_hf, "server": worker_server}
+        fn = {
+            "engine": worker_engine,
+            "radix_off": worker_radix_off,
+            "hf": worker_hf,
+            "server": worker_server,
+        }
         yield_partial(fn[args.worker](sizes, args.device))
         return 0
     env = environment()
     out = Path(args.out or RESULTS / f"suite_{device_tag(env)}.json")
-    result: dict[str, Any] = {"benchmark": "suite", "env": env, "small": args.small, "sizes": sizes, "workers": {}}
+    result: dict[str, Any] = {
+        "benchmark": "suite",
+        "env": env,
+        "small": args.small,
+        "sizes": sizes,
+        "workers": {},
+    }
     t0 = time.perf_counter()
     for name in args.workers:
         result["workers"][name] = run_worker(name, args, sizes["timeouts"][name])

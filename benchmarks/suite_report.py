@@ -69,53 +69,143 @@ def _json_valid(r: dict[str, Any]) -> float:
 
 
 def _programs(r: dict[str, Any]) -> float:
-    vals = [v["raw_out_tok_per_s"] and v["program_out_tok_per_s"] / v["raw_out_tok_per_s"]
-            for v in _w(r, "engine", "programs").values()]
+    vals = [
+        v["raw_out_tok_per_s"] and v["program_out_tok_per_s"] / v["raw_out_tok_per_s"]
+        for v in _w(r, "engine", "programs").values()
+    ]
     return min(vals)
 
 
 RATIOS: list[Ratio] = [
-    Ratio("decode_b1_roofline", "batch-1 decode tok/s / weight-streaming roofline",
-          lambda r: _w(r, "engine", "decode_b1", "fraction_of_roofline"), target=0.88),
-    Ratio("decode_b1_overlap", "batch-1 decode, overlap scheduling on / off",
-          lambda r: _w(r, "engine", "decode_b1", "overlap_on", "decode_tok_s")
-          / _w(r, "engine", "decode_b1", "overlap_off", "decode_tok_s")),
-    Ratio("b128_vs_hf", "batch of equal requests (H200: 128 x in 512 / out 256), output tok/s, radixlm / HF generate",
-          lambda r: _w(r, "engine", "b128", "output_tok_s") / _w(r, "hf", "b128", "output_throughput")),
-    Ratio("mixed_out_tok_s", "mixed requests all at once (H200: 1,000, in 256-1,024 / out 128-512), output tok/s",
-          lambda r: _w(r, "engine", "mixed", "output_tok_s"), target=9000, unit=" tok/s"),
-    *[Ratio(f"{w}_radix", f"{w}: radix cache on / off (wall time, same tokens)",
-            lambda r, w=w: _w(r, "radix_off", "prefix", w, "duration_s") / _w(r, "engine", "prefix", w, "duration_s"),
-            target={"few_shot": 8.0, "tree": 2.0, "multi_turn": 2.0}[w]) for w in PREFIX],
-    *[Ratio(f"{w}_cascade", f"{w}: cascade on / off (default engine, radix on)",
-            lambda r, w=w: _w(r, "engine", "prefix_cascade_off", w, "duration_s")
-            / _w(r, "engine", "prefix", w, "duration_s"), target=0.98) for w in PREFIX],
-    Ratio("forks64_cascade", "fork program (H200: 64 forks of an 8,192-token document): decode tok/s cascade on / off (worse of 2)",
-          _forks, target=1.9),
-    Ratio("json_jump_forward", "JSON batch (H200: B=64): jump-forward on / off (wall time)",
-          lambda r: _w(r, "engine", "json", "no_jump_forward", "duration_s")
-          / _w(r, "engine", "json", "jump_forward", "duration_s"), target=1.3),
-    Ratio("json_first_batch", "JSON batch: the first constrained batch after start / the same batch warm (time)",
-          _json_first, higher_is_better=False, target=1.1),
-    Ratio("json_vs_free", "JSON batch without jump-forward / free decoding of the same token counts (speed)",
-          lambda r: _w(r, "engine", "json", "free_same_lengths", "duration_s")
-          / _w(r, "engine", "json", "no_jump_forward", "duration_s"), target=0.95),
-    Ratio("json_valid", "finished JSON outputs that validate (worst of the three runs)", _json_valid, target=1.0),
-    Ratio("server_vs_engine", "HTTP server / in-process Engine output tok/s, all requests at once",
-          lambda r: _w(r, "server", "serving", "rate_inf", "output_throughput")
-          / _w(r, "engine", "serving", "rate_inf", "output_throughput"), target=0.9),
-    Ratio("server_ttft_p99", "HTTP server TTFT p99 at the fixed request rate",
-          lambda r: next(v["ttft"]["p99_ms"] for k, v in _w(r, "server", "serving").items()
-                         if k.startswith("rate_") and k != "rate_inf"),
-          higher_is_better=False, target=150, unit=" ms"),
-    Ratio("server_itl_vs_engine", "ITL p50 at the fixed rate, server / in-process Engine",
-          lambda r: next(v["itl"]["p50_ms"] / _w(r, "engine", "serving", k, "itl", "p50_ms")
-                         for k, v in _w(r, "server", "serving").items() if k.startswith("rate_") and k != "rate_inf"),
-          higher_is_better=False, target=1.1),
-    Ratio("programs_vs_raw", "DSL programs / the same engine calls replayed raw (tok/s, worst kind)", _programs,
-          target=0.95),
-    Ratio("kernel_compiles", "Triton compilations during the default engine's timed runs",
-          _compiles, higher_is_better=False, target=0, unit=""),
+    Ratio(
+        "decode_b1_roofline",
+        "batch-1 decode tok/s / weight-streaming roofline",
+        lambda r: _w(r, "engine", "decode_b1", "fraction_of_roofline"),
+        target=0.88,
+    ),
+    Ratio(
+        "decode_b1_overlap",
+        "batch-1 decode, overlap scheduling on / off",
+        lambda r: (
+            _w(r, "engine", "decode_b1", "overlap_on", "decode_tok_s")
+            / _w(r, "engine", "decode_b1", "overlap_off", "decode_tok_s")
+        ),
+    ),
+    Ratio(
+        "b128_vs_hf",
+        "batch of equal requests (H200: 128 x in 512 / out 256), output tok/s, radixlm / HF generate",
+        lambda r: _w(r, "engine", "b128", "output_tok_s") / _w(r, "hf", "b128", "output_throughput"),
+    ),
+    Ratio(
+        "mixed_out_tok_s",
+        "mixed requests all at once (H200: 1,000, in 256-1,024 / out 128-512), output tok/s",
+        lambda r: _w(r, "engine", "mixed", "output_tok_s"),
+        target=9000,
+        unit=" tok/s",
+    ),
+    *[
+        Ratio(
+            f"{w}_radix",
+            f"{w}: radix cache on / off (wall time, same tokens)",
+            lambda r, w=w: (
+                _w(r, "radix_off", "prefix", w, "duration_s") / _w(r, "engine", "prefix", w, "duration_s")
+            ),
+            target={"few_shot": 8.0, "tree": 2.0, "multi_turn": 2.0}[w],
+        )
+        for w in PREFIX
+    ],
+    *[
+        Ratio(
+            f"{w}_cascade",
+            f"{w}: cascade on / off (default engine, radix on)",
+            lambda r, w=w: (
+                _w(r, "engine", "prefix_cascade_off", w, "duration_s")
+                / _w(r, "engine", "prefix", w, "duration_s")
+            ),
+            target=0.98,
+        )
+        for w in PREFIX
+    ],
+    Ratio(
+        "forks64_cascade",
+        "fork program (H200: 64 forks of an 8,192-token document): decode tok/s cascade on / off (worse of 2)",
+        _forks,
+        target=1.9,
+    ),
+    Ratio(
+        "json_jump_forward",
+        "JSON batch (H200: B=64): jump-forward on / off (wall time)",
+        lambda r: (
+            _w(r, "engine", "json", "no_jump_forward", "duration_s")
+            / _w(r, "engine", "json", "jump_forward", "duration_s")
+        ),
+        target=1.3,
+    ),
+    Ratio(
+        "json_first_batch",
+        "JSON batch: the first constrained batch after start / the same batch warm (time)",
+        _json_first,
+        higher_is_better=False,
+        target=1.1,
+    ),
+    Ratio(
+        "json_vs_free",
+        "JSON batch without jump-forward / free decoding of the same token counts (speed)",
+        lambda r: (
+            _w(r, "engine", "json", "free_same_lengths", "duration_s")
+            / _w(r, "engine", "json", "no_jump_forward", "duration_s")
+        ),
+        target=0.95,
+    ),
+    Ratio(
+        "json_valid", "finished JSON outputs that validate (worst of the three runs)", _json_valid, target=1.0
+    ),
+    Ratio(
+        "server_vs_engine",
+        "HTTP server / in-process Engine output tok/s, all requests at once",
+        lambda r: (
+            _w(r, "server", "serving", "rate_inf", "output_throughput")
+            / _w(r, "engine", "serving", "rate_inf", "output_throughput")
+        ),
+        target=0.9,
+    ),
+    Ratio(
+        "server_ttft_p99",
+        "HTTP server TTFT p99 at the fixed request rate",
+        lambda r: next(
+            v["ttft"]["p99_ms"]
+            for k, v in _w(r, "server", "serving").items()
+            if k.startswith("rate_") and k != "rate_inf"
+        ),
+        higher_is_better=False,
+        target=150,
+        unit=" ms",
+    ),
+    Ratio(
+        "server_itl_vs_engine",
+        "ITL p50 at the fixed rate, server / in-process Engine",
+        lambda r: next(
+            v["itl"]["p50_ms"] / _w(r, "engine", "serving", k, "itl", "p50_ms")
+            for k, v in _w(r, "server", "serving").items()
+            if k.startswith("rate_") and k != "rate_inf"
+        ),
+        higher_is_better=False,
+        target=1.1,
+    ),
+    Ratio(
+        "programs_vs_raw",
+        "DSL programs / the same engine calls replayed raw (tok/s, worst kind)",
+        _programs,
+        target=0.95,
+    ),
+    Ratio(
+        "kernel_compiles",
+        "Triton compilations during the default engine's timed runs",
+        _compiles,
+        higher_is_better=False,
+        target=0,
+        unit="",
+    ),
 ]
 
 
@@ -131,8 +221,14 @@ def ratios(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
         met = None
         if r.target is not None and not result.get("small"):
             met = value >= r.target if r.higher_is_better else value <= r.target
-        out[r.key] = {"value": value, "what": r.what, "higher_is_better": r.higher_is_better,
-                      "target": r.target, "met": met, "unit": r.unit}
+        out[r.key] = {
+            "value": value,
+            "what": r.what,
+            "higher_is_better": r.higher_is_better,
+            "target": r.target,
+            "met": met,
+            "unit": r.unit,
+        }
     return out
 
 
@@ -145,18 +241,26 @@ def _fmt(v: float, unit: str) -> str:
 def table(result: dict[str, Any]) -> str:
     rows = ["| ratio | value | target | met | what |", "|---|---|---|---|---|"]
     for key, r in result.get("ratios", {}).items():
-        tgt = "" if r["target"] is None else ("≥ " if r["higher_is_better"] else "≤ ") + _fmt(r["target"], r["unit"])
+        tgt = (
+            ""
+            if r["target"] is None
+            else ("≥ " if r["higher_is_better"] else "≤ ") + _fmt(r["target"], r["unit"])
+        )
         met = {True: "yes", False: "**no**", None: ""}[r["met"]]
         rows.append(f"| {key} | {_fmt(r['value'], r['unit'])} | {tgt} | {met} | {r['what']} |")
-    workers = ", ".join(f"{k}: {v.get('_worker', {}).get('status', '?')}" for k, v in result["workers"].items())
+    workers = ", ".join(
+        f"{k}: {v.get('_worker', {}).get('status', '?')}" for k, v in result["workers"].items()
+    )
     return "\n".join(rows) + f"\n\nworkers: {workers}\n"
 
 
 def write_markdown(result: dict[str, Any], path: Path) -> None:
     env = result["env"]
-    head = (f"# End-to-end suite ({'small, ' if result['small'] else ''}{env.get('gpu')}, {env.get('date')})\n\n"
-            f"torch {env.get('torch')}, triton {env.get('triton')}, transformers {env.get('transformers')}; "
-            f"wall {result.get('wall_s', 0):.0f} s. Every ratio is measured side by side in this run.\n\n")
+    head = (
+        f"# End-to-end suite ({'small, ' if result['small'] else ''}{env.get('gpu')}, {env.get('date')})\n\n"
+        f"torch {env.get('torch')}, triton {env.get('triton')}, transformers {env.get('transformers')}; "
+        f"wall {result.get('wall_s', 0):.0f} s. Every ratio is measured side by side in this run.\n\n"
+    )
     path.write_text(head + table(result))
 
 
@@ -173,8 +277,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     rows = [(k, r) for k, r in result.get("ratios", {}).items() if r["target"]]
     if not rows:
         return
-    score = [(r["value"] / r["target"]) if r["higher_is_better"] else (r["target"] / max(r["value"], 1e-9))
-             for _, r in rows]
+    score = [
+        (r["value"] / r["target"]) if r["higher_is_better"] else (r["target"] / max(r["value"], 1e-9))
+        for _, r in rows
+    ]
     fig, ax = plt.subplots(figsize=(9, 0.35 * len(rows) + 1.2))
     ax.barh([k for k, _ in rows], score, color=["tab:green" if s >= 1 else "tab:red" for s in score])
     ax.axvline(1.0, color="black", lw=1)
@@ -212,11 +318,15 @@ def write_readme(results: list[tuple[str, dict[str, Any]]], readme: Path) -> Non
             merged[key] = {**row, "what": f"{row['what']} {mark}"}
         notes.append(f"{mark} from `{p}` ({r['env'].get('date', '')[:10]}, a partial run after fixes).")
     env = base["env"]
-    body = (f"{README_BEGIN}\nFrom `{path}` ({env.get('gpu')}, {env.get('date', '')[:10]}, "
-            f"`python benchmarks/suite.py`): every feature on and off in the same run, on default settings; "
-            f"rows marked **no** miss their target.\n\n"
-            + table({**base, "ratios": merged}).split("\n\nworkers:")[0] + "\n\n" + "\n".join(notes)
-            + f"\n{README_END}")
+    body = (
+        f"{README_BEGIN}\nFrom `{path}` ({env.get('gpu')}, {env.get('date', '')[:10]}, "
+        f"`python benchmarks/suite.py`): every feature on and off in the same run, on default settings; "
+        f"rows marked **no** miss their target.\n\n"
+        + table({**base, "ratios": merged}).split("\n\nworkers:")[0]
+        + "\n\n"
+        + "\n".join(notes)
+        + f"\n{README_END}"
+    )
     text = readme.read_text()
     if README_BEGIN in text and README_END in text:
         pre, rest = text.split(README_BEGIN, 1)

@@ -23,8 +23,9 @@ ITEM_VOCAB = 32000  # token ids drawn below this on both sides (every supported 
 
 def items_for(size: dict[str, Any], seed: int) -> list[serving.Item]:
     rng = random.Random(seed)
-    return serving.random_items(size["num_requests"], size["input_len"], size["output_len"], size["ratio"],
-                                ITEM_VOCAB, rng)
+    return serving.random_items(
+        size["num_requests"], size["input_len"], size["output_len"], size["ratio"], ITEM_VOCAB, rng
+    )
 
 
 def arrival_gaps(n: int, rate: float, seed: int) -> list[float]:
@@ -53,7 +54,9 @@ async def _engine_request(engine: Engine, item: serving.Item) -> serving.Result:
     return res
 
 
-async def _engine_rate(engine: Engine, items: list[serving.Item], gaps: list[float], rate: float) -> dict[str, Any]:
+async def _engine_rate(
+    engine: Engine, items: list[serving.Item], gaps: list[float], rate: float
+) -> dict[str, Any]:
     tasks = []
     start = time.perf_counter()
     for item, gap in zip(items, gaps):
@@ -103,19 +106,29 @@ def engine_side(engine: Engine, size: dict[str, Any]) -> dict[str, Any]:
         engine.flush_cache()
         before = engine.get_stats()
         out[label] = asyncio.run(_engine_rate(engine, items, gaps, rate))
-        out[label]["engine_stats_delta"] = {k: v - before[k] for k, v in engine.get_stats().items()
-                                            if isinstance(v, int) and k in before}
+        out[label]["engine_stats_delta"] = {
+            k: v - before[k] for k, v in engine.get_stats().items() if isinstance(v, int) and k in before
+        }
     return out
 
 
 def server_side(size: dict[str, Any], engine_kwargs: dict[str, Any]) -> dict[str, Any]:
     """A server process with default settings, then every rate over HTTP from this process."""
     ns = argparse.Namespace(
-        model_path=engine_kwargs.get("model_path"), device=engine_kwargs.get("device"), dtype=None,
-        max_total_tokens=engine_kwargs.get("max_total_tokens"), model_shape=engine_kwargs.get("model_shape"),
-        context_length=engine_kwargs.get("context_length"), max_running_requests=None, chunked_prefill_size=None,
-        random_weights=False, disable_radix_cache=False, api_key=None, num_prompts=size["num_requests"],
-        launch_timeout=600)
+        model_path=engine_kwargs.get("model_path"),
+        device=engine_kwargs.get("device"),
+        dtype=None,
+        max_total_tokens=engine_kwargs.get("max_total_tokens"),
+        model_shape=engine_kwargs.get("model_shape"),
+        context_length=engine_kwargs.get("context_length"),
+        max_running_requests=None,
+        chunked_prefill_size=None,
+        random_weights=False,
+        disable_radix_cache=False,
+        api_key=None,
+        num_prompts=size["num_requests"],
+        launch_timeout=600,
+    )
     t0 = time.perf_counter()
     proc, url = serving.launch_server(ns)
     out: dict[str, Any] = {"server_start_s": time.perf_counter() - t0}
@@ -127,8 +140,9 @@ def server_side(size: dict[str, Any], engine_kwargs: dict[str, Any]) -> dict[str
             before = _server_stats(url)
             out[label] = asyncio.run(_server_rate(url, items, gaps, rate))
             after = _server_stats(url)
-            out[label]["engine_stats_delta"] = {k: v - before[k] for k, v in after.items()
-                                                if isinstance(v, int) and k in before}
+            out[label]["engine_stats_delta"] = {
+                k: v - before[k] for k, v in after.items() if isinstance(v, int) and k in before
+            }
     finally:
         proc.terminate()
         proc.wait(120)

@@ -45,7 +45,9 @@ def set_overlap(engine: Engine, on: bool) -> None:
 
 
 def set_cascade(engine: Engine, on: bool) -> None:
-    on_scheduler(engine, lambda: setattr(engine.scheduler.cfg, "enable_cascade", on and engine.runner.supports_cascade))
+    on_scheduler(
+        engine, lambda: setattr(engine.scheduler.cfg, "enable_cascade", on and engine.runner.supports_cascade)
+    )
 
 
 class Timed:
@@ -67,10 +69,21 @@ class Timed:
         sync(self.engine)
         self.out["duration_s"] = time.perf_counter() - self.t0
         after = self.engine.get_stats()
-        keys = ("forward_passes", "generated_tokens", "cascade_steps", "cached_prompt_tokens",
-                "computed_prompt_tokens", "jump_forward_passes_saved", "num_retractions", "cascade_declined_steps",
-                "deferred_sampling_steps",
-                "host_schedule_us", "host_launch_us", "host_process_us", "wait_device_us")
+        keys = (
+            "forward_passes",
+            "generated_tokens",
+            "cascade_steps",
+            "cached_prompt_tokens",
+            "computed_prompt_tokens",
+            "jump_forward_passes_saved",
+            "num_retractions",
+            "cascade_declined_steps",
+            "deferred_sampling_steps",
+            "host_schedule_us",
+            "host_launch_us",
+            "host_process_us",
+            "wait_device_us",
+        )
         self.out.update({k: after.get(k, 0) - self.stats0.get(k, 0) for k in keys})
         self.out["kernel_compiles"] = compiled_kernel_count() - self.compiles0
 
@@ -114,8 +127,11 @@ def decode_b1(engine: Engine, in_len: int, out_len: int) -> dict[str, Any]:
             runs.append(((out_len - 1) / (full["duration_s"] - prefill["duration_s"]), prefill, full))
         rate, prefill, full = sorted(runs, key=lambda x: x[0])[1]
         res["overlap_on" if overlap else "overlap_off"] = {
-            "decode_tok_s": rate, "all_decode_tok_s": [r[0] for r in runs], "prefill_s": prefill["duration_s"],
-            "kernel_compiles": sum(r[1]["kernel_compiles"] + r[2]["kernel_compiles"] for r in runs)}
+            "decode_tok_s": rate,
+            "all_decode_tok_s": [r[0] for r in runs],
+            "prefill_s": prefill["duration_s"],
+            "kernel_compiles": sum(r[1]["kernel_compiles"] + r[2]["kernel_compiles"] for r in runs),
+        }
     set_overlap(engine, engine.device.type == "cuda")
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.runner.model.parameters())
     bw = copy_bandwidth(engine.device)
@@ -148,10 +164,17 @@ def prefix_workloads(engine: Engine, sizes: dict[str, dict], label: str) -> dict
         r = prefix_sharing.Runner(engine, engine.model_config.vocab_size, seed=0)
         with Timed(engine) as res:
             fn(r, **sizes[name])
-        res.update(output_tokens=r.output_tokens, output_tok_s=r.output_tokens / res["duration_s"],
-                   hit_rate=r.cached_tokens / max(r.prompt_tokens, 1), _outputs=r.outputs)
-        print(f"  {label:12s} {name:10s} {res['output_tok_s']:9.1f} out tok/s  {res['duration_s']:.2f} s  "
-              f"cascade steps {res['cascade_steps']}  compiles {res['kernel_compiles']}", flush=True)
+        res.update(
+            output_tokens=r.output_tokens,
+            output_tok_s=r.output_tokens / res["duration_s"],
+            hit_rate=r.cached_tokens / max(r.prompt_tokens, 1),
+            _outputs=r.outputs,
+        )
+        print(
+            f"  {label:12s} {name:10s} {res['output_tok_s']:9.1f} out tok/s  {res['duration_s']:.2f} s  "
+            f"cascade steps {res['cascade_steps']}  compiles {res['kernel_compiles']}",
+            flush=True,
+        )
         out[name] = res
     return out
 
@@ -167,8 +190,11 @@ def fork_program(engine: Engine, shared_len: int, forks: int, output_len: int) -
         set_cascade(engine, cascade)
         runs.append(forks_bench.run_mode(runtime, cascade, document, args))
     set_cascade(engine, True)
-    res: dict[str, Any] = {"shared_tokens": n_doc, "runs": [r["result"] for r in runs],
-                           "kernel_compiles": compiled_kernel_count() - c0}
+    res: dict[str, Any] = {
+        "shared_tokens": n_doc,
+        "runs": [r["result"] for r in runs],
+        "kernel_compiles": compiled_kernel_count() - c0,
+    }
     res["greedy_match_on_vs_off"] = forks_bench.match_fraction(runs[0]["outputs"], runs[1]["outputs"])
     return res
 
@@ -199,12 +225,17 @@ def json_decoding(engine: Engine, batch: int, max_new_tokens: int) -> dict[str, 
         r["output_tok_s"] = r["output_tokens"] / r["duration_s"]
         finished = [o for o in outs if (o["meta_info"]["finish_reason"] or {}).get("type") == "stop"]
         r["finished"] = len(finished)  # the rest hit max_new_tokens: cut JSON, not judged
-        r["valid_fraction"] = sum(_validates(o["text"]) for o in finished) / len(finished) if finished else None
+        r["valid_fraction"] = (
+            sum(_validates(o["text"]) for o in finished) / len(finished) if finished else None
+        )
         res[name] = r
     engine.disable_jump_forward = not default_jf
     engine.flush_cache()
-    free = generate_ids(engine, prompts, [{"max_new_tokens": n, "temperature": 0.7, "seed": 1, "ignore_eos": True}
-                                          for n in lengths])
+    free = generate_ids(
+        engine,
+        prompts,
+        [{"max_new_tokens": n, "temperature": 0.7, "seed": 1, "ignore_eos": True} for n in lengths],
+    )
     free.pop("_outputs")
     res["free_same_lengths"] = free
     return res

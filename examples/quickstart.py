@@ -22,8 +22,12 @@ def main():
     state = quick_chat.run("Why is the sky blue?", temperature=0)
     for m in state.messages():
         print(f"{m['role']:>9}: {m['content']}")
-    print("topic:", state["topic"], "| mean logprobs:",
-          [round(x, 2) for x in state.get_meta_info("topic")["normalized_prompt_logprobs"]])
+    print(
+        "topic:",
+        state["topic"],
+        "| mean logprobs:",
+        [round(x, 2) for x in state.get_meta_info("topic")["normalized_prompt_logprobs"]],
+    )
     return state
 
 

@@ -49,7 +49,7 @@ def react_agent(s, question, max_steps=3):
 def main(questions=("How high is Mount Everest?", "Who created Python?")):
     states = react_agent.run_batch([{"question": q} for q in questions], temperature=0)
     for q, st in zip(questions, states):
-        print(st.text()[len(PROMPT):])
+        print(st.text()[len(PROMPT) :])
         print(f"==> {q} answer: {st.ret_value!r}\n")
     return states
 

@@ -23,7 +23,12 @@ def tree_of_thought(s, problem, width=3):
         for meta in s.get_meta_info("verdict")
     ]
     best = max(range(width), key=scores.__getitem__)
-    s += f"Step 1 ({APPROACHES[best % len(APPROACHES)]}):" + s["step"][best] + "\nStep 2:" + sgl.gen("step2", max_tokens=16, stop="\n")
+    s += (
+        f"Step 1 ({APPROACHES[best % len(APPROACHES)]}):"
+        + s["step"][best]
+        + "\nStep 2:"
+        + sgl.gen("step2", max_tokens=16, stop="\n")
+    )
     s += sgl.assistant_end()
     return best
 

@@ -16,11 +16,33 @@ from .merge_state import merge_state
 
 @triton.jit
 def _shared_prefix_kernel(
-    Q, K, V, ReqToToken, ReqIdx, GroupPtr, GroupShared, MidO, MidLse,
-    sm_scale, num_splits, num_m_blocks, num_q_heads, split_stride,
-    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rr,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr,
+    Q,
+    K,
+    V,
+    ReqToToken,
+    ReqIdx,
+    GroupPtr,
+    GroupShared,
+    MidO,
+    MidLse,
+    sm_scale,
+    num_splits,
+    num_m_blocks,
+    num_q_heads,
+    split_stride,
+    stride_qb,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_rr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     g = tl.program_id(0)
     kvh = tl.program_id(1) // num_m_blocks
@@ -41,8 +63,11 @@ def _shared_prefix_kernel(
     lo = split * per_split
     hi = tl.minimum(lo + per_split, shared)
 
-    q = tl.load(Q + reqs[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_r[:, None] & mask_d[None, :], other=0.0)
+    q = tl.load(
+        Q + reqs[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=mask_r[:, None] & mask_d[None, :],
+        other=0.0,
+    )
     row_ptr = ReqToToken + tl.load(ReqIdx + r0) * stride_rr
     qk_scale = sm_scale * 1.4426950408889634
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -53,10 +78,14 @@ def _shared_prefix_kernel(
         mask_n = offs_n < hi
         slots = tl.load(row_ptr + offs_n, mask=mask_n, other=0)
         kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(K + slots[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(
+            K + slots[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
+        )
         qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        v = tl.load(V + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(
+            V + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
+        )
         m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
 
     out, lse = finish_state(m_i, l_i, acc)
@@ -65,26 +94,76 @@ def _shared_prefix_kernel(
     tl.store(MidLse + base, lse, mask=mask_r)
 
 
-def _shared_launch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, plan, mid_o, mid_lse,
-                   num_splits, sm_scale, block_m, block_n, num_warps, num_stages) -> None:
+def _shared_launch(
+    q,
+    k_buffer,
+    v_buffer,
+    req_to_token,
+    req_pool_indices,
+    plan,
+    mid_o,
+    mid_lse,
+    num_splits,
+    sm_scale,
+    block_m,
+    block_n,
+    num_warps,
+    num_stages,
+) -> None:
     hq, d = q.shape[1], q.shape[2]
     hkv = k_buffer.shape[1]
     group = hq // hkv
     num_m_blocks = triton.cdiv(plan.max_group_size * group, block_m)
     grid = (plan.group_shared_lens.shape[0], hkv * num_m_blocks, num_splits)
     _shared_prefix_kernel[grid](
-        q, k_buffer, v_buffer, req_to_token, req_pool_indices, plan.group_ptr, plan.group_shared_lens,
-        mid_o, mid_lse, sm_scale, num_splits, num_m_blocks, hq, mid_o.shape[2],
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0),
-        v_buffer.stride(1), req_to_token.stride(0),
-        GROUP=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=next_pow2(d),
-        DOT_PREC=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
+        q,
+        k_buffer,
+        v_buffer,
+        req_to_token,
+        req_pool_indices,
+        plan.group_ptr,
+        plan.group_shared_lens,
+        mid_o,
+        mid_lse,
+        sm_scale,
+        num_splits,
+        num_m_blocks,
+        hq,
+        mid_o.shape[2],
+        q.stride(0),
+        q.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        req_to_token.stride(0),
+        GROUP=group,
+        HEAD_DIM=d,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=next_pow2(d),
+        DOT_PREC=dot_precision(q.dtype),
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
 
 
-
-def two_launch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, plan: CascadePlan, sm_scale, fused_merge,
-                shared_splits, own_splits, cfg, sms, out) -> torch.Tensor:
+def two_launch(
+    q,
+    k_buffer,
+    v_buffer,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    plan: CascadePlan,
+    sm_scale,
+    fused_merge,
+    shared_splits,
+    own_splits,
+    cfg,
+    sms,
+    out,
+) -> torch.Tensor:
     """Shared-prefix kernel over every group, split-K decode for the own tails, then a merge."""
     bsz, hq, d = q.shape
     hkv = k_buffer.shape[1]
@@ -96,10 +175,39 @@ def two_launch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, 
     if fused_merge:
         mid_o = torch.empty((bsz, hq, s_sh + s_own, d), dtype=torch.float32, device=q.device)
         mid_lse = torch.empty((bsz, hq, s_sh + s_own), dtype=torch.float32, device=q.device)
-        _shared_launch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, plan, mid_o, mid_lse, s_sh,
-                       sm_scale, bm, bn, nw, ns)
-        decode_partial(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, plan.shared_lens,
-                       mid_o, mid_lse, s_sh, s_own, sm_scale, bn, nw, ns)
+        _shared_launch(
+            q,
+            k_buffer,
+            v_buffer,
+            req_to_token,
+            req_pool_indices,
+            plan,
+            mid_o,
+            mid_lse,
+            s_sh,
+            sm_scale,
+            bm,
+            bn,
+            nw,
+            ns,
+        )
+        decode_partial(
+            q,
+            k_buffer,
+            v_buffer,
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            plan.shared_lens,
+            mid_o,
+            mid_lse,
+            s_sh,
+            s_own,
+            sm_scale,
+            bn,
+            nw,
+            ns,
+        )
         merge_splits(mid_o, mid_lse, out)
         return out
     states = []
@@ -107,11 +215,40 @@ def two_launch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, 
         mid_o = torch.empty((bsz, hq, s, d), dtype=torch.float32, device=q.device)
         mid_lse = torch.empty((bsz, hq, s), dtype=torch.float32, device=q.device)
         if shared:
-            _shared_launch(q, k_buffer, v_buffer, req_to_token, req_pool_indices, plan, mid_o, mid_lse, s,
-                           sm_scale, bm, bn, nw, ns)
+            _shared_launch(
+                q,
+                k_buffer,
+                v_buffer,
+                req_to_token,
+                req_pool_indices,
+                plan,
+                mid_o,
+                mid_lse,
+                s,
+                sm_scale,
+                bm,
+                bn,
+                nw,
+                ns,
+            )
         else:
-            decode_partial(q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, plan.shared_lens,
-                           mid_o, mid_lse, 0, s, sm_scale, bn, nw, ns)
+            decode_partial(
+                q,
+                k_buffer,
+                v_buffer,
+                req_to_token,
+                req_pool_indices,
+                seq_lens,
+                plan.shared_lens,
+                mid_o,
+                mid_lse,
+                0,
+                s,
+                sm_scale,
+                bn,
+                nw,
+                ns,
+            )
         o = torch.empty((bsz, hq, d), dtype=torch.float32, device=q.device)
         lse = torch.empty((bsz, hq), dtype=torch.float32, device=q.device)
         merge_splits(mid_o, mid_lse, o, lse)

@@ -94,8 +94,11 @@ def _graph_run() -> dict:
     eng = _engine()
     try:
         gr = eng.runner.graph_runner
-        info = {"enabled": gr is not None and gr.enabled, "sizes": list(gr.sizes) if gr else [],
-                "max_running": eng.scheduler.cfg.max_running_requests}
+        info = {
+            "enabled": gr is not None and gr.enabled,
+            "sizes": list(gr.sizes) if gr else [],
+            "max_running": eng.scheduler.cfg.max_running_requests,
+        }
         info["graph"] = _generate_all(eng)
         info["hits"] = dict(gr.bucket_hits) if gr else {}
         info["step"] = _one_padded_step(eng) if gr else {}

@@ -18,7 +18,9 @@ TEXTS = ["The cat sat on the mat.", "Rivers run to the sea, and the sea is never
 
 def hf_embedding(hf_model, ids: list[int], pooling: str) -> torch.Tensor:
     with torch.no_grad():
-        h = hf_model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0]  # after the final norm
+        h = hf_model(torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][
+            0
+        ]  # after the final norm
     return torch.nn.functional.normalize(h[-1] if pooling == "last" else h.mean(dim=0), dim=0)
 
 

@@ -69,7 +69,9 @@ def test_async_generate_and_async_stream(engine):
 
 
 def test_abort_ends_request_with_abort_reason(engine):
-    it = engine.generate("Tell me a long story", {"max_new_tokens": 500, "ignore_eos": True}, stream=True, rid="abort-me")
+    it = engine.generate(
+        "Tell me a long story", {"max_new_tokens": 500, "ignore_eos": True}, stream=True, rid="abort-me"
+    )
     first = next(it)
     assert first["meta_info"]["finish_reason"] is None
     engine.abort_request("abort-me")
@@ -83,7 +85,11 @@ def test_logprobs_match_hf(engine, tokenizer, hf_model):
     prompt = "The quick brown fox jumps over the lazy dog"
     ids = tokenizer.encode(prompt)
     out = engine.generate(
-        prompt, {"max_new_tokens": 4, "temperature": 0}, return_logprob=True, logprob_start_len=0, top_logprobs_num=3
+        prompt,
+        {"max_new_tokens": 4, "temperature": 0},
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=3,
     )
     m = out["meta_info"]
     full = ids + out["output_ids"]
@@ -98,7 +104,9 @@ def test_logprobs_match_hf(engine, tokenizer, hf_model):
         top = m["output_top_logprobs"][k]
         assert len(top) == 3 and top[0][1] == tok  # greedy picks the top-1
     # a later start skips the cache only as far as it must
-    part = engine.generate(prompt, {"max_new_tokens": 1, "temperature": 0}, return_logprob=True, logprob_start_len=5)
+    part = engine.generate(
+        prompt, {"max_new_tokens": 1, "temperature": 0}, return_logprob=True, logprob_start_len=5
+    )
     assert len(part["meta_info"]["input_token_logprobs"]) == len(ids) - 5
 
 

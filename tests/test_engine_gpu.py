@@ -65,7 +65,9 @@ def test_triton_path_matches_torch_path(gpu_engine):
 def test_llama_8b_shape_random_weights_generates():
     from radixlm.backend.engine import Engine
 
-    eng = Engine(model_shape="llama-3.1-8b", device="cuda", mem_fraction_static=mem_fraction(0.4), context_length=8192)
+    eng = Engine(
+        model_shape="llama-3.1-8b", device="cuda", mem_fraction_static=mem_fraction(0.4), context_length=8192
+    )
     try:
         prompts = [[128000, 791, 6864, 315], [128000, 40, 1093], [128000, 9906, 11, 856, 836]]
         params = {"max_new_tokens": 16, "ignore_eos": True, "temperature": 0}
@@ -80,7 +82,9 @@ def test_llama_8b_shape_random_weights_generates():
             graphs.enabled = False
             eager = eng.generate(input_ids=prompts, sampling_params=params)
             graphs.enabled = True
-            agree = [sum(a == b for a, b in zip(g["output_ids"], e["output_ids"])) for g, e in zip(outs, eager)]
+            agree = [
+                sum(a == b for a, b in zip(g["output_ids"], e["output_ids"])) for g, e in zip(outs, eager)
+            ]
             print("graph vs eager token agreement (of 16):", agree)
             assert all(a >= 4 for a in agree)
     finally:

@@ -27,10 +27,14 @@ NEW_TOKENS = 64
 
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     out = model.generate(
-        torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n,
-        pad_token_id=0, eos_token_id=None,
+        torch.tensor([ids]),
+        max_new_tokens=n,
+        do_sample=False,
+        min_new_tokens=n,
+        pad_token_id=0,
+        eos_token_id=None,
     )
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()
 
 
 @pytest.mark.slow
@@ -61,15 +65,29 @@ def _tiny_model(kind: str, tmp_path, default_model_dir):
     import transformers as tf
 
     common = dict(
-        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        initializer_range=0.2, tie_word_embeddings=False,
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
     )
     if kind == "llama3":
-        cfg = tf.LlamaConfig(**common, rope_scaling={
-            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 32, "rope_theta": 500000.0,
-        }, rope_theta=500000.0)
+        cfg = tf.LlamaConfig(
+            **common,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "rope_theta": 500000.0,
+            },
+            rope_theta=500000.0,
+        )
         cls = tf.LlamaForCausalLM
     elif kind == "mistral":
         cfg, cls = tf.MistralConfig(**common), tf.MistralForCausalLM
@@ -122,7 +140,9 @@ def test_gguf_conversion_matches_hf_gguf_loader(engine, tokenizer):
     from radixlm.backend.loader import default_model_path
 
     path = Path(default_model_path())
-    ref_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    ref_model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
     ids = tokenizer.encode("The capital of France is")
     with torch.no_grad():
         ref = ref_model(torch.tensor([ids])).logits[0, -1]

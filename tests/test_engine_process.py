@@ -22,8 +22,9 @@ def proc():
 
 def test_outputs_match_the_in_process_engine(proc, engine) -> None:
     prompts = ["The capital of France is", "1, 2, 3,"]
-    assert [o["output_ids"] for o in proc.generate(prompts, GREEDY)] == \
-        [o["output_ids"] for o in engine.generate(prompts, GREEDY)]
+    assert [o["output_ids"] for o in proc.generate(prompts, GREEDY)] == [
+        o["output_ids"] for o in engine.generate(prompts, GREEDY)
+    ]
     streamed = list(proc.generate(prompts[0], GREEDY, stream=True))
     assert streamed[-1]["meta_info"]["finish_reason"] is not None
     assert "".join(c["text"] for c in streamed) == engine.generate(prompts[0], GREEDY)["text"]
@@ -39,7 +40,9 @@ def test_bad_input_raises_value_error(proc) -> None:
 def test_async_stream_abort_frees_kv(proc) -> None:
     async def run() -> tuple[str, list[str]]:
         out = await proc.async_generate("Hello", GREEDY)
-        it = await proc.async_generate("Once upon a time", {"max_new_tokens": 200, "ignore_eos": True}, stream=True)
+        it = await proc.async_generate(
+            "Once upon a time", {"max_new_tokens": 200, "ignore_eos": True}, stream=True
+        )
         texts = []
         async for chunk in it:
             texts.append(chunk["text"])

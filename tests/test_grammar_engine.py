@@ -69,10 +69,16 @@ def test_outputs_fullmatch_and_validate(grammar_engine, which: str) -> None:
     for regexes and for these schemas)."""
     assert len(BOUNDED_REGEXES) >= 30 and len(BOUNDED_SCHEMAS) >= 30
     grammar_engine.grammar_engine = which
-    params = [{"regex": r, "temperature": 1.0, "max_new_tokens": 96, "seed": k}
-              for r in BOUNDED_REGEXES for k in range(SAMPLES)]
-    params += [{"json_schema": s, "temperature": 1.0, "max_new_tokens": 160, "seed": k}
-               for s in BOUNDED_SCHEMAS for k in range(SAMPLES)]
+    params = [
+        {"regex": r, "temperature": 1.0, "max_new_tokens": 96, "seed": k}
+        for r in BOUNDED_REGEXES
+        for k in range(SAMPLES)
+    ]
+    params += [
+        {"json_schema": s, "temperature": 1.0, "max_new_tokens": 160, "seed": k}
+        for s in BOUNDED_SCHEMAS
+        for k in range(SAMPLES)
+    ]
     for p, out in zip(params, _generate(grammar_engine, params)):
         assert out["meta_info"]["finish_reason"]["type"] == "stop", (p, out)
         if "regex" in p:
@@ -89,15 +95,21 @@ HEAVY_SCHEMA = {
         "number_of_items_ordered": {"type": "integer"},
         "is_express_delivery_requested": {"type": "boolean"},
     },
-    "required": ["customer_full_name", "shipping_address_city", "number_of_items_ordered",
-                 "is_express_delivery_requested"],
+    "required": [
+        "customer_full_name",
+        "shipping_address_city",
+        "number_of_items_ordered",
+        "is_express_delivery_requested",
+    ],
     "additionalProperties": False,
 }
 
 
 @pytest.mark.slow
 def test_jump_forward_on_vs_off(grammar_engine) -> None:
-    params = [{"json_schema": HEAVY_SCHEMA, "temperature": 1.0, "max_new_tokens": 100, "seed": k} for k in range(2)]
+    params = [
+        {"json_schema": HEAVY_SCHEMA, "temperature": 1.0, "max_new_tokens": 100, "seed": k} for k in range(2)
+    ]
     passes, outs = {}, {}
     for jf in (False, True):
         grammar_engine.disable_jump_forward = not jf
@@ -115,17 +127,23 @@ def test_jump_forward_on_vs_off(grammar_engine) -> None:
     assert passes[True] / tokens[True] < passes[False] / tokens[False]
 
 
-@pytest.mark.parametrize("params,fragment", [
-    ({"regex": "("}, "invalid or unsupported regex"),
-    ({"regex": "(?=a)b"}, "matches no string"),
-    ({"json_schema": '{"type": '}, "not valid JSON"),
-    ({"json_schema": {"type": "integer", "not": {"multipleOf": 3}}}, "'not'"),
-    ({"json_schema": {"type": "object", "not": {}}}, "matches nothing"),
-    ({"json_schema": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}, "'uniqueItems'"),
-    ({"regex": "[a-z]{1,20000}"}, "grammar too large"),
-    ({"ebnf": "root ::= undefined_rule"}, "invalid ebnf"),
-    ({"regex": "a", "json_schema": {"type": "integer"}}, "only one of"),
-])
+@pytest.mark.parametrize(
+    "params,fragment",
+    [
+        ({"regex": "("}, "invalid or unsupported regex"),
+        ({"regex": "(?=a)b"}, "matches no string"),
+        ({"json_schema": '{"type": '}, "not valid JSON"),
+        ({"json_schema": {"type": "integer", "not": {"multipleOf": 3}}}, "'not'"),
+        ({"json_schema": {"type": "object", "not": {}}}, "matches nothing"),
+        (
+            {"json_schema": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
+            "'uniqueItems'",
+        ),
+        ({"regex": "[a-z]{1,20000}"}, "grammar too large"),
+        ({"ebnf": "root ::= undefined_rule"}, "invalid ebnf"),
+        ({"regex": "a", "json_schema": {"type": "integer"}}, "only one of"),
+    ],
+)
 def test_bad_grammar_rejected_before_forward(grammar_engine, params: dict, fragment: str) -> None:
     before = grammar_engine.get_stats()["forward_passes"]
     with pytest.raises(ValueError, match=re.escape(fragment)):
@@ -144,14 +162,22 @@ def test_ebnf_pydantic_stream_and_async(grammar_engine) -> None:
 
     out = grammar_engine.generate(PROMPT, {"ebnf": 'root ::= "yes" | "no" | "maybe"', "temperature": 1.0})
     assert out["text"] in ("yes", "no", "maybe")
-    chunks = list(grammar_engine.generate(PROMPT, {"json_schema": Pet, "temperature": 1.0, "max_new_tokens": 64},
-                                          stream=True))
+    chunks = list(
+        grammar_engine.generate(
+            PROMPT, {"json_schema": Pet, "temperature": 1.0, "max_new_tokens": 64}, stream=True
+        )
+    )
     Pet.model_validate_json("".join(c["text"] for c in chunks))
 
     async def run() -> list[dict]:
-        return await asyncio.gather(*[
-            grammar_engine.async_generate(PROMPT, {"regex": r"[0-9]{3}-[a-z]{2}", "temperature": 1.0, "seed": k})
-            for k in range(3)])
+        return await asyncio.gather(
+            *[
+                grammar_engine.async_generate(
+                    PROMPT, {"regex": r"[0-9]{3}-[a-z]{2}", "temperature": 1.0, "seed": k}
+                )
+                for k in range(3)
+            ]
+        )
 
     for res in asyncio.run(run()):
         assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", res["text"])

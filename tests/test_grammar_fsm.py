@@ -103,20 +103,25 @@ def test_disk_cache_roundtrip_and_corruption(backend: GrammarBackend, tmp_path, 
     files = list((tmp_path / "fsm").glob("*.npz"))
     assert len(files) == 1
     cached = compile_regex(regex, backend.vocab)
-    assert np.array_equal(fresh.masks_np, cached.masks_np) and np.array_equal(fresh.dfa.trans, cached.dfa.trans)
+    assert np.array_equal(fresh.masks_np, cached.masks_np) and np.array_equal(
+        fresh.dfa.trans, cached.dfa.trans
+    )
     files[0].write_bytes(b"garbage")
     rebuilt = compile_regex(regex, backend.vocab)
     assert np.array_equal(fresh.masks_np, rebuilt.masks_np)
 
 
-@pytest.mark.parametrize("regex,fragment", [
-    ("(", "invalid or unsupported regex"),
-    (r"\bword", "invalid or unsupported regex"),
-    (r"a{3,1}", "invalid or unsupported regex"),
-    (r"a**", "invalid or unsupported regex"),
-    (r"(?=a)b", "matches no string"),
-    ("", "non-empty string"),
-])
+@pytest.mark.parametrize(
+    "regex,fragment",
+    [
+        ("(", "invalid or unsupported regex"),
+        (r"\bword", "invalid or unsupported regex"),
+        (r"a{3,1}", "invalid or unsupported regex"),
+        (r"a**", "invalid or unsupported regex"),
+        (r"(?=a)b", "matches no string"),
+        ("", "non-empty string"),
+    ],
+)
 def test_bad_regex_raises(backend: GrammarBackend, regex: str, fragment: str) -> None:
     with pytest.raises(ValueError, match=re.escape(fragment)):
         backend.compile("regex", regex, engine="fsm")
@@ -191,8 +196,15 @@ def test_sentencepiece_byte_fallback_vocab_matches_xgrammar() -> None:
                 diffs.append([tok.convert_ids_to_tokens(a.tolist()) for a in allowed])
 
         for seed in range(4):
-            out, finished = random_walk([g.new_matcher() for g in grammars], width, be.vocab.token_bytes,
-                                        be.vocab.eos_ids, seed, max_steps=60, on_step=compare)
+            out, finished = random_walk(
+                [g.new_matcher() for g in grammars],
+                width,
+                be.vocab.token_bytes,
+                be.vocab.eos_ids,
+                seed,
+                max_steps=60,
+                on_step=compare,
+            )
             text = b"".join(be.vocab.token_bytes[i] for i in out).decode("utf-8")
             assert not finished or re.fullmatch(regex, text)
         assert not diffs, diffs[:2]

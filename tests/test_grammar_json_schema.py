@@ -42,8 +42,14 @@ def _validate_walks(backend: GrammarBackend, schema: dict, engine: str) -> None:
     grammar = backend.compile("json_schema", schema, engine=engine)
     assert grammar.engine == engine
     for seed in range(N_WALKS):
-        ids, finished = random_walk([grammar.new_matcher()], backend.vocab_size, backend.vocab.token_bytes,
-                                    backend.vocab.eos_ids, seed, max_steps=400)
+        ids, finished = random_walk(
+            [grammar.new_matcher()],
+            backend.vocab_size,
+            backend.vocab.token_bytes,
+            backend.vocab.eos_ids,
+            seed,
+            max_steps=400,
+        )
         assert finished, f"walk {seed} did not finish"
         text = backend.tokenizer.decode(ids, clean_up_tokenization_spaces=False)
         jsonschema.validate(json.loads(text), schema)
@@ -69,38 +75,55 @@ def test_regex_format_is_compact_json_like_xgrammar(backend: GrammarBackend) -> 
     assert not re.fullmatch(regex, '{"age": 1, "name": "bo"}')  # declared order
 
 
-@pytest.mark.parametrize("schema,keyword", [
-    ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, "if"),
-    ({"not": {"multipleOf": 3}}, "not"),
-    ({"type": "array", "items": I, "uniqueItems": True}, "uniqueItems"),
-])
+@pytest.mark.parametrize(
+    "schema,keyword",
+    [
+        ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, "if"),
+        ({"not": {"multipleOf": 3}}, "not"),
+        ({"type": "array", "items": I, "uniqueItems": True}, "uniqueItems"),
+    ],
+)
 @pytest.mark.parametrize("engine", ["fsm", "xgrammar", "auto"])
-def test_unenforceable_keyword_refused_with_pointer(backend: GrammarBackend, schema: dict, keyword: str,
-                                                    engine: str) -> None:
+def test_unenforceable_keyword_refused_with_pointer(
+    backend: GrammarBackend, schema: dict, keyword: str, engine: str
+) -> None:
     with pytest.raises(ValueError, match=re.escape(f"{keyword!r} at #")):
         backend.compile("json_schema", schema, engine=engine)
 
 
-@pytest.mark.parametrize("schema,fragment", [
-    ('{"type": "object", ', "not valid JSON"),
-    ("[1, 2]", "expected an object"),
-    ({"type": "strng"}, "unknown type"),
-    ({"$ref": "#/$defs/Missing"}, "does not resolve"),
-    ({"type": "object", "required": "a"}, "required"),
-    ({"enum": []}, "enum"),
-    ({"type": "string", "minLength": 5, "maxLength": 2}, "maximum 2 < minimum 5"),
-])
+@pytest.mark.parametrize(
+    "schema,fragment",
+    [
+        ('{"type": "object", ', "not valid JSON"),
+        ("[1, 2]", "expected an object"),
+        ({"type": "strng"}, "unknown type"),
+        ({"$ref": "#/$defs/Missing"}, "does not resolve"),
+        ({"type": "object", "required": "a"}, "required"),
+        ({"enum": []}, "enum"),
+        ({"type": "string", "minLength": 5, "maxLength": 2}, "maximum 2 < minimum 5"),
+    ],
+)
 def test_invalid_schema_rejected(backend: GrammarBackend, schema: object, fragment: str) -> None:
     with pytest.raises(ValueError, match=re.escape(fragment)):
         backend.compile("json_schema", schema, engine="fsm")
 
 
 def test_auto_uses_llguidance_for_non_regular_schemas(backend: GrammarBackend) -> None:
-    bounded = {"type": "object", "properties": {"x": {"type": "number", "minimum": 0.5, "maximum": 7}},
-               "required": ["x"]}
-    tree = {"$defs": {"T": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/T"},
-                                                                        "maxItems": 2}}, "required": ["kids"]}},
-            "$ref": "#/$defs/T"}
+    bounded = {
+        "type": "object",
+        "properties": {"x": {"type": "number", "minimum": 0.5, "maximum": 7}},
+        "required": ["x"],
+    }
+    tree = {
+        "$defs": {
+            "T": {
+                "type": "object",
+                "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/T"}, "maxItems": 2}},
+                "required": ["kids"],
+            }
+        },
+        "$ref": "#/$defs/T",
+    }
     for schema in (bounded, tree):
         with pytest.raises(ValueError, match="not supported by the fsm engine"):
             backend.compile("json_schema", schema, engine="fsm")
@@ -108,8 +131,22 @@ def test_auto_uses_llguidance_for_non_regular_schemas(backend: GrammarBackend) -
         _validate_walks(backend, schema, "llguidance")
 
 
-@pytest.mark.parametrize("lo,hi", [(0, 0), (0, 9), (3, 7), (0, 120), (-5, 5), (-120, -3), (7, 1234), (-1000, 999),
-                                   (10, 99), (-99, -10), (-317, 2048)])
+@pytest.mark.parametrize(
+    "lo,hi",
+    [
+        (0, 0),
+        (0, 9),
+        (3, 7),
+        (0, 120),
+        (-5, 5),
+        (-120, -3),
+        (7, 1234),
+        (-1000, 999),
+        (10, 99),
+        (-99, -10),
+        (-317, 2048),
+    ],
+)
 def test_int_range_regex_exact(lo: int, hi: int) -> None:
     pattern = re.compile(int_range_regex(lo, hi))
     for n in range(lo - 300, hi + 300):
@@ -119,10 +156,14 @@ def test_int_range_regex_exact(lo: int, hi: int) -> None:
 
 
 def test_integer_bounds_through_fsm(backend: GrammarBackend) -> None:
-    schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120},
-                                               "delta": {"type": "integer", "exclusiveMinimum": -4,
-                                                         "exclusiveMaximum": 4}},
-              "required": ["age", "delta"]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "delta": {"type": "integer", "exclusiveMinimum": -4, "exclusiveMaximum": 4},
+        },
+        "required": ["age", "delta"],
+    }
     assert backend.compile("json_schema", schema, engine="fsm").engine == "fsm"
     _validate_walks(backend, schema, "fsm")
     with pytest.raises(ValueError, match="no integer between"):

@@ -29,9 +29,14 @@ def _request(backend: GrammarBackend, engine: str = "fsm", jump: bool = True, ma
     fut.set_result(backend.compile("regex", REGEX, engine=engine))
     grammar = RequestGrammar(fut, backend, jump)
     grammar.resolve()
-    req = SimpleNamespace(rid="r", output_ids=[], params=SimpleNamespace(max_new_tokens=max_new),
-                          detok=SimpleNamespace(tokenizer=backend.tokenizer), penalty_counts=None,
-                          penalty_seen=None)
+    req = SimpleNamespace(
+        rid="r",
+        output_ids=[],
+        params=SimpleNamespace(max_new_tokens=max_new),
+        detok=SimpleNamespace(tokenizer=backend.tokenizer),
+        penalty_counts=None,
+        penalty_seen=None,
+    )
     return req, grammar, SimpleNamespace(extra={})
 
 
@@ -92,9 +97,14 @@ def test_partial_utf8_token_kept(backend: GrammarBackend) -> None:
     fut.set_result(g)
     grammar = RequestGrammar(fut, backend, True)
     grammar.resolve()
-    req = SimpleNamespace(rid="r", output_ids=[], params=SimpleNamespace(max_new_tokens=32),
-                          detok=SimpleNamespace(tokenizer=backend.tokenizer), penalty_counts=None,
-                          penalty_seen=None)
+    req = SimpleNamespace(
+        rid="r",
+        output_ids=[],
+        params=SimpleNamespace(max_new_tokens=32),
+        detok=SimpleNamespace(tokenizer=backend.tokenizer),
+        penalty_counts=None,
+        penalty_seen=None,
+    )
     stats = SimpleNamespace(extra={})
     byte_tok = {b: i for i, b in enumerate(backend.vocab.token_bytes) if len(b) == 1}
     first = byte_tok["日".encode()[:1]]

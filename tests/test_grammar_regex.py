@@ -14,11 +14,20 @@ from radixlm.grammars import GrammarBackend
 
 # Where the dialects differ: (regex, reason). The test checks that the difference is real.
 DIALECT_DIFFERENCES = [
-    (r"a.{0,8}b", "'.' excludes '\\n' in Python/interegular (our FSM, re.fullmatch); xgrammar's '.' matches it"),
-    (r"\s?[a-z]{1,5}", "interegular's \\s is ASCII whitespace only; xgrammar's also has Unicode spaces (U+0085, U+00A0, ...)"),
+    (
+        r"a.{0,8}b",
+        "'.' excludes '\\n' in Python/interegular (our FSM, re.fullmatch); xgrammar's '.' matches it",
+    ),
+    (
+        r"\s?[a-z]{1,5}",
+        "interegular's \\s is ASCII whitespace only; xgrammar's also has Unicode spaces (U+0085, U+00A0, ...)",
+    ),
 ]
 XGRAMMAR_REJECTS = [
-    (r"(?i:abc)", "group modifier flags are not supported by xgrammar (interegular expands the case variants)"),
+    (
+        r"(?i:abc)",
+        "group modifier flags are not supported by xgrammar (interegular expands the case variants)",
+    ),
 ]
 
 N_WALKS = 3
@@ -42,8 +51,14 @@ def _walks(backend: GrammarBackend, regex: str, engines: tuple[str, ...]) -> tup
 
     texts = []
     for seed in range(N_WALKS):
-        ids, finished = random_walk([g.new_matcher() for g in grammars], backend.vocab_size,
-                                    backend.vocab.token_bytes, backend.vocab.eos_ids, seed, on_step=compare)
+        ids, finished = random_walk(
+            [g.new_matcher() for g in grammars],
+            backend.vocab_size,
+            backend.vocab.token_bytes,
+            backend.vocab.eos_ids,
+            seed,
+            on_step=compare,
+        )
         assert finished, f"walk {seed} did not finish for {regex!r}"
         texts.append(backend.tokenizer.decode(ids, clean_up_tokenization_spaces=False))
     return texts, diffs

@@ -30,8 +30,14 @@ def test_tiny_models_match_hf_on_gpu(kind, tmp_path, default_model_dir):
     model = model.to("cuda")
     rng = torch.Generator().manual_seed(2)
     prompts = [torch.randint(3, 512, (n,), generator=rng).tolist() for n in (5, 17, 40, 90)]
-    eng = Engine(model_path=str(path), device="cuda", dtype="float32", max_total_tokens=4096,
-                 mem_fraction_static=mem_fraction(0.3), max_running_requests=16)
+    eng = Engine(
+        model_path=str(path),
+        device="cuda",
+        dtype="float32",
+        max_total_tokens=4096,
+        mem_fraction_static=mem_fraction(0.3),
+        max_running_requests=16,
+    )
     try:
         assert eng.scheduler.cfg.overlap and eng.runner.graph_runner is not None
         params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
@@ -39,8 +45,14 @@ def test_tiny_models_match_hf_on_gpu(kind, tmp_path, default_model_dir):
         assert sum(eng.runner.graph_runner.bucket_hits.values()) > 0
         for ids, o in zip(prompts, outs):
             with torch.no_grad():
-                ref = model.generate(torch.tensor([ids], device="cuda"), max_new_tokens=24, do_sample=False,
-                                     min_new_tokens=24, pad_token_id=0, eos_token_id=None)[0, len(ids):].tolist()
+                ref = model.generate(
+                    torch.tensor([ids], device="cuda"),
+                    max_new_tokens=24,
+                    do_sample=False,
+                    min_new_tokens=24,
+                    pad_token_id=0,
+                    eos_token_id=None,
+                )[0, len(ids) :].tolist()
             assert o["output_ids"] == ref
             ours = [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]]
             assert max(abs(a - b) for a, b in zip(ours, hf_logprobs(model, ids, ref))) < 2e-3

@@ -40,8 +40,12 @@ def check(device: str, dtype: torch.dtype, m: int, n: int, k: int, bias: bool, c
     out = torch.full((m, n), float("nan"), dtype=dtype, device=device)
     y = gemv(x, w, b, GemvConfig(*cfg), out=out)
     exact = x.double() @ w.double().T + (b.double() if b is not None else 0)
-    return {"ref": rel_err(y, gemv_ref(x, w, b)), "f64": rel_err(y, exact), "same_buffer": y is out,
-            "finite": bool(torch.isfinite(y).all())}
+    return {
+        "ref": rel_err(y, gemv_ref(x, w, b)),
+        "f64": rel_err(y, exact),
+        "same_buffer": y is out,
+        "finite": bool(torch.isfinite(y).all()),
+    }
 
 
 def _small_cases() -> list[tuple]:
@@ -54,8 +58,11 @@ def _assert_ok(case: tuple, r: dict) -> None:
     assert r["ref"] <= tol(dtype) and r["f64"] <= tol(dtype), (case, r)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU CI check; on a GPU the compiled kernel is tested "
-                    "instead (the GPU image's Triton 3.6 interpreter cannot run this kernel's K loop)")
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="CPU CI check; on a GPU the compiled kernel is tested "
+    "instead (the GPU image's Triton 3.6 interpreter cannot run this kernel's K loop)",
+)
 def test_gemv_matches_reference_interpreter() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
@@ -87,8 +94,13 @@ def test_gemv_rejects_bad_input() -> None:
     from radixlm.kernels.gemv import GemvConfig, gemv
 
     w = torch.randn(6, 4)
-    for x, b in [(torch.randn(2, 5), None), (torch.randn(9, 4), None), (torch.randn(4), None),
-                 (torch.randn(2, 4, dtype=torch.float64), None), (torch.randn(2, 4), torch.randn(5))]:
+    for x, b in [
+        (torch.randn(2, 5), None),
+        (torch.randn(9, 4), None),
+        (torch.randn(4), None),
+        (torch.randn(2, 4, dtype=torch.float64), None),
+        (torch.randn(2, 4), torch.randn(5)),
+    ]:
         with pytest.raises(ValueError):
             gemv(x, w, b)
     for bad in [dict(kind="mma"), dict(block_n=12), dict(kind="dot", block_n=8), dict(num_stages=0)]:

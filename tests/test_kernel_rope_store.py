@@ -42,13 +42,22 @@ def check(device: str, dtype: torch.dtype, t: int, hq: int, hkv: int, d: int, st
 
     untouched = torch.ones(size + 1, dtype=torch.bool, device=device)
     untouched[loc] = False
-    return {"q": rel(q_out, q_ref), "k": rel(kb[loc], kb_ref[loc]), "v": rel(vb[loc], vb_ref[loc]),
-            "others_equal": bool(torch.equal(kb[untouched], kb_ref[untouched])
-                                 and torch.equal(vb[untouched], vb_ref[untouched]))}
+    return {
+        "q": rel(q_out, q_ref),
+        "k": rel(kb[loc], kb_ref[loc]),
+        "v": rel(vb[loc], vb_ref[loc]),
+        "others_equal": bool(
+            torch.equal(kb[untouched], kb_ref[untouched]) and torch.equal(vb[untouched], vb_ref[untouched])
+        ),
+    }
 
 
-CASES = [(torch.float32, 5, 8, 2, 32, False), (torch.bfloat16, 3, 8, 2, 32, True),
-         (torch.bfloat16, 1, 12, 4, 16, True), (torch.float32, 4, 6, 6, 48, True)]
+CASES = [
+    (torch.float32, 5, 8, 2, 32, False),
+    (torch.bfloat16, 3, 8, 2, 32, True),
+    (torch.bfloat16, 1, 12, 4, 16, True),
+    (torch.float32, 4, 6, 6, 48, True),
+]
 
 
 def tol(dtype: torch.dtype) -> float:
@@ -69,7 +78,9 @@ def test_rotary_and_store_matches_reference(where):
         if torch.cuda.is_available():  # the GPU image's older Triton interpreter fails; 'cuda' covers it
             pytest.skip("interpreter check is for CPU CI; the compiled kernel runs in the cuda case")
         env = {**os.environ, "TRITON_INTERPRET": "1"}
-        proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         results = json.loads(proc.stdout.strip().splitlines()[-1])
     for (dtype, *_), r in zip(CASES, results):

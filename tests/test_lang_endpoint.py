@@ -29,8 +29,21 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "radixlm.backend.server", "--host", "127.0.0.1", "--port", str(port),
-           "--api-key", KEY, "--log-level", "warning", "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "radixlm.backend.server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--api-key",
+        KEY,
+        "--log-level",
+        "warning",
+        "--device",
+        "cpu",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 240

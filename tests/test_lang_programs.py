@@ -95,8 +95,14 @@ def test_generator_style_and_bind(rt):
     bound = qa.bind(question="What color is coal?")
     st = bound.run(backend=rt, max_new_tokens=2, **GREEDY)
     assert st.text().startswith(FEW_SHOT + "Q: What color is coal?\nA:")
-    gen_states = qa.run_batch([{"question": "Hi?"}, {"question": "Yo?"}], backend=rt, generator_style=True,
-                              max_new_tokens=2, num_threads=2, **GREEDY)
+    gen_states = qa.run_batch(
+        [{"question": "Hi?"}, {"question": "Yo?"}],
+        backend=rt,
+        generator_style=True,
+        max_new_tokens=2,
+        num_threads=2,
+        **GREEDY,
+    )
     assert not isinstance(gen_states, list)
     texts = [s.text() for s in gen_states]
     assert "Q: Hi?\nA:" in texts[0] and "Q: Yo?\nA:" in texts[1]
@@ -149,8 +155,10 @@ def pick(s, method):
     s += "."
 
 
-@pytest.mark.parametrize("method", [sgl.token_length_normalized, sgl.greedy_token_selection,
-                                    sgl.unconditional_likelihood_normalized])
+@pytest.mark.parametrize(
+    "method",
+    [sgl.token_length_normalized, sgl.greedy_token_selection, sgl.unconditional_likelihood_normalized],
+)
 def test_select_scores_exactly_each_choice(rt, tok, method):
     choices = [" Paris", " London", " a banana"]
     st = pick.run(method, backend=rt)
@@ -161,8 +169,12 @@ def test_select_scores_exactly_each_choice(rt, tok, method):
     for c, got in zip(choices, meta["input_token_logprobs"]):
         ids = enc(tok, c)
         assert [e[1] for e in got] == ids  # the choice's own tokens, nothing of the prefix
-        ref = rt.engine.generate(input_ids=prefix + ids, sampling_params={"max_new_tokens": 0},
-                                 return_logprob=True, logprob_start_len=len(prefix))
+        ref = rt.engine.generate(
+            input_ids=prefix + ids,
+            sampling_params={"max_new_tokens": 0},
+            return_logprob=True,
+            logprob_start_len=len(prefix),
+        )
         ref_lps = [e[0] for e in ref["meta_info"]["input_token_logprobs"]]
         assert [e[0] for e in got] == pytest.approx(ref_lps, abs=1e-4)
         means.append(statistics.mean(ref_lps))
@@ -322,14 +334,15 @@ def test_engine_error_reaches_caller_with_program_line(rt):
     with pytest.raises(ValueError) as info:
         too_long.run(backend=rt)
     notes = "\n".join(getattr(info.value, "__notes__", []))
-    assert 'test_lang_programs.py' in notes and 's += sgl.gen("x", max_tokens=10**7)' in notes
+    assert "test_lang_programs.py" in notes and 's += sgl.gen("x", max_tokens=10**7)' in notes
 
 
 def test_arun_and_arun_batch_match_run(rt):
     async def main():
         one = await story.arun(backend=rt, **GREEDY)
-        many = await qa.arun_batch([{"question": "Sky?"}, {"question": "Sea?"}], backend=rt,
-                                   max_new_tokens=2, **GREEDY)
+        many = await qa.arun_batch(
+            [{"question": "Sky?"}, {"question": "Sea?"}], backend=rt, max_new_tokens=2, **GREEDY
+        )
         return one, many
 
     one, many = asyncio.run(main())
@@ -355,7 +368,7 @@ def test_gen_int_parses(rt, grammar):
         s += sgl.gen_int("n", max_tokens=4)
 
     st = num.run(backend=rt, **GREEDY)
-    raw_text = st.text()[len("The number of legs of a dog is "):]
+    raw_text = st.text()[len("The number of legs of a dog is ") :]
     assert re.fullmatch(REGEX_INT, raw_text) and isinstance(st["n"], int) and st["n"] == int(raw_text)
 
 
@@ -383,7 +396,7 @@ def test_typed_gen_returns_pydantic_object(rt, grammar):
 
     st = typed.run(backend=rt, **GREEDY)
     assert isinstance(st["person"], Person)
-    assert st["person"] == Person.model_validate_json(st.text()[len("Bob is 41 years old. As JSON: "):])
+    assert st["person"] == Person.model_validate_json(st.text()[len("Bob is 41 years old. As JSON: ") :])
 
 
 def test_quickstart_example_runs(rt, tok):

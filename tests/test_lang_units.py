@@ -56,7 +56,8 @@ def test_unconditional_likelihood_normalized_discounts_common_choices():
     cond = [_lp([-1.0, -1.0]), _lp([-0.5, -0.5])]
     uncond = [_lp([None, -3.0]), _lp([None, -0.5])]
     d = sgl.unconditional_likelihood_normalized(
-        choices=choices, input_token_logprobs=cond, unconditional_token_logprobs=uncond)
+        choices=choices, input_token_logprobs=cond, unconditional_token_logprobs=uncond
+    )
     assert d.decision == "rare"
     expect = [statistics.mean([-1.0 - 0.0, -1.0 + 3.0]), statistics.mean([-0.5 - 0.0, -0.5 + 0.5])]
     assert d.meta_info["normalized_unconditional_prompt_logprobs"] == pytest.approx(expect)
@@ -68,7 +69,10 @@ def test_scoring_rejects_bad_inputs():
         sgl.unconditional_likelihood_normalized(choices=["a"], input_token_logprobs=[_lp([-1.0])])
     with pytest.raises(ValueError, match="length"):
         sgl.unconditional_likelihood_normalized(
-            choices=["a"], input_token_logprobs=[_lp([-1.0, -2.0])], unconditional_token_logprobs=[_lp([None])])
+            choices=["a"],
+            input_token_logprobs=[_lp([-1.0, -2.0])],
+            unconditional_token_logprobs=[_lp([None])],
+        )
     with pytest.raises(ValueError):
         sgl.token_length_normalized(choices=["a", "b"], input_token_logprobs=[_lp([-1.0])])
     with pytest.raises(ValueError, match="at least one token"):
@@ -84,15 +88,18 @@ class Person(BaseModel):
 
 
 def test_gen_maps_options_to_engine_names():
-    g = sgl.gen("x", max_tokens=5, min_tokens=2, stop=")", temperature=0.0, top_logprobs_num=3,
-                return_logprob=True)
+    g = sgl.gen(
+        "x", max_tokens=5, min_tokens=2, stop=")", temperature=0.0, top_logprobs_num=3, return_logprob=True
+    )
     assert g.sampling == {"max_new_tokens": 5, "min_new_tokens": 2, "stop": ")", "temperature": 0.0}
     assert g.logprob == {"return_logprob": True, "top_logprobs_num": 3}
     assert sgl.gen_int("n").sampling["regex"] == REGEX_INT
     assert isinstance(sgl.gen("c", choices=["a", "b"]), type(sgl.select("c", ["a", "b"])))
 
 
-@pytest.mark.parametrize("schema", [Person, Person.model_json_schema(), json.dumps(Person.model_json_schema())])
+@pytest.mark.parametrize(
+    "schema", [Person, Person.model_json_schema(), json.dumps(Person.model_json_schema())]
+)
 def test_json_schema_accepts_str_dict_and_pydantic(schema):
     g = sgl.gen("p", json_schema=schema)
     # A pydantic class is closed (no undeclared properties); a schema given as data is kept as is.
@@ -103,14 +110,17 @@ def test_json_schema_accepts_str_dict_and_pydantic(schema):
     assert (g.schema_cls is Person) == (schema is Person)
 
 
-@pytest.mark.parametrize("kwargs, reason", [
-    ({"regex": "["}, "invalid regex"),
-    ({"json_schema": "{not json"}, "not valid JSON"),
-    ({"json_schema": 3}, "json_schema must be"),
-    ({"regex": "a", "json_schema": {}}, "at most one"),
-    ({"max_tokens": -1}, "non-negative"),
-    ({"dtype": list}, "dtype"),
-])
+@pytest.mark.parametrize(
+    "kwargs, reason",
+    [
+        ({"regex": "["}, "invalid regex"),
+        ({"json_schema": "{not json"}, "not valid JSON"),
+        ({"json_schema": 3}, "json_schema must be"),
+        ({"regex": "a", "json_schema": {}}, "at most one"),
+        ({"max_tokens": -1}, "non-negative"),
+        ({"dtype": list}, "dtype"),
+    ],
+)
 def test_gen_rejects_bad_options(kwargs, reason):
     with pytest.raises(ValueError, match=reason):
         sgl.gen("x", **kwargs)
@@ -150,7 +160,10 @@ def test_chat_template_prefix_suffix_from_render():
 
     t = ChatTemplate(render)
     assert t.prefix_and_suffix("user", []) == ("[user]", "[/user]")
-    assert t.prefix_and_suffix("assistant", [{"role": "user", "content": "x"}]) == ("[assistant]", "[/assistant]")
+    assert t.prefix_and_suffix("assistant", [{"role": "user", "content": "x"}]) == (
+        "[assistant]",
+        "[/assistant]",
+    )
     with pytest.raises(ValueError, match="unknown role"):
         t.prefix_and_suffix("robot", [])
 
@@ -306,4 +319,8 @@ def test_typed_gen_closes_objects_unless_the_model_allows_extra() -> None:
     assert schema["$defs"]["Open"]["additionalProperties"] is True
     # Closing drops nothing pydantic would have kept: the model ignores undeclared fields anyway.
     doc = {"name": "Bo", "home": {"city": "Oslo"}, "notes": {"x": 1, "y": 2}}
-    assert Person.model_validate(doc).model_dump() == {"name": "Bo", "home": {"city": "Oslo"}, "notes": {"x": 1, "y": 2}}
+    assert Person.model_validate(doc).model_dump() == {
+        "name": "Bo",
+        "home": {"city": "Oslo"},
+        "notes": {"x": 1, "y": 2},
+    }

@@ -20,8 +20,13 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def gpu_engine():
     from radixlm.backend.engine import Engine
 
-    eng = Engine(model_shape="llama-3.2-1b", device="cuda", mem_fraction_static=mem_fraction(0.2), context_length=4096,
-                 max_running_requests=64)
+    eng = Engine(
+        model_shape="llama-3.2-1b",
+        device="cuda",
+        mem_fraction_static=mem_fraction(0.2),
+        context_length=4096,
+        max_running_requests=64,
+    )
     assert eng.scheduler.cfg.overlap and eng.runner.graph_runner is not None
     yield eng
     eng.shutdown()
@@ -33,7 +38,9 @@ def gpu_engine():
 def workload(n: int, seed: int) -> tuple[list[list[int]], list[dict]]:
     rng = random.Random(seed)
     ids = [[rng.randrange(100, 30000) for _ in range(rng.randint(8, 300))] for _ in range(n)]
-    params = [{"max_new_tokens": rng.choice([1, 5, 17, 40]), "temperature": 0, "ignore_eos": True} for _ in ids]
+    params = [
+        {"max_new_tokens": rng.choice([1, 5, 17, 40]), "temperature": 0, "ignore_eos": True} for _ in ids
+    ]
     return ids, params
 
 
@@ -71,8 +78,14 @@ def test_cascade_graph_decode_agrees_with_plain():
     token where the two runs diverge."""
     from radixlm.backend.engine import Engine
 
-    eng = Engine(model_shape="llama-3.2-1b", device="cuda", dtype="float32", mem_fraction_static=mem_fraction(0.45),
-                 context_length=2048, max_running_requests=32)
+    eng = Engine(
+        model_shape="llama-3.2-1b",
+        device="cuda",
+        dtype="float32",
+        mem_fraction_static=mem_fraction(0.45),
+        context_length=2048,
+        max_running_requests=32,
+    )
     try:
         rng = random.Random(3)
         doc = [rng.randrange(100, 30000) for _ in range(1024)]

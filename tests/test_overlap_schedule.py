@@ -69,8 +69,10 @@ def test_mixed_batch_matches_plain(engine, overlap_engine):
 @pytest.mark.slow
 def test_logprobs_and_seeded_sampling_match(engine, overlap_engine):
     ps = prompts(6, 2)
-    qs = [{"max_new_tokens": 6, "temperature": 0.9, "top_p": 0.9, "seed": 100 + k, "ignore_eos": True}
-          for k in range(6)]
+    qs = [
+        {"max_new_tokens": 6, "temperature": 0.9, "top_p": 0.9, "seed": 100 + k, "ignore_eos": True}
+        for k in range(6)
+    ]
     kw = {"return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 3}
     engine.flush_cache()
     plain = engine.generate(ps, qs, **kw)
@@ -81,8 +83,9 @@ def test_logprobs_and_seeded_sampling_match(engine, overlap_engine):
             la, lb = a["meta_info"][key], b["meta_info"][key]
             assert [t for _, t, _ in la] == [t for _, t, _ in lb] and len(la) == len(b["meta_info"][key])
             assert all((x is None and y is None) or abs(x - y) < 1e-4 for (x, _, _), (y, _, _) in zip(la, lb))
-        assert [[i for _, i, _ in row] for row in a["meta_info"]["output_top_logprobs"]] == \
-               [[i for _, i, _ in row] for row in b["meta_info"]["output_top_logprobs"]]
+        assert [[i for _, i, _ in row] for row in a["meta_info"]["output_top_logprobs"]] == [
+            [i for _, i, _ in row] for row in b["meta_info"]["output_top_logprobs"]
+        ]
     pool_restored(overlap_engine)
 
 
@@ -102,12 +105,14 @@ def test_fresh_state_requests_mixed_in_match(engine, overlap_engine, jump_forwar
 
 def _fresh_state_match(engine, overlap_engine):
     ps = prompts(6, 3)
-    qs = [{"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
-          {"max_new_tokens": 12, "temperature": 0, "regex": "[0-9]{3}-[a-z]{2,4}"},
-          {"max_new_tokens": 12, "temperature": 0, "frequency_penalty": 1.5, "ignore_eos": True},
-          {"max_new_tokens": 12, "temperature": 0, "min_new_tokens": 5, "stop": ["."]},
-          {"max_new_tokens": 12, "temperature": 0, "repetition_penalty": 1.3, "ignore_eos": True},
-          {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}]
+    qs = [
+        {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+        {"max_new_tokens": 12, "temperature": 0, "regex": "[0-9]{3}-[a-z]{2,4}"},
+        {"max_new_tokens": 12, "temperature": 0, "frequency_penalty": 1.5, "ignore_eos": True},
+        {"max_new_tokens": 12, "temperature": 0, "min_new_tokens": 5, "stop": ["."]},
+        {"max_new_tokens": 12, "temperature": 0, "repetition_penalty": 1.3, "ignore_eos": True},
+        {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True},
+    ]
     engine.flush_cache()
     plain = [summary(o) for o in engine.generate(ps, qs)]
     before = overlap_engine.get_stats().get("deferred_sampling_steps", 0)
@@ -144,8 +149,11 @@ def test_tiny_pool_retracts_and_matches(engine):
 
 @pytest.mark.slow
 def test_abort_mid_stream_frees_everything(overlap_engine):
-    stream = overlap_engine.generate("rivers ran to the sea and", {"max_new_tokens": 200, "temperature": 0,
-                                                                    "ignore_eos": True}, stream=True)
+    stream = overlap_engine.generate(
+        "rivers ran to the sea and",
+        {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True},
+        stream=True,
+    )
     bystander = prompts(1, 5)[0]
     got = []
     for chunk in stream:

@@ -58,9 +58,15 @@ def test_no_unexplained_eval_exec_pickle_shell() -> None:
 
 
 def test_the_audit_catches_what_it_looks_for() -> None:
-    for line, kind in [("x = eval(s)", "eval"), ("exec(code)", "exec"), ("import pickle", "pickle"),
-                       ("subprocess.run(c, shell=True)", "shell=True"), ("os.system(c)", "os.system"),
-                       ("torch.load(p)", "torch.load"), ("np.load(p, allow_pickle=True)", "pickle")]:
+    for line, kind in [
+        ("x = eval(s)", "eval"),
+        ("exec(code)", "exec"),
+        ("import pickle", "pickle"),
+        ("subprocess.run(c, shell=True)", "shell=True"),
+        ("os.system(c)", "os.system"),
+        ("torch.load(p)", "torch.load"),
+        ("np.load(p, allow_pickle=True)", "pickle"),
+    ]:
         assert DANGEROUS[kind].search(line), line
     assert not DANGEROUS["eval"].search("model.eval()")
 
@@ -70,8 +76,12 @@ def test_server_never_opens_files_from_requests() -> None:
     cache files, without pickle."""
     for path in (ROOT / "backend" / "server").glob("*.py"):
         tree = ast.parse(path.read_text())
-        opens = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
-                 and getattr(n.func, "id", getattr(n.func, "attr", None)) in ("open", "read_text", "read_bytes")]
+        opens = [
+            n.lineno
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call)
+            and getattr(n.func, "id", getattr(n.func, "attr", None)) in ("open", "read_text", "read_bytes")
+        ]
         assert not opens, (path.name, opens)
     fsm = (ROOT / "grammars" / "fsm.py").read_text()
     assert "np.load(path)" in fsm and "allow_pickle=True" not in fsm

@@ -22,8 +22,14 @@ from radixlm.grammars import GrammarBackend
 
 COMPILE_LIMIT_S = 30.0
 WALKS = 2
-STATS: dict[str, int] = {"regex_tried": 0, "regex_rejected": 0, "regex_walks_checked": 0,
-                         "schema_tried": 0, "schema_rejected": 0, "schema_walks_checked": 0}
+STATS: dict[str, int] = {
+    "regex_tried": 0,
+    "regex_rejected": 0,
+    "regex_walks_checked": 0,
+    "schema_tried": 0,
+    "schema_rejected": 0,
+    "schema_walks_checked": 0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +43,28 @@ def backend() -> Any:
 
 # ---------------------------------------------------------------- strategies
 
-_ATOMS = st.sampled_from(["a", "b", "z", "0", "7", " ", "-", "\\.", "\\d", "[a-c]", "[0-9]", "[^a-y\\n]",
-                          "\\w", "[xyz]", ".", "(ab|cd)", "\\(", "é"])
+_ATOMS = st.sampled_from(
+    [
+        "a",
+        "b",
+        "z",
+        "0",
+        "7",
+        " ",
+        "-",
+        "\\.",
+        "\\d",
+        "[a-c]",
+        "[0-9]",
+        "[^a-y\\n]",
+        "\\w",
+        "[xyz]",
+        ".",
+        "(ab|cd)",
+        "\\(",
+        "é",
+    ]
+)
 _BROKEN = st.sampled_from(["(", ")", "[", "*", "a{3,1}", "\\", "+a", "[z-a]", "(?<", "a**"])
 
 
@@ -57,16 +83,19 @@ REGEXES = st.recursive(
     max_leaves=6,
 )
 MAYBE_BROKEN_REGEXES = st.one_of(
-    REGEXES, st.tuples(REGEXES, _BROKEN, st.booleans()).map(lambda t: t[0] + t[1] if t[2] else t[1] + t[0]))
+    REGEXES, st.tuples(REGEXES, _BROKEN, st.booleans()).map(lambda t: t[0] + t[1] if t[2] else t[1] + t[0])
+)
 
 _LEAF_SCHEMAS = st.one_of(
     st.integers(0, 8).map(lambda n: {"type": "string", "maxLength": n}),
     st.tuples(st.integers(-50, 50), st.integers(0, 60)).map(
-        lambda t: {"type": "integer", "minimum": t[0], "maximum": t[0] + t[1]}),
+        lambda t: {"type": "integer", "minimum": t[0], "maximum": t[0] + t[1]}
+    ),
     st.just({"type": "boolean"}),
     st.just({"type": "null"}),
     st.lists(st.sampled_from(["red", "green", 3, None, True]), min_size=1, max_size=3, unique=True).map(
-        lambda xs: {"enum": xs}),
+        lambda xs: {"enum": xs}
+    ),
     st.sampled_from(["[a-z]{1,4}", "\\d{3}", "(yes|no)"]).map(lambda p: {"type": "string", "pattern": p}),
 )
 _NAMES = st.sampled_from(["a", "id", "name", "tags", "x_y"])
@@ -74,8 +103,14 @@ _NAMES = st.sampled_from(["a", "id", "name", "tags", "x_y"])
 
 def _object(children: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
     props = st.dictionaries(_NAMES, children, min_size=1, max_size=3)
-    return st.tuples(props, st.integers(0, 3)).map(lambda t: {
-        "type": "object", "properties": t[0], "required": sorted(t[0])[: t[1]], "additionalProperties": False})
+    return st.tuples(props, st.integers(0, 3)).map(
+        lambda t: {
+            "type": "object",
+            "properties": t[0],
+            "required": sorted(t[0])[: t[1]],
+            "additionalProperties": False,
+        }
+    )
 
 
 SCHEMAS = st.recursive(
@@ -86,10 +121,16 @@ SCHEMAS = st.recursive(
     ),
     max_leaves=5,
 )
-BAD_SCHEMAS = st.sampled_from([
-    {"type": "nonsense"}, {"type": "integer", "minimum": "five"}, {"type": "object", "properties": 3},
-    {"type": "string", "pattern": "(unclosed"}, {"type": "array", "items": {"type": 7}}, {"enum": []},
-])
+BAD_SCHEMAS = st.sampled_from(
+    [
+        {"type": "nonsense"},
+        {"type": "integer", "minimum": "five"},
+        {"type": "object", "properties": 3},
+        {"type": "string", "pattern": "(unclosed"},
+        {"type": "array", "items": {"type": 7}},
+        {"enum": []},
+    ]
+)
 
 
 # ---------------------------------------------------------------- checks
@@ -113,21 +154,29 @@ def _walk_texts(backend: GrammarBackend, grammar: Any, seed: int) -> list[str]:
     """Texts of the random walks that reached EOS (each walk bounded to 80 tokens)."""
     texts = []
     for k in range(WALKS):
-        ids, done = random_walk([grammar.new_matcher()], backend.vocab_size, backend.vocab.token_bytes,
-                                backend.stop_token_ids, seed=seed * 7 + k, max_steps=80)
+        ids, done = random_walk(
+            [grammar.new_matcher()],
+            backend.vocab_size,
+            backend.vocab.token_bytes,
+            backend.stop_token_ids,
+            seed=seed * 7 + k,
+            max_steps=80,
+        )
         if done:
             texts.append(b"".join(backend.vocab.token_bytes[i] for i in ids).decode("utf-8"))
     return texts
 
 
-_FUZZ = settings(max_examples=30, deadline=None, database=None, derandomize=True,
-                 suppress_health_check=list(HealthCheck))
+_FUZZ = settings(
+    max_examples=30, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 
 
 @_FUZZ
 @given(regex=MAYBE_BROKEN_REGEXES, seed=st.integers(0, 1000))
-def test_random_regexes_compile_validly_or_raise_value_error(backend: GrammarBackend, regex: str,
-                                                              seed: int) -> None:
+def test_random_regexes_compile_validly_or_raise_value_error(
+    backend: GrammarBackend, regex: str, seed: int
+) -> None:
     STATS["regex_tried"] += 1
     grammar = _compile(backend, "regex", regex)
     if grammar is None:
@@ -144,8 +193,9 @@ def test_random_regexes_compile_validly_or_raise_value_error(backend: GrammarBac
 
 @_FUZZ
 @given(schema=st.one_of(SCHEMAS, SCHEMAS, BAD_SCHEMAS), seed=st.integers(0, 1000))
-def test_random_json_schemas_compile_validly_or_raise_value_error(backend: GrammarBackend, schema: dict,
-                                                                  seed: int) -> None:
+def test_random_json_schemas_compile_validly_or_raise_value_error(
+    backend: GrammarBackend, schema: dict, seed: int
+) -> None:
     STATS["schema_tried"] += 1
     grammar = _compile(backend, "json_schema", schema)
     if grammar is None:

@@ -32,14 +32,14 @@ MAX_NEW = 16
 MAX_PENDING = 8
 POOL_TOKENS = 48  # the subprocess server's KV pool: 4x oversubscribed by the overload storm
 SOAK_SECONDS = float(os.environ.get("RADIXLM_SOAK_SECONDS", "45"))
-PROGRAMS = textwrap.dedent('''
+PROGRAMS = textwrap.dedent("""
     import radixlm as sgl
 
     @sgl.function
     def qa(s, question: str, max_tokens: int = 4):
         s += sgl.user(question)
         s += sgl.assistant(sgl.gen("answer", max_tokens=max_tokens, temperature=0))
-''')
+""")
 
 
 def show(name: str, figures: dict[str, Any]) -> None:
@@ -75,8 +75,10 @@ def srv(engine: Any, programs: Any) -> Iterator[Srv]:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Srv]:
-    s = start_subprocess(["--max-total-tokens", str(POOL_TOKENS), "--chunked-prefill-size", "32"],
-                         tmp_path_factory.mktemp("rel_tiny"))
+    s = start_subprocess(
+        ["--max-total-tokens", str(POOL_TOKENS), "--chunked-prefill-size", "32"],
+        tmp_path_factory.mktemp("rel_tiny"),
+    )
     yield s
     s.close()
 
@@ -144,16 +146,36 @@ def test_limits_enforced_with_clear_errors(limited: Srv) -> None:
     h = srv.http
     figures = {
         "prompt": _err(h.post("/generate", json={"input_ids": [1] * (MAX_PROMPT + 1)}), 400, "limit"),
-        "max_new_tokens": _err(h.post("/generate", json={"text": "a", "sampling_params": {
-            "max_new_tokens": MAX_NEW + 1}}), 400, "max_new_tokens", "limit"),
-        "chat_max_tokens": _err(h.post("/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "a"}], "max_tokens": MAX_NEW + 1}), 400, "limit"),
-        "body": _err(h.post("/generate", content=b"{" + b" " * 40000 + b"}",
-                            headers={"content-type": "application/json"}), 413, "exceeds"),
+        "max_new_tokens": _err(
+            h.post("/generate", json={"text": "a", "sampling_params": {"max_new_tokens": MAX_NEW + 1}}),
+            400,
+            "max_new_tokens",
+            "limit",
+        ),
+        "chat_max_tokens": _err(
+            h.post(
+                "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "a"}], "max_tokens": MAX_NEW + 1},
+            ),
+            400,
+            "limit",
+        ),
+        "body": _err(
+            h.post(
+                "/generate", content=b"{" + b" " * 40000 + b"}", headers={"content-type": "application/json"}
+            ),
+            413,
+            "exceeds",
+        ),
         "samples": _err(h.post("/generate", json={"text": "a", "sampling_params": {"n": 65}}), 400, "limit"),
-        "grammar_size": _err(h.post("/generate", json={"text": "a", "sampling_params": {
-            "regex": "[a-z]{20000}", "max_new_tokens": 2}}),
-            400, "too large"),
+        "grammar_size": _err(
+            h.post(
+                "/generate",
+                json={"text": "a", "sampling_params": {"regex": "[a-z]{20000}", "max_new_tokens": 2}},
+            ),
+            400,
+            "too large",
+        ),
     }
     # the engine's own default (128 new tokens) never slips past the configured limit
     out = srv.gen(text="Hello", sampling_params={"ignore_eos": True})
@@ -188,13 +210,19 @@ def _concrete(path: str) -> str:
 
 def test_api_key_required_on_every_route_but_health(srv: Srv) -> None:
     app = srv.thread.server.config.app
-    routes = [(m, r.path) for r in app.routes for m in sorted(getattr(r, "methods", None) or ()) if m != "HEAD"]
+    routes = [
+        (m, r.path) for r in app.routes for m in sorted(getattr(r, "methods", None) or ()) if m != "HEAD"
+    ]
     assert len(routes) >= 15
     seen = {}
     for method, path in routes:
         url = srv.url + _concrete(path)
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-API-Key": "wrong"},
-                        {"Authorization": AUTH["Authorization"] + "x"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"X-API-Key": "wrong"},
+            {"Authorization": AUTH["Authorization"] + "x"},
+        ):
             r = httpx.request(method, url, headers=headers, timeout=30)
             seen[f"{method} {path}"] = r.status_code
             if path == "/health":
@@ -203,7 +231,10 @@ def test_api_key_required_on_every_route_but_health(srv: Srv) -> None:
                 assert r.status_code == 401, (method, path, headers, r.status_code)
     keyed = srv.http.get("/model_info")
     assert keyed.status_code == 200
-    assert httpx.get(srv.url + "/model_info", headers={"X-API-Key": AUTH["Authorization"][7:]}).status_code == 200
+    assert (
+        httpx.get(srv.url + "/model_info", headers={"X-API-Key": AUTH["Authorization"][7:]}).status_code
+        == 200
+    )
     show("auth", {"routes_checked": len(routes), "status_without_key": seen})
 
 
@@ -258,5 +289,10 @@ def test_sigterm_drains_then_aborts(doomed: Srv) -> None:
     show("shutdown", fig)
     assert fig["exit_code"] in (0, -15) and fig["threads_hung"] == 0
     assert fig["seconds_to_exit"] < 60
-    assert fig["finish_reasons"] == {"short0": "length", "short1": "length",
-                                     "long0": "abort", "long1": "abort", "long2": "abort"}
+    assert fig["finish_reasons"] == {
+        "short0": "length",
+        "short1": "length",
+        "long0": "abort",
+        "long1": "abort",
+        "long2": "abort",
+    }

@@ -58,8 +58,11 @@ class Srv:
         deadline = time.monotonic() + timeout_s
         while True:
             m = self.metrics()
-            idle = not (m["radixlm_num_running_requests"] or m["radixlm_num_waiting_requests"]
-                        or m["radixlm_server_pending_requests"])
+            idle = not (
+                m["radixlm_num_running_requests"]
+                or m["radixlm_num_waiting_requests"]
+                or m["radixlm_server_pending_requests"]
+            )
             if idle and self.http.post("/flush_cache").status_code == 200:
                 return self.metrics()
             if time.monotonic() > deadline:
@@ -84,8 +87,22 @@ def free_port() -> int:
 def start_subprocess(args: list[str], log_dir: Path, timeout_s: float = 240) -> Srv:
     """`python -m radixlm.backend.server ARGS` (the same parser as `radixlm serve`) on a free loopback port."""
     port = free_port()
-    cmd = [sys.executable, "-m", "radixlm.backend.server", "--host", "127.0.0.1", "--port", str(port),
-           "--api-key", KEY, "--device", "cpu", "--log-level", "warning", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "radixlm.backend.server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--api-key",
+        KEY,
+        "--device",
+        "cpu",
+        "--log-level",
+        "warning",
+        *args,
+    ]
     log = log_dir / f"server-{port}.log"
     with open(log, "w") as f:  # a file, not a pipe: a full pipe would stall the server
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True)
@@ -119,7 +136,7 @@ def start_thread(engine: Any, programs: Any = None, **limits: Any) -> Srv:
 def sse_events(lines: Iterator[str]) -> Iterator[Any]:
     for line in lines:
         if line.startswith("data: "):
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             yield "[DONE]" if data == "[DONE]" else json.loads(data)
 
 
@@ -189,11 +206,18 @@ def overload(srv: Srv, n_requests: int, prompt_words: int, max_new: int) -> dict
         alone = {i: srv.gen(text=prompts[i], sampling_params=params)["output_ids"] for i in range(half)}
         t1 = time.monotonic()
         with ThreadPoolExecutor(n_requests) as pool:
-            storm = list(pool.map(lambda p: srv.http.post("/generate", json={"text": p, "sampling_params": params}),
-                                  prompts))
+            storm = list(
+                pool.map(
+                    lambda p: srv.http.post("/generate", json={"text": p, "sampling_params": params}), prompts
+                )
+            )
         t2 = time.monotonic()
-        alone.update({i: srv.gen(text=prompts[i], sampling_params=params)["output_ids"]
-                      for i in range(half, n_requests)})
+        alone.update(
+            {
+                i: srv.gen(text=prompts[i], sampling_params=params)["output_ids"]
+                for i in range(half, n_requests)
+            }
+        )
         t3 = time.monotonic()
     finally:
         rate.stop()
@@ -205,12 +229,16 @@ def overload(srv: Srv, n_requests: int, prompt_words: int, max_new: int) -> dict
         "kv_pool_tokens": int(end["radixlm_kv_total_slots"]),
         "tokens_demanded": prompt_tokens + n_requests * max_new,
         "oversubscription": (prompt_tokens + n_requests * max_new) / end["radixlm_kv_total_slots"],
-        "sent": n_requests, "finished": len(ok), "lost": n_requests - len(ok),
+        "sent": n_requests,
+        "finished": len(ok),
+        "lost": n_requests - len(ok),
         "status_codes": sorted({r.status_code for r in storm}),
         "identical_to_alone": sum(o["output_ids"] == alone[i] for i, o in enumerate(outs)),
         "finish_length": sum(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs),
         "retractions": end["radixlm_retractions_total"] - start["radixlm_retractions_total"],
-        "tok_s_before": rate.rate(t0, t1), "tok_s_during": rate.rate(t1, t2), "tok_s_after": rate.rate(t2, t3),
+        "tok_s_before": rate.rate(t0, t1),
+        "tok_s_during": rate.rate(t1, t2),
+        "tok_s_after": rate.rate(t2, t3),
         "seconds": {"before": t1 - t0, "storm": t2 - t1, "after": t3 - t2},
         "kv_free_after_flush": int(end["radixlm_kv_free_slots"]),
         "kv_free_initial": int(start["radixlm_kv_free_slots"]),
@@ -224,8 +252,15 @@ def _drop_midway(url: str, i: int, events_before_drop: int) -> int:
     body = {"text": prompt(i, 4), "stream": True, "sampling_params": greedy(400)}
     path = "/generate"
     if i % 2:
-        path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt(i, 4)}],
-                                              "stream": True, "max_tokens": 400, "ignore_eos": True}
+        path, body = (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": prompt(i, 4)}],
+                "stream": True,
+                "max_tokens": 400,
+                "ignore_eos": True,
+            },
+        )
     seen = 0
     with httpx.Client(base_url=url, headers=AUTH, timeout=120) as c, c.stream("POST", path, json=body) as r:
         assert r.status_code == 200, r.read()
@@ -256,29 +291,42 @@ def disconnects(srv: Srv, n_drop: int, n_abort: int, n_bystanders: int) -> dict[
     greedy requests run beside them; their outputs must equal the same requests run alone."""
     start = srv.wait_idle_flushed()
     ref_params = greedy(12)
-    refs = [srv.gen(text=prompt(1000 + i, 6), sampling_params=ref_params)["output_ids"]
-            for i in range(n_bystanders)]
+    refs = [
+        srv.gen(text=prompt(1000 + i, 6), sampling_params=ref_params)["output_ids"]
+        for i in range(n_bystanders)
+    ]
     start = srv.wait_idle_flushed()
     with ThreadPoolExecutor(n_drop + n_abort + n_bystanders) as pool:
-        bystanders = [pool.submit(srv.gen, text=prompt(1000 + i, 6), sampling_params=ref_params)
-                      for i in range(n_bystanders)]
+        bystanders = [
+            pool.submit(srv.gen, text=prompt(1000 + i, 6), sampling_params=ref_params)
+            for i in range(n_bystanders)
+        ]
         drops = [pool.submit(_drop_midway, srv.url, i, 2) for i in range(n_drop)]
         aborts = [pool.submit(_abort_by_id, srv.url, i) for i in range(n_abort)]
         seen = [f.result(timeout=300) for f in drops]
         abort_reasons = [f.result(timeout=300) for f in aborts]
         outs = [f.result(timeout=300)["output_ids"] for f in bystanders]
     end = srv.wait_idle_flushed()
-    delta = {k: end[k] - start[k] for k in ("radixlm_client_aborted_requests_total",
-                                             "radixlm_engine_aborted_requests_total",
-                                             "radixlm_generation_tokens_total")}
+    delta = {
+        k: end[k] - start[k]
+        for k in (
+            "radixlm_client_aborted_requests_total",
+            "radixlm_engine_aborted_requests_total",
+            "radixlm_generation_tokens_total",
+        )
+    }
     return {
-        "disconnects": n_drop, "dropped_after_events": sorted(set(seen)),
-        "aborted_by_id": n_abort, "abort_finish_reasons": sorted(set(abort_reasons)),
+        "disconnects": n_drop,
+        "dropped_after_events": sorted(set(seen)),
+        "aborted_by_id": n_abort,
+        "abort_finish_reasons": sorted(set(abort_reasons)),
         "client_aborts_counted": delta["radixlm_client_aborted_requests_total"],
         "engine_aborts_counted": delta["radixlm_engine_aborted_requests_total"],
         "tokens_generated": delta["radixlm_generation_tokens_total"],
-        "bystanders": n_bystanders, "bystanders_identical": sum(a == b for a, b in zip(outs, refs)),
-        "kv_free_initial": int(start["radixlm_kv_free_slots"]), "kv_free_after": int(end["radixlm_kv_free_slots"]),
+        "bystanders": n_bystanders,
+        "bystanders_identical": sum(a == b for a, b in zip(outs, refs)),
+        "kv_free_initial": int(start["radixlm_kv_free_slots"]),
+        "kv_free_after": int(end["radixlm_kv_free_slots"]),
         "kv_total": int(end["radixlm_kv_total_slots"]),
         "leaked_slots": int(start["radixlm_kv_free_slots"] - end["radixlm_kv_free_slots"]),
     }
@@ -300,18 +348,27 @@ def soak(srv: Srv, seconds: float, rate_per_s: float, max_new: int = 8) -> dict[
         k = 0
         while time.monotonic() < t_end:
             if sum(not f.done() for f in futures) < 8:
-                body = {"text": prompt(k, 3 + k % 7), "sampling_params": {"max_new_tokens": max_new,
-                                                                          "temperature": 0.7, "seed": k}}
+                body = {
+                    "text": prompt(k, 3 + k % 7),
+                    "sampling_params": {"max_new_tokens": max_new, "temperature": 0.7, "seed": k},
+                }
                 futures.append(pool.submit(lambda b=body: srv.http.post("/generate", json=b).status_code))
                 k += 1
             time.sleep(1.0 / rate_per_s)
         codes = [f.result(timeout=300) for f in futures]
     end = srv.wait_idle_flushed()
     rss1 = rss_bytes(srv.proc.pid)
-    return {"seconds": seconds, "sent": len(codes), "ok": codes.count(200),
-            "errors": len(codes) - codes.count(200),
-            "kv_free_initial": int(start["radixlm_kv_free_slots"]), "kv_free_after": int(end["radixlm_kv_free_slots"]),
-            "rss_start_mb": rss0 / 2**20, "rss_end_mb": rss1 / 2**20, "rss_growth": rss1 / rss0 - 1.0}
+    return {
+        "seconds": seconds,
+        "sent": len(codes),
+        "ok": codes.count(200),
+        "errors": len(codes) - codes.count(200),
+        "kv_free_initial": int(start["radixlm_kv_free_slots"]),
+        "kv_free_after": int(end["radixlm_kv_free_slots"]),
+        "rss_start_mb": rss0 / 2**20,
+        "rss_end_mb": rss1 / 2**20,
+        "rss_growth": rss1 / rss0 - 1.0,
+    }
 
 
 # ---------------------------------------------------------------- 7. graceful shutdown
@@ -344,18 +401,28 @@ def graceful_shutdown(srv: Srv, n_short: int, n_long: int, short_new: int = 4) -
     for t in threads:
         t.join(90)
     code = srv.proc.wait(90)
-    reasons = {name: (ev[-2]["meta_info"]["finish_reason"]["type"]
-                      if len(ev) >= 2 and ev[-1] == "[DONE]" else repr(ev[-1:]))
-               for name, ev in results.items()}
-    return {"exit_code": code, "seconds_to_exit": time.monotonic() - t0, "threads_hung": sum(t.is_alive() for t in threads),
-            "finish_reasons": reasons}
+    reasons = {
+        name: (
+            ev[-2]["meta_info"]["finish_reason"]["type"]
+            if len(ev) >= 2 and ev[-1] == "[DONE]"
+            else repr(ev[-1:])
+        )
+        for name, ev in results.items()
+    }
+    return {
+        "exit_code": code,
+        "seconds_to_exit": time.monotonic() - t0,
+        "threads_hung": sum(t.is_alive() for t in threads),
+        "finish_reasons": reasons,
+    }
 
 
 # ---------------------------------------------------------------- 3. API fuzzing
 
 
-def fuzz_api(srv: Srv, examples_per_op: int, time_cap_s: float,
-             path_values: dict[str, str] | None = None) -> dict[str, Any]:
+def fuzz_api(
+    srv: Srv, examples_per_op: int, time_cap_s: float, path_values: dict[str, str] | None = None
+) -> dict[str, Any]:
     """schemathesis cases (valid and invalid) from the server's own /openapi.json, sent with the
     API key; every answer must be 2xx/4xx (a transport error or timeout counts as status 599).
     Stops taking new cases after `time_cap_s`."""
@@ -370,15 +437,25 @@ def fuzz_api(srv: Srv, examples_per_op: int, time_cap_s: float,
     unsatisfiable: list[str] = []
     deadline = time.monotonic() + time_cap_s
     ops = [r.ok() for r in schema.get_all_operations()]
-    plan = [(op, mode, None) for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE)
-            for op in ops]
+    plan = [
+        (op, mode, None)
+        for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE)
+        for op in ops
+    ]
     for op in ops:  # also aim at real path values (a registered program), not only random ones
         given_values = {k: v for k, v in (path_values or {}).items() if "{" + k + "}" in op.path}
         if given_values:
             plan.append((op, schemathesis.GenerationMode.POSITIVE, given_values))
     for op, mode, values in plan:
-        @settings(max_examples=examples_per_op, deadline=None, database=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+
+        @settings(
+            max_examples=examples_per_op,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+            phases=[Phase.explicit, Phase.generate],
+        )
         @given(case=op.as_strategy(generation_mode=mode, path_parameters=values))
         def run(case: Any) -> None:
             label = case.operation.label
@@ -400,7 +477,13 @@ def fuzz_api(srv: Srv, examples_per_op: int, time_cap_s: float,
         except Unsatisfiable:  # e.g. no invalid input exists for a GET without parameters
             unsatisfiable.append(f"{mode.value} {op.label}")
     healthy = srv.http.get("/health_generate").status_code == 200
-    return {"operations": len(ops), "cases_tried": sum(tried.values()), "per_operation": tried,
-            "statuses": {str(k): v for k, v in sorted(statuses.items())},
-            "5xx_seen": sum(v for k, v in statuses.items() if k >= 500), "errors": errors[:20],
-            "no_cases_for": unsatisfiable, "healthy_after": healthy}
+    return {
+        "operations": len(ops),
+        "cases_tried": sum(tried.values()),
+        "per_operation": tried,
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "5xx_seen": sum(v for k, v in statuses.items() if k >= 500),
+        "errors": errors[:20],
+        "no_cases_for": unsatisfiable,
+        "healthy_after": healthy,
+    }

@@ -28,7 +28,11 @@ def test_penalties_match_plain_reference():
     logits = torch.randn(3, 40, generator=g)
     counts = torch.randint(0, 3, (3, 40), generator=g).float()
     seen = (counts > 0) | (torch.rand(3, 40, generator=g) > 0.7)
-    freq, pres, rep = torch.tensor([0.0, 0.5, -0.3]), torch.tensor([0.2, 0.0, 1.0]), torch.tensor([1.0, 1.3, 0.8])
+    freq, pres, rep = (
+        torch.tensor([0.0, 0.5, -0.3]),
+        torch.tensor([0.2, 0.0, 1.0]),
+        torch.tensor([1.0, 1.3, 0.8]),
+    )
     expected = naive_penalties(logits, counts, seen, freq, pres, rep)
     apply_penalties_(logits, counts, seen, freq, pres, rep)
     torch.testing.assert_close(logits, expected)
@@ -37,7 +41,10 @@ def test_penalties_match_plain_reference():
 def test_filter_probs_top_k_top_p_min_p():
     probs = torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]] * 3)
     kept, ids = filter_probs(
-        probs, top_k=torch.tensor([2, 5, 5]), top_p=torch.tensor([1.0, 0.8, 1.0]), min_p=torch.tensor([0.0, 0.0, 0.25])
+        probs,
+        top_k=torch.tensor([2, 5, 5]),
+        top_p=torch.tensor([1.0, 0.8, 1.0]),
+        min_p=torch.tensor([0.0, 0.0, 0.25]),
     )
     nz = [(ids[i][kept[i] > 0]).tolist() for i in range(3)]
     assert nz[0] == [0, 1]  # top-k 2
@@ -60,7 +67,9 @@ def test_seed_reproducible_and_top_k_one_is_greedy(engine):
 def test_seeded_sample_does_not_depend_on_batch(engine):
     p = {"max_new_tokens": 10, "temperature": 0.9, "seed": 11}
     alone = engine.generate("Tell me about cats.", p)["output_ids"]
-    mixed = engine.generate(["Tell me about cats.", "Numbers: 1 2 3"], [p, {"max_new_tokens": 10, "temperature": 0.8}])
+    mixed = engine.generate(
+        ["Tell me about cats.", "Numbers: 1 2 3"], [p, {"max_new_tokens": 10, "temperature": 0.8}]
+    )
     assert mixed[0]["output_ids"] == alone
 
 
@@ -71,7 +80,9 @@ def test_stop_string_trimmed_and_kept_with_no_stop_trim(engine):
     out = engine.generate(prompt, {"max_new_tokens": 16, "temperature": 0, "stop": stop})
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert stop not in out["text"] and free.startswith(out["text"])
-    kept = engine.generate(prompt, {"max_new_tokens": 16, "temperature": 0, "stop": stop, "no_stop_trim": True})
+    kept = engine.generate(
+        prompt, {"max_new_tokens": 16, "temperature": 0, "stop": stop, "no_stop_trim": True}
+    )
     assert kept["text"].endswith(stop)
 
 
@@ -122,5 +133,8 @@ def test_seeded_rows_follow_the_distribution():
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 27.9  # the 99.9% quantile of chi-square with 9 degrees of freedom
     again = Sampler(10, torch.device("cpu"))._sample_random(
-        logits.repeat(n, 1), [SimpleNamespace(params=params, rng=random.Random(s)) for s in range(n)], [False] * n)
+        logits.repeat(n, 1),
+        [SimpleNamespace(params=params, rng=random.Random(s)) for s in range(n)],
+        [False] * n,
+    )
     assert torch.equal(tokens, again)  # the same seeds draw the same tokens

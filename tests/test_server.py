@@ -49,7 +49,7 @@ PROGRAMS = textwrap.dedent('''
 
     not_a_program = 42
 ''')
-RUN_FILE = textwrap.dedent('''
+RUN_FILE = textwrap.dedent("""
     import json
     import radixlm as sgl
 
@@ -59,7 +59,7 @@ RUN_FILE = textwrap.dedent('''
 
     state = hello.run()
     print("RESULT " + json.dumps(state["out"]))
-''')
+""")
 
 
 class Server:
@@ -103,7 +103,7 @@ def _gen(server: Server, **body: Any) -> Any:
 def _sse(lines: Iterator[str]) -> Iterator[Any]:
     for line in lines:
         if line.startswith("data: "):
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             yield "[DONE]" if data == "[DONE]" else json.loads(data)
 
 
@@ -115,7 +115,9 @@ def _grammars_ready() -> bool:
     return callable(getattr(GrammarBackend, "compile", None))
 
 
-needs_grammar = pytest.mark.skipif(not _grammars_ready(), reason="radixlm.grammars has no compile function yet")
+needs_grammar = pytest.mark.skipif(
+    not _grammars_ready(), reason="radixlm.grammars has no compile function yet"
+)
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
 PROMPT = "The capital of France is"
 
@@ -143,8 +145,14 @@ def test_health_model_info_and_auth(server: Server) -> None:
 
 def test_generate_forms_agree(server: Server) -> None:
     """Greedy output is the same for text, input_ids, batch and stream forms."""
-    one = _gen(server, text=PROMPT, sampling_params=GREEDY, return_logprob=True, logprob_start_len=0,
-               return_text_in_logprobs=True)
+    one = _gen(
+        server,
+        text=PROMPT,
+        sampling_params=GREEDY,
+        return_logprob=True,
+        logprob_start_len=0,
+        return_text_in_logprobs=True,
+    )
     meta = one["meta_info"]
     assert meta["completion_tokens"] == len(one["output_ids"]) == 8
     assert meta["finish_reason"] == {"type": "length", "length": 8}
@@ -163,8 +171,9 @@ def test_generate_forms_agree(server: Server) -> None:
     ids_batch = _gen(server, input_ids=[prompt_ids, prompt_ids], sampling_params=[GREEDY, GREEDY])
     assert [b["output_ids"] for b in ids_batch] == [one["output_ids"]] * 2
 
-    with server.http.stream("POST", "/generate", json={"text": PROMPT, "sampling_params": GREEDY,
-                                                       "stream": True}) as r:
+    with server.http.stream(
+        "POST", "/generate", json={"text": PROMPT, "sampling_params": GREEDY, "stream": True}
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = list(_sse(r.iter_lines()))
     assert events[-1] == "[DONE]"
@@ -177,8 +186,9 @@ def test_generate_forms_agree(server: Server) -> None:
 
 
 def test_generate_n_and_top_logprobs(server: Server) -> None:
-    outs = _gen(server, text=PROMPT, sampling_params={**GREEDY, "n": 2}, return_logprob=True,
-                top_logprobs_num=3)
+    outs = _gen(
+        server, text=PROMPT, sampling_params={**GREEDY, "n": 2}, return_logprob=True, top_logprobs_num=3
+    )
     assert len(outs) == 2 and outs[0]["output_ids"] == outs[1]["output_ids"]
     meta = outs[0]["meta_info"]
     for (lp, tid, _), top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"]):
@@ -190,8 +200,11 @@ def test_generate_n_and_top_logprobs(server: Server) -> None:
 @needs_grammar
 def test_generate_regex(server: Server) -> None:
     pattern = r"(yes|no), [0-9]{1,3}\."
-    out = _gen(server, text="Answer:", sampling_params={"regex": pattern, "max_new_tokens": 16,
-                                                        "temperature": 0.8, "seed": 3})
+    out = _gen(
+        server,
+        text="Answer:",
+        sampling_params={"regex": pattern, "max_new_tokens": 16, "temperature": 0.8, "seed": 3},
+    )
     assert re.fullmatch(pattern, out["text"]), out["text"]
 
 
@@ -209,8 +222,14 @@ def test_chat_plain_streamed_and_n(server: Server) -> None:
     assert 0 < plain.usage.completion_tokens <= 8
     assert plain.usage.total_tokens == plain.usage.prompt_tokens + plain.usage.completion_tokens
 
-    stream = server.oai.chat.completions.create(model="x", messages=CHAT, max_tokens=8, temperature=0,
-                                                stream=True, stream_options={"include_usage": True})
+    stream = server.oai.chat.completions.create(
+        model="x",
+        messages=CHAT,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -224,9 +243,18 @@ def test_chat_plain_streamed_and_n(server: Server) -> None:
     assert all(c.message.content == choice.message.content for c in two.choices)
     assert two.usage.completion_tokens == 2 * plain.usage.completion_tokens
 
-    sampled = server.oai.chat.completions.create(model="x", messages=CHAT, max_tokens=8, n=2, stream=True,
-                                                 temperature=1.0, seed=7, logprobs=True, top_logprobs=2,
-                                                 extra_body={"ignore_eos": True})
+    sampled = server.oai.chat.completions.create(
+        model="x",
+        messages=CHAT,
+        max_tokens=8,
+        n=2,
+        stream=True,
+        temperature=1.0,
+        seed=7,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
     per_choice: dict[int, list[Any]] = {0: [], 1: []}
     for c in sampled:
         for ch in c.choices:
@@ -249,15 +277,17 @@ def test_completions_logprobs_and_echo(server: Server) -> None:
         assert 1 <= len(top) <= 3 and abs(max(top.values()) - chosen) < 1e-4
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
 
-    echo = server.oai.completions.create(model="x", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=1,
-                                         echo=True)
+    echo = server.oai.completions.create(
+        model="x", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=1, echo=True
+    )
     e = echo.choices[0]
     assert e.text == PROMPT + ref["text"]
     assert e.logprobs.token_logprobs[0] is None
     assert len(e.logprobs.tokens) == echo.usage.prompt_tokens + 6
 
-    streamed = server.oai.completions.create(model="x", prompt=[PROMPT, PROMPT], max_tokens=6, temperature=0,
-                                             stream=True)
+    streamed = server.oai.completions.create(
+        model="x", prompt=[PROMPT, PROMPT], max_tokens=6, temperature=0, stream=True
+    )
     texts = {0: "", 1: ""}
     for chunk in streamed:
         for ch in chunk.choices:
@@ -265,29 +295,58 @@ def test_completions_logprobs_and_echo(server: Server) -> None:
     assert texts == {0: ref["text"], 1: ref["text"]}
 
 
-PERSON = {"type": "object",
-          "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer", "minimum": 0,
-                                                                              "maximum": 120}},
-          "required": ["name", "age"], "additionalProperties": False}
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                                    "unit": {"type": "string", "enum": ["c", "f"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME_TOOL = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string", "enum": [
-        "UTC", "CET"]}}, "required": ["tz"], "additionalProperties": False}}}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "unit": {"type": "string", "enum": ["c", "f"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["tz"],
+            "additionalProperties": False,
+        },
+    },
+}
 TOOL_MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @needs_grammar
 def test_response_format_json_schema(server: Server) -> None:
     r = server.oai.chat.completions.create(
-        model="x", messages=[{"role": "user", "content": "Describe a person as JSON."}], max_tokens=60,
-        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
+        model="x",
+        messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+    )
     jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
-    r = server.oai.chat.completions.create(model="x", messages=CHAT, max_tokens=60, temperature=0,
-                                           response_format={"type": "json_object"})
+    r = server.oai.chat.completions.create(
+        model="x", messages=CHAT, max_tokens=60, temperature=0, response_format={"type": "json_object"}
+    )
     assert r.choices[0].finish_reason == "stop"  # sampled keys may run past any budget; greedy ends
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
@@ -303,34 +362,56 @@ def _check_calls(calls: Any, tools: list[dict[str, Any]]) -> None:
 @needs_grammar
 def test_tools_required_named_and_auto(server: Server) -> None:
     tools = [WEATHER_TOOL, TIME_TOOL]
-    r = server.oai.chat.completions.create(model="x", messages=TOOL_MSGS, tools=tools, tool_choice="required",
-                                           parallel_tool_calls=False, max_tokens=60)
+    r = server.oai.chat.completions.create(
+        model="x",
+        messages=TOOL_MSGS,
+        tools=tools,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=60,
+    )
     assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
     assert len(r.choices[0].message.tool_calls) == 1
     _check_calls(r.choices[0].message.tool_calls, tools)
 
     named = {"type": "function", "function": {"name": "get_time"}}
-    r = server.oai.chat.completions.create(model="x", messages=TOOL_MSGS, tools=tools, tool_choice=named,
-                                           max_tokens=40, n=2, temperature=1.0)
+    r = server.oai.chat.completions.create(
+        model="x", messages=TOOL_MSGS, tools=tools, tool_choice=named, max_tokens=40, n=2, temperature=1.0
+    )
     for choice in r.choices:
         assert [c.function.name for c in choice.message.tool_calls] == ["get_time"]
         _check_calls(choice.message.tool_calls, tools)
 
-    stream = server.oai.chat.completions.create(model="x", messages=TOOL_MSGS, tools=tools,
-                                                tool_choice={"type": "function", "function": {"name": "get_weather"}},
-                                                max_tokens=60, stream=True)
+    stream = server.oai.chat.completions.create(
+        model="x",
+        messages=TOOL_MSGS,
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=60,
+        stream=True,
+    )
     deltas = [ch.choices[0].delta for ch in stream if ch.choices]
     calls = [tc for d in deltas for tc in (d.tool_calls or [])]
     assert [c.function.name for c in calls] == ["get_weather"]
     jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER_TOOL["function"]["parameters"])
 
     history = TOOL_MSGS + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees"}]
-    auto = server.oai.chat.completions.create(model="x", messages=history, tools=tools, tool_choice="auto",
-                                              max_tokens=30, temperature=0)
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees"},
+    ]
+    auto = server.oai.chat.completions.create(
+        model="x", messages=history, tools=tools, tool_choice="auto", max_tokens=30, temperature=0
+    )
     msg = auto.choices[0].message
     if msg.tool_calls:  # the model chose to call: arguments must still validate
         _check_calls(msg.tool_calls, tools)
@@ -342,17 +423,39 @@ def test_tools_required_named_and_auto(server: Server) -> None:
     # that follows is generated under the call schema (both parallel forms, plain and streamed)
     shots = []
     for city in ("Rome", "Oslo", "Lima"):
-        shots += [{"role": "user", "content": f"Weather in {city}?"},
-                  {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {
-                      "name": "get_weather", "arguments": json.dumps({"city": city, "unit": "c"})}}]}]
+        shots += [
+            {"role": "user", "content": f"Weather in {city}?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c",
+                        "type": "function",
+                        "function": {
+                            "name": "get_weather",
+                            "arguments": json.dumps({"city": city, "unit": "c"}),
+                        },
+                    }
+                ],
+            },
+        ]
     shots.append({"role": "user", "content": "Weather in Paris?"})
     for parallel in (False, True):
-        r = server.oai.chat.completions.create(model="x", messages=shots, tools=tools, tool_choice="auto",
-                                               parallel_tool_calls=parallel, max_tokens=40, temperature=0)
+        r = server.oai.chat.completions.create(
+            model="x",
+            messages=shots,
+            tools=tools,
+            tool_choice="auto",
+            parallel_tool_calls=parallel,
+            max_tokens=40,
+            temperature=0,
+        )
         assert r.choices[0].finish_reason == "tool_calls", r.choices[0].message
         _check_calls(r.choices[0].message.tool_calls, tools)
-    stream = server.oai.chat.completions.create(model="x", messages=shots, tools=tools, tool_choice="auto",
-                                                max_tokens=40, temperature=0, stream=True)
+    stream = server.oai.chat.completions.create(
+        model="x", messages=shots, tools=tools, tool_choice="auto", max_tokens=40, temperature=0, stream=True
+    )
     calls = [tc for ch in stream if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
     assert [c.function.arguments for c in calls] == [r.choices[0].message.tool_calls[0].function.arguments]
 
@@ -376,7 +479,9 @@ def test_programs_list_and_run(server: Server) -> None:
     assert "What is 2+2?" in out["text"]
     assert out["meta_info"]["answer"]["completion_tokens"] <= 6
 
-    with server.http.stream("POST", "/programs/two_steps", json={"args": {"topic": "cats"}, "stream": True}) as s:
+    with server.http.stream(
+        "POST", "/programs/two_steps", json={"args": {"topic": "cats"}, "stream": True}
+    ) as s:
         events = list(_sse(s.iter_lines()))
     assert events[-1] == "[DONE]" and events[-2]["done"] is True
     final = events[-2]["variables"]
@@ -399,17 +504,33 @@ HI = "Hi there, how are you doing today?"
 
 def test_metrics_parse(server: Server) -> None:
     before = server.metrics()
-    with server.http.stream("POST", "/generate", json={"text": HI, "stream": True,
-                                                       "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}) as r:
+    with server.http.stream(
+        "POST",
+        "/generate",
+        json={"text": HI, "stream": True, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}},
+    ) as r:
         list(r.iter_lines())
     _gen(server, text=HI, sampling_params={"max_new_tokens": 4, "ignore_eos": True})  # now prefix-cached
     m = server.metrics()
-    for name in ("radixlm_num_running_requests", "radixlm_num_waiting_requests", "radixlm_kv_free_slots",
-                 "radixlm_kv_total_slots", "radixlm_kv_usage", "radixlm_radix_hit_rate",
-                 "radixlm_retractions_total", "radixlm_inter_token_latency_seconds_count"):
+    for name in (
+        "radixlm_num_running_requests",
+        "radixlm_num_waiting_requests",
+        "radixlm_kv_free_slots",
+        "radixlm_kv_total_slots",
+        "radixlm_kv_usage",
+        "radixlm_radix_hit_rate",
+        "radixlm_retractions_total",
+        "radixlm_inter_token_latency_seconds_count",
+    ):
         assert name in m, name
-    assert m["radixlm_time_to_first_token_seconds_count"] == before["radixlm_time_to_first_token_seconds_count"] + 1
-    assert m["radixlm_e2e_request_latency_seconds_count"] >= before["radixlm_e2e_request_latency_seconds_count"] + 2
+    assert (
+        m["radixlm_time_to_first_token_seconds_count"]
+        == before["radixlm_time_to_first_token_seconds_count"] + 1
+    )
+    assert (
+        m["radixlm_e2e_request_latency_seconds_count"]
+        >= before["radixlm_e2e_request_latency_seconds_count"] + 2
+    )
     assert m["radixlm_generation_tokens_total"] == before["radixlm_generation_tokens_total"] + 8
     assert m["radixlm_prompt_tokens_total"] > before["radixlm_prompt_tokens_total"]
     assert m["radixlm_cached_prompt_tokens_total"] > before["radixlm_cached_prompt_tokens_total"]
@@ -429,30 +550,58 @@ def _error(r: httpx.Response, status: int, *words: str) -> None:
 
 def test_error_cases_keep_serving(server: Server) -> None:
     h = server.http
-    _error(h.post("/generate", content=b'{"text": "a",', headers={"content-type": "application/json"}),
-           400, "malformed JSON")
-    _error(h.post("/generate", json={"text": "a", "sampling_params": {"max_new_tokenz": 3}}),
-           422, "max_new_tokenz", "unknown field")
+    _error(
+        h.post("/generate", content=b'{"text": "a",', headers={"content-type": "application/json"}),
+        400,
+        "malformed JSON",
+    )
+    _error(
+        h.post("/generate", json={"text": "a", "sampling_params": {"max_new_tokenz": 3}}),
+        422,
+        "max_new_tokenz",
+        "unknown field",
+    )
     _error(h.post("/v1/chat/completions", json={"messages": CHAT, "temprature": 0.5}), 422, "temprature")
     _error(h.post("/generate", json={"text": "a", "input_ids": [1]}), 422, "exactly one")
     _error(h.post("/generate", json={"text": "a", "sampling_params": {"regex": "(unclosed"}}), 400)
     bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
     _error(h.post("/v1/chat/completions", json={"messages": CHAT, "response_format": bad_schema}), 400)
     _error(h.post("/generate", json={"text": "word " * (MAX_PROMPT_TOKENS + 10)}), 400, "limit")
-    _error(h.post("/generate", json={"input_ids": [1] * 8, "sampling_params": {"max_new_tokens": 10 ** 6}}),
-           400, "max_new_tokens")
-    _error(h.post("/generate", json={"input_ids": [10 ** 9]}), 400, "vocabulary")
-    _error(h.post("/generate", content=b"x" * 70000, headers={"content-type": "application/json"}),
-           413, "exceeds")
-    _error(h.post("/v1/chat/completions", json={"messages": CHAT, "tool_choice": {
-        "type": "function", "function": {"name": "ghost"}}, "tools": [WEATHER_TOOL]}), 422, "ghost")
-    _error(httpx.post(server.url + "/generate", json={"text": "a"}, headers={"Authorization": "Bearer bad"}),
-           401)
+    _error(
+        h.post("/generate", json={"input_ids": [1] * 8, "sampling_params": {"max_new_tokens": 10**6}}),
+        400,
+        "max_new_tokens",
+    )
+    _error(h.post("/generate", json={"input_ids": [10**9]}), 400, "vocabulary")
+    _error(
+        h.post("/generate", content=b"x" * 70000, headers={"content-type": "application/json"}),
+        413,
+        "exceeds",
+    )
+    _error(
+        h.post(
+            "/v1/chat/completions",
+            json={
+                "messages": CHAT,
+                "tool_choice": {"type": "function", "function": {"name": "ghost"}},
+                "tools": [WEATHER_TOOL],
+            },
+        ),
+        422,
+        "ghost",
+    )
+    _error(
+        httpx.post(server.url + "/generate", json={"text": "a"}, headers={"Authorization": "Bearer bad"}), 401
+    )
     with pytest.raises(openai.UnprocessableEntityError):
         server.oai.completions.create(model="x", prompt="a", max_tokens=4, logit_bias={"1": 2.0})
     assert h.get("/health_generate").status_code == 200
-    assert _gen(server, text="Still alive?", sampling_params={"max_new_tokens": 2, "ignore_eos": True})["meta_info"][
-        "completion_tokens"] == 2
+    assert (
+        _gen(server, text="Still alive?", sampling_params={"max_new_tokens": 2, "ignore_eos": True})[
+            "meta_info"
+        ]["completion_tokens"]
+        == 2
+    )
 
 
 def test_overload_gives_503_with_retry_after(server: Server) -> None:
@@ -480,7 +629,11 @@ def _wait_idle(server: Server, timeout_s: float = 60) -> dict[str, float]:
     while True:
         m = server.metrics()
         idle = m["radixlm_num_running_requests"] == 0 and m["radixlm_num_waiting_requests"] == 0
-        if idle and m["radixlm_server_pending_requests"] == 0 and server.http.post("/flush_cache").status_code == 200:
+        if (
+            idle
+            and m["radixlm_server_pending_requests"] == 0
+            and server.http.post("/flush_cache").status_code == 200
+        ):
             return server.metrics()
         assert time.monotonic() < deadline, m
         time.sleep(0.1)
@@ -492,11 +645,24 @@ def test_disconnects_abort_and_free_kv(server: Server) -> None:
     n_clients = 20
 
     def drop_midway(i: int) -> int:
-        path, body = ("/generate", {"text": f"Story {i}:", "stream": True,
-                                    "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}})
+        path, body = (
+            "/generate",
+            {
+                "text": f"Story {i}:",
+                "stream": True,
+                "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
+            },
+        )
         if i % 2:
-            path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": f"Story {i}"}],
-                                                  "stream": True, "max_tokens": 400, "ignore_eos": True}
+            path, body = (
+                "/v1/chat/completions",
+                {
+                    "messages": [{"role": "user", "content": f"Story {i}"}],
+                    "stream": True,
+                    "max_tokens": 400,
+                    "ignore_eos": True,
+                },
+            )
         seen = 0
         with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as c:
             with c.stream("POST", path, json=body) as r:
@@ -509,8 +675,14 @@ def test_disconnects_abort_and_free_kv(server: Server) -> None:
     with ThreadPoolExecutor(n_clients) as pool:
         assert list(pool.map(drop_midway, range(n_clients))) == [3] * n_clients
     end = _wait_idle(server)
-    assert end["radixlm_client_aborted_requests_total"] - start["radixlm_client_aborted_requests_total"] == n_clients
-    assert end["radixlm_engine_aborted_requests_total"] - start["radixlm_engine_aborted_requests_total"] == n_clients
+    assert (
+        end["radixlm_client_aborted_requests_total"] - start["radixlm_client_aborted_requests_total"]
+        == n_clients
+    )
+    assert (
+        end["radixlm_engine_aborted_requests_total"] - start["radixlm_engine_aborted_requests_total"]
+        == n_clients
+    )
     finished = end["radixlm_engine_finished_requests_total"] - start["radixlm_engine_finished_requests_total"]
     generated = end["radixlm_generation_tokens_total"] - start["radixlm_generation_tokens_total"]
     assert generated < n_clients * 400 and finished <= n_clients  # nobody ran to the end
@@ -535,8 +707,12 @@ def test_program_disconnects_abort_the_run(server: Server) -> None:
 
 
 def test_abort_request_by_rid(server: Server) -> None:
-    body = {"text": "Tell a long story:", "rid": "abort-me", "stream": True,
-            "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
+    body = {
+        "text": "Tell a long story:",
+        "rid": "abort-me",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 400, "ignore_eos": True},
+    }
     events: list[Any] = []
     with server.http.stream("POST", "/generate", json=body) as r:
         for event in _sse(r.iter_lines()):
@@ -560,7 +736,7 @@ def test_cli_run_program_file(server: Server, tmp_path: Path, capsys: pytest.Cap
     f.write_text(RUN_FILE)
     main(["run", str(f), "--url", server.url, "--api-key", KEY])
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("RESULT "))
-    value = json.loads(line[len("RESULT "):])
+    value = json.loads(line[len("RESULT ") :])
     ref = _gen(server, text="Say hello:", sampling_params={"max_new_tokens": 3, "temperature": 0})
     assert value == ref["text"]  # same greedy tokens through the program backend
     with pytest.raises(SystemExit):
@@ -575,14 +751,19 @@ def test_graceful_shutdown_drains_then_aborts(server: Server) -> None:
     results: dict[str, Any] = {}
 
     def stream(name: str, max_new: int) -> None:
-        body = {"text": f"{name}:", "stream": True, "sampling_params": {"max_new_tokens": max_new,
-                                                                        "ignore_eos": True}}
+        body = {
+            "text": f"{name}:",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": max_new, "ignore_eos": True},
+        }
         with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as c:
             with c.stream("POST", "/generate", json=body) as r:
                 results[name] = list(_sse(r.iter_lines()))
 
-    threads = [threading.Thread(target=stream, args=("short", 6)), threading.Thread(target=stream,
-                                                                                    args=("long", 3000))]
+    threads = [
+        threading.Thread(target=stream, args=("short", 6)),
+        threading.Thread(target=stream, args=("long", 3000)),
+    ]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 30

@@ -15,9 +15,18 @@ from radixlm.backend.server.app import _format_validation
 from radixlm.backend.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from radixlm.backend.server.tools import plan_tools
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-    "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
 TIME = {"type": "function", "function": {"name": "get_time"}}  # no parameters: any object
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -43,7 +52,9 @@ def test_tool_schemas_accept_exactly_well_formed_calls() -> None:
     assert not _valid(single, {"name": "get_time", "arguments": {}, "extra": 1})
 
     many = plan_tools(_chat(tool_choice="required")).call_schema()
-    assert _valid(many, [{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "x"}}])
+    assert _valid(
+        many, [{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "x"}}]
+    )
     assert not _valid(many, [])
 
     named = plan_tools(_chat(tool_choice={"type": "function", "function": {"name": "get_weather"}}))
@@ -66,11 +77,14 @@ def test_tool_call_parsing() -> None:
     assert named.parse("{}")[0]["function"]["name"] == "get_time"
 
 
-@pytest.mark.parametrize("kwargs, reason", [
-    ({"tool_choice": {"type": "function", "function": {"name": "ghost"}}}, "unknown tool"),
-    ({"top_logprobs": 2}, "logprobs"),
-    ({"logit_bias": {"1": 1.0}}, "logit_bias"),
-])
+@pytest.mark.parametrize(
+    "kwargs, reason",
+    [
+        ({"tool_choice": {"type": "function", "function": {"name": "ghost"}}}, "unknown tool"),
+        ({"top_logprobs": 2}, "logprobs"),
+        ({"logit_bias": {"1": 1.0}}, "logit_bias"),
+    ],
+)
 def test_chat_request_rejections(kwargs: dict, reason: str) -> None:
     with pytest.raises(ValidationError, match=reason):
         _chat(**kwargs)
@@ -83,7 +97,8 @@ def test_tools_do_not_mix_with_other_constraints() -> None:
     with pytest.raises(ValueError, match="regex"):
         plan_tools(_chat(regex="a+"))
     assert ChatCompletionRequest(messages=MSGS, response_format=fmt).sampling_params(8)["json_schema"] == {
-        "type": "object"}
+        "type": "object"
+    }
 
 
 def test_request_shapes() -> None:

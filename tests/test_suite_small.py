@@ -13,27 +13,61 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "benchmarks" / "suite.py"
-CPU_RATIOS = {"few_shot_radix", "tree_radix", "multi_turn_radix", "few_shot_cascade", "json_jump_forward",
-              "json_vs_free", "json_valid", "server_vs_engine", "server_ttft_p99", "server_itl_vs_engine",
-              "programs_vs_raw", "b128_vs_hf", "mixed_out_tok_s", "kernel_compiles"}
+CPU_RATIOS = {
+    "few_shot_radix",
+    "tree_radix",
+    "multi_turn_radix",
+    "few_shot_cascade",
+    "json_jump_forward",
+    "json_vs_free",
+    "json_valid",
+    "server_vs_engine",
+    "server_ttft_p99",
+    "server_itl_vs_engine",
+    "programs_vs_raw",
+    "b128_vs_hf",
+    "mixed_out_tok_s",
+    "kernel_compiles",
+}
 
 
 @pytest.mark.slow
 def test_small_suite_runs_every_worker(tmp_path: Path) -> None:
     out = tmp_path / "suite_cpu.json"
-    proc = subprocess.run([sys.executable, str(SUITE), "--small", "--device", "cpu", "--out", str(out)],
-                          capture_output=True, text=True, timeout=1500)
+    proc = subprocess.run(
+        [sys.executable, str(SUITE), "--small", "--device", "cpu", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert {k: v["_worker"]["status"] for k, v in result["workers"].items()} == \
-        {"engine": "ok", "radix_off": "ok", "hf": "ok", "server": "ok"}
+    assert {k: v["_worker"]["status"] for k, v in result["workers"].items()} == {
+        "engine": "ok",
+        "radix_off": "ok",
+        "hf": "ok",
+        "server": "ok",
+    }
     assert CPU_RATIOS <= set(result["ratios"]), sorted(CPU_RATIOS - set(result["ratios"]))
     assert result["ratios"]["json_valid"]["value"] == 1.0  # every finished constrained output validates
     assert all(v["met"] is None for v in result["ratios"].values())  # targets are judged on the GPU run
     assert (tmp_path / "suite_cpu.md").read_text().count("\n| ") >= len(CPU_RATIOS)
 
-    same = subprocess.run([sys.executable, str(SUITE), "--compare", str(out), "--workers", "", "--out",
-                           str(tmp_path / "again.json")], capture_output=True, text=True, timeout=120)
+    same = subprocess.run(
+        [
+            sys.executable,
+            str(SUITE),
+            "--compare",
+            str(out),
+            "--workers",
+            "",
+            "--out",
+            str(tmp_path / "again.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert same.returncode == 0, same.stdout + same.stderr
 
 
@@ -41,10 +75,18 @@ def test_compare_flags_a_fall_in_either_direction() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import suite_report
 
-    old = {"ratios": {"a": {"value": 2.0, "higher_is_better": True, "what": "a"},
-                      "b": {"value": 100.0, "higher_is_better": False, "what": "b"}}}
-    new = {"ratios": {"a": {"value": 1.85, "higher_is_better": True, "what": "a"},
-                      "b": {"value": 104.0, "higher_is_better": False, "what": "b"}}}
+    old = {
+        "ratios": {
+            "a": {"value": 2.0, "higher_is_better": True, "what": "a"},
+            "b": {"value": 100.0, "higher_is_better": False, "what": "b"},
+        }
+    }
+    new = {
+        "ratios": {
+            "a": {"value": 1.85, "higher_is_better": True, "what": "a"},
+            "b": {"value": 104.0, "higher_is_better": False, "what": "b"},
+        }
+    }
     assert [x.split(":")[0] for x in suite_report.compare(old, new)] == ["a"]
     new["ratios"]["b"]["value"] = 106.0
     assert [x.split(":")[0] for x in suite_report.compare(old, new)] == ["a", "b"]
