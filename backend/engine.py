@@ -4,7 +4,6 @@ blocking, streamed, or to asyncio. Bad input raises ValueError before any model 
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import gc
 import itertools
@@ -13,7 +12,7 @@ import queue
 import threading
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -22,22 +21,20 @@ import torch
 from radixlm.kernels import compiled_kernel_count
 
 from . import limits
-from .constrained import attach_grammars, grammar_backend, wait_grammars, wait_grammars_async
+from .constrained import grammar_backend
 from .embeddings import check_inputs, embed, embedding_inputs
-from .engine_inbox import AbortRequest, AddRequest, EngineInbox, RunCall, Stop
-from .engine_inputs import RequestSpec, normalize_requests
+from .engine_inbox import EngineInbox, RunCall, Stop
 from .engine_release import holders, release_tensors
+from .engine_requests import EngineRequests
 from .loader import default_model_path, load_config, resolve_model_dir
-from .loop_mailbox import LoopMailbox, coalesce_chunks
 from .model_config import ModelConfig, named_shape_config
 from .model_runner import ModelRunner, resolve_dtype
 from .prefix_cache import BasePrefixCache, NoPrefixCache
 from .radix_cache import RadixCache
-from .request import Req
 from .sampler import Sampler
 from .scheduler import Scheduler
 from .scheduler_config import SchedulerConfig, SpeculativeConfig
-from .tokenizer import IncrementalDetokenizer, load_tokenizer
+from .tokenizer import load_tokenizer
 from .warmup import measure_cascade_costs, warm_up
 
 logger = logging.getLogger(__name__)
@@ -57,7 +54,7 @@ def _shutdown_live_engines() -> None:
 atexit.register(_shutdown_live_engines)
 
 
-class Engine:
+class Engine(EngineRequests):
     def __init__(
         self,
         model_path: str | None = None,
@@ -92,7 +89,9 @@ class Engine:
         speculative_algorithm: "ngram" speculates (prompt lookup) for requests that do not say
         otherwise; speculative_policy "auto" backs off where it does not pay, "always" never does."""
         logging.getLogger("radixlm").setLevel(log_level.upper())
-        speculative = SpeculativeConfig(speculative_algorithm, speculative_num_draft_tokens, speculative_policy)
+        speculative = SpeculativeConfig(
+            speculative_algorithm, speculative_num_draft_tokens, speculative_policy
+        )
         if cuda_graph_max_bs is not None and cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be at least 1, got {cuda_graph_max_bs}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -110,21 +109,40 @@ class Engine:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
         self.runner = ModelRunner(
-            config, None if model_shape else model_dir, self.device, resolve_dtype(dtype, self.device),
-            max_total_tokens, mem_fraction_static, max_running_requests, random_weights or bool(model_shape), seed,
-            disable_cuda_graph=disable_cuda_graph, cuda_graph_max_bs=cuda_graph_max_bs,
-            cascade_graphs=not disable_cascade, quantization=quantization,
+            config,
+            None if model_shape else model_dir,
+            self.device,
+            resolve_dtype(dtype, self.device),
+            max_total_tokens,
+            mem_fraction_static,
+            max_running_requests,
+            random_weights or bool(model_shape),
+            seed,
+            disable_cuda_graph=disable_cuda_graph,
+            cuda_graph_max_bs=cuda_graph_max_bs,
+            cascade_graphs=not disable_cascade,
+            quantization=quantization,
         )
         self.cache: BasePrefixCache = NoPrefixCache() if disable_radix_cache else RadixCache()
-        chunk = chunked_prefill_size if chunked_prefill_size is not None else limits.chunked_prefill_size(self.device)
+        chunk = (
+            chunked_prefill_size
+            if chunked_prefill_size is not None
+            else limits.chunked_prefill_size(self.device)
+        )
         chunk = chunk if chunk > 0 else config.context_len
         max_running_requests = self.runner.max_running_requests
         overlap = self.device.type == "cuda" if overlap_schedule is None else overlap_schedule
         cascade = not disable_cascade and self.runner.supports_cascade
         self.scheduler = Scheduler(
-            self.runner, self.cache, Sampler(config.vocab_size, self.device, seed),
+            self.runner,
+            self.cache,
+            Sampler(config.vocab_size, self.device, seed),
             SchedulerConfig(
-                config.context_len, chunk, max_running_requests, overlap=overlap, enable_cascade=cascade,
+                config.context_len,
+                chunk,
+                max_running_requests,
+                overlap=overlap,
+                enable_cascade=cascade,
                 speculative=speculative,
             ),
         )
@@ -191,127 +209,7 @@ class Engine:
         self._inbox.put(RunCall(fn, fut))
         return fut.result()
 
-    # ---- request construction ---------------------------------------------------------
-    def _make_reqs(self, specs: list[RequestSpec], sink_for: Callable[[int], Callable]) -> list[Req]:
-        reqs = []
-        for k, spec in enumerate(specs):
-            reqs.append(Req(
-                rid=spec.rid, input_ids=spec.input_ids, params=spec.params, sink=sink_for(k),
-                detok=IncrementalDetokenizer(
-                    self.tokenizer, spec.params.skip_special_tokens, spec.params.spaces_between_special_tokens
-                ),
-                eos_token_ids=self.eos_token_ids, return_logprob=spec.return_logprob,
-                logprob_start_len=spec.logprob_start_len, top_logprobs_num=spec.top_logprobs_num,
-                stream=spec.stream, pin_handle=spec.pin_handle,
-            ))
-        self._attach_grammars(reqs)
-        return reqs
-
-    def _attach_grammars(self, reqs: list[Req]) -> None:
-        attach_grammars(self, reqs)  # compiles start off the scheduler thread
-
-    def _specs(self, prompt: Any, sampling_params: Any, input_ids: Any, rid: Any, **kw: Any) -> tuple[list[RequestSpec], bool]:
-        if self._closed:
-            raise RuntimeError("engine is shut down")
-        with self._tok_lock:
-            return normalize_requests(
-                self.tokenizer, self.model_config, self.runner.allocator.size,
-                prompt, sampling_params, input_ids, rid, **kw,
-            )
-
-    def _submit(self, reqs: list[Req]) -> None:
-        wait_grammars(reqs)  # the caller waits for its grammars; a bad one raises ValueError here
-        for r in reqs:
-            self._inbox.put(AddRequest(r))
-
-    # ---- public API -------------------------------------------------------------------
-    def generate(
-        self,
-        prompt: str | list[str] | None = None,
-        sampling_params: dict | list[dict] | None = None,
-        input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
-        stream: bool = False,
-        rid: str | list[str] | None = None,
-    ) -> dict | list[dict] | Iterator[dict]:
-        specs, single = self._specs(
-            prompt, sampling_params, input_ids, rid, return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, stream=stream,
-        )
-        if stream:
-            return self._stream_sync(specs)
-        queues: list[queue.Queue] = [queue.Queue() for _ in specs]
-        reqs = self._make_reqs(specs, lambda k: queues[k].put)
-        self._submit(reqs)
-        outs = [q.get() for q in queues]
-        return outs[0] if single else outs
-
-    def _stream_sync(self, specs: list[RequestSpec]) -> Iterator[dict]:
-        q: queue.Queue = queue.Queue()
-        reqs = self._make_reqs(specs, lambda k: q.put)
-        self._submit(reqs)
-
-        def chunks() -> Iterator[dict]:
-            done = False
-            try:
-                while not done:
-                    chunk = q.get()
-                    done = chunk["meta_info"]["finish_reason"] is not None
-                    yield chunk
-            finally:
-                if not done:
-                    self.abort_request(reqs[0].rid)
-
-        return chunks()
-
-    async def async_generate(
-        self,
-        prompt: str | list[str] | None = None,
-        sampling_params: dict | list[dict] | None = None,
-        input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
-        stream: bool = False,
-        rid: str | list[str] | None = None,
-    ) -> dict | list[dict] | AsyncIterator[dict]:
-        specs, single = self._specs(
-            prompt, sampling_params, input_ids, rid, return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, stream=stream,
-        )
-        loop = asyncio.get_running_loop()
-        queues: list[asyncio.Queue] = [asyncio.Queue() for _ in specs]
-        box = LoopMailbox.for_loop(loop)  # one wake-up of the loop per batch of results
-        reqs = self._make_reqs(specs, lambda k: lambda item: box.post(queues[k], item))
-        await wait_grammars_async(reqs)
-        self._submit(reqs)
-        if stream:
-            return self._stream_async(queues[0], reqs[0].rid)
-        try:
-            outs = [await q.get() for q in queues]
-        except asyncio.CancelledError:
-            for r in reqs:
-                self.abort_request(r.rid)
-            raise
-        return outs[0] if single else outs
-
-    async def _stream_async(self, q: asyncio.Queue, rid: str) -> AsyncIterator[dict]:
-        done = False
-        try:
-            while not done:
-                chunk = coalesce_chunks(await q.get(), q)
-                done = chunk["meta_info"]["finish_reason"] is not None
-                yield chunk
-        finally:
-            if not done:
-                self.abort_request(rid)
-
-    def abort_request(self, rid: str) -> None:
-        if not self._closed:
-            self._inbox.put(AbortRequest(rid))
-
+    # ---- public API (generate, async_generate and abort_request: engine_requests.py) ----
     def flush_cache(self) -> bool:
         """Empty the prefix cache. Refused (False) while requests run or prefixes are pinned."""
 
@@ -325,8 +223,12 @@ class Engine:
 
         return self._call(flush)
 
-    def encode(self, prompt: str | list[str] | None = None, input_ids: list[int] | list[list[int]] | None = None,
-               pooling: str = "last") -> list[list[float]]:
+    def encode(
+        self,
+        prompt: str | list[str] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        pooling: str = "last",
+    ) -> list[list[float]]:
         """Embeddings of each input: the final normalized hidden state of its last token (or the
         mean over its tokens), L2-normalized (backend/embeddings.py)."""
         with self._tok_lock:
@@ -395,8 +297,10 @@ class Engine:
         gc.collect()  # the model runner and its graph runner / attention backend form cycles
         held = model()
         if held is not None:  # free the weights anyway, and say who keeps the module alive
-            logger.warning("engine shut down but its model is still referenced (by %s); its weights "
-                           "are released", ", ".join(holders(held)) or "unknown")
+            logger.warning(
+                "engine shut down but its model is still referenced (by %s); its weights are released",
+                ", ".join(holders(held)) or "unknown",
+            )
             release_tensors(held)
             del held
         kv = pool()

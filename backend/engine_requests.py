@@ -1,0 +1,183 @@
+"""EngineRequests: the Engine's request path. Normalizes a call into RequestSpecs, builds the Reqs
+with their detokenizers and grammars, submits them to the scheduler thread, and delivers results
+blocking, streamed, or to asyncio; an abandoned stream aborts its request."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from .constrained import attach_grammars, wait_grammars, wait_grammars_async
+from .engine_inbox import AbortRequest, AddRequest, EngineInbox
+from .engine_inputs import RequestSpec, normalize_requests
+from .loop_mailbox import LoopMailbox, coalesce_chunks
+from .model_config import ModelConfig
+from .model_runner import ModelRunner
+from .request import Req
+from .tokenizer import IncrementalDetokenizer
+
+
+class EngineRequests:
+    """Mixed into Engine, which sets these attributes in its constructor."""
+
+    tokenizer: Any
+    model_config: ModelConfig
+    runner: ModelRunner
+    eos_token_ids: frozenset[int]
+    _inbox: EngineInbox
+    _tok_lock: threading.Lock
+    _closed: bool
+
+    # ---- request construction ---------------------------------------------------------
+    def _make_reqs(self, specs: list[RequestSpec], sink_for: Callable[[int], Callable]) -> list[Req]:
+        reqs = []
+        for k, spec in enumerate(specs):
+            reqs.append(
+                Req(
+                    rid=spec.rid,
+                    input_ids=spec.input_ids,
+                    params=spec.params,
+                    sink=sink_for(k),
+                    detok=IncrementalDetokenizer(
+                        self.tokenizer,
+                        spec.params.skip_special_tokens,
+                        spec.params.spaces_between_special_tokens,
+                    ),
+                    eos_token_ids=self.eos_token_ids,
+                    return_logprob=spec.return_logprob,
+                    logprob_start_len=spec.logprob_start_len,
+                    top_logprobs_num=spec.top_logprobs_num,
+                    stream=spec.stream,
+                    pin_handle=spec.pin_handle,
+                )
+            )
+        self._attach_grammars(reqs)
+        return reqs
+
+    def _attach_grammars(self, reqs: list[Req]) -> None:
+        attach_grammars(self, reqs)  # compiles start off the scheduler thread
+
+    def _specs(
+        self, prompt: Any, sampling_params: Any, input_ids: Any, rid: Any, **kw: Any
+    ) -> tuple[list[RequestSpec], bool]:
+        if self._closed:
+            raise RuntimeError("engine is shut down")
+        with self._tok_lock:
+            return normalize_requests(
+                self.tokenizer,
+                self.model_config,
+                self.runner.allocator.size,
+                prompt,
+                sampling_params,
+                input_ids,
+                rid,
+                **kw,
+            )
+
+    def _submit(self, reqs: list[Req]) -> None:
+        wait_grammars(reqs)  # the caller waits for its grammars; a bad one raises ValueError here
+        for r in reqs:
+            self._inbox.put(AddRequest(r))
+
+    # ---- public API -------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+    ) -> dict | list[dict] | Iterator[dict]:
+        specs, single = self._specs(
+            prompt,
+            sampling_params,
+            input_ids,
+            rid,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            stream=stream,
+        )
+        if stream:
+            return self._stream_sync(specs)
+        queues: list[queue.Queue] = [queue.Queue() for _ in specs]
+        reqs = self._make_reqs(specs, lambda k: queues[k].put)
+        self._submit(reqs)
+        outs = [q.get() for q in queues]
+        return outs[0] if single else outs
+
+    def _stream_sync(self, specs: list[RequestSpec]) -> Iterator[dict]:
+        q: queue.Queue = queue.Queue()
+        reqs = self._make_reqs(specs, lambda k: q.put)
+        self._submit(reqs)
+
+        def chunks() -> Iterator[dict]:
+            done = False
+            try:
+                while not done:
+                    chunk = q.get()
+                    done = chunk["meta_info"]["finish_reason"] is not None
+                    yield chunk
+            finally:
+                if not done:
+                    self.abort_request(reqs[0].rid)
+
+        return chunks()
+
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+    ) -> dict | list[dict] | AsyncIterator[dict]:
+        specs, single = self._specs(
+            prompt,
+            sampling_params,
+            input_ids,
+            rid,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            stream=stream,
+        )
+        loop = asyncio.get_running_loop()
+        queues: list[asyncio.Queue] = [asyncio.Queue() for _ in specs]
+        box = LoopMailbox.for_loop(loop)  # one wake-up of the loop per batch of results
+        reqs = self._make_reqs(specs, lambda k: lambda item: box.post(queues[k], item))
+        await wait_grammars_async(reqs)
+        self._submit(reqs)
+        if stream:
+            return self._stream_async(queues[0], reqs[0].rid)
+        try:
+            outs = [await q.get() for q in queues]
+        except asyncio.CancelledError:
+            for r in reqs:
+                self.abort_request(r.rid)
+            raise
+        return outs[0] if single else outs
+
+    async def _stream_async(self, q: asyncio.Queue, rid: str) -> AsyncIterator[dict]:
+        done = False
+        try:
+            while not done:
+                chunk = coalesce_chunks(await q.get(), q)
+                done = chunk["meta_info"]["finish_reason"] is not None
+                yield chunk
+        finally:
+            if not done:
+                self.abort_request(rid)
+
+    def abort_request(self, rid: str) -> None:
+        if not self._closed:
+            self._inbox.put(AbortRequest(rid))
