@@ -1,0 +1,199 @@
+"""/v1/chat/completions pieces: the engine sequences of a request, each choice's events (text
+deltas, tool calls generated under the call schema, the finish), the per-choice accumulator, and
+the SSE event stream; the route itself is in openai_api.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from .openai_shapes import Tok, choice_rid, finish_reason, sample_params, usage
+from .protocol import ChatCompletionRequest, error_body, now
+from .runner import Runner, Seq, run_to_end
+from .streams import SSE_DONE, merge_streams, sse
+from .tools import TOOL_CALL_TAG, ToolPlan
+
+
+@dataclass
+class ChatCtx:
+    """What every choice of one chat request shares."""
+
+    req: ChatCompletionRequest
+    plan: ToolPlan
+    prompt_ids: list[int]
+    base_sp: dict[str, Any]
+    tok: Tok
+
+
+def chat_seqs(ctx: ChatCtx) -> list[Seq]:
+    req, plan = ctx.req, ctx.plan
+    sp = dict(ctx.base_sp)
+    if plan.mode in ("named", "required"):
+        sp["json_schema"] = plan.call_schema()
+        sp["json_schema_strict"] = plan.strict
+    elif plan.mode == "auto":
+        stops = sp.get("stop") or []
+        sp["stop"] = ([stops] if isinstance(stops, str) else list(stops)) + [TOOL_CALL_TAG]
+    return [
+        Seq(
+            prompt={"input_ids": ctx.prompt_ids},
+            sampling_params=sample_params(sp, j, req.n),
+            rid=choice_rid(req.rid, j, req.n),
+            return_logprob=req.logprobs,
+            top_logprobs_num=req.top_logprobs or 0,
+            index=j,
+        )
+        for j in range(req.n)
+    ]
+
+
+async def _choice_events(runner: Runner, ctx: ChatCtx, seq: Seq, stream: bool) -> AsyncIterator[tuple]:
+    """Events of one chat choice: ("delta", text, logprob entries | None), ("tool_calls", calls),
+    then ("finish", reason, completion_tokens, cached_prompt_tokens)."""
+    plan = ctx.plan
+    constrained = plan.mode in ("named", "required")
+    text, meta = "", {}
+    async for chunk in runner.run(seq, stream=stream and not constrained):
+        meta = chunk.get("meta_info", {})
+        piece = chunk.get("text", "")
+        text += piece
+        if not constrained:
+            entries = ctx.tok.chat_entries(meta) if seq.return_logprob else None
+            if piece or entries:
+                yield ("delta", piece, entries)
+    reason = finish_reason(meta) or "abort"
+    tokens = int(meta.get("completion_tokens", 0))
+    called = plan.mode == "auto" and _matched_tag(meta, text)
+    if called:
+        text, reason, more = await _run_call(runner, ctx, seq, text)
+        tokens += more
+    if constrained or called:
+        calls, reason = _tool_calls(plan, text, reason)
+        if calls:
+            yield ("tool_calls", calls)
+        else:  # cut off (length/abort): show what was generated, as text
+            yield ("delta", text if constrained else TOOL_CALL_TAG + text, None)
+    yield ("finish", reason, tokens, int(meta.get("cached_tokens", 0)))
+
+
+async def _run_call(runner: Runner, ctx: ChatCtx, seq: Seq, before: str) -> tuple[str, str, int]:
+    """Auto mode after the model wrote the tag: generate the call JSON under the call schema."""
+    content = before.removesuffix(TOOL_CALL_TAG) + TOOL_CALL_TAG
+    ids = ctx.prompt_ids + ctx.tok.tokenizer.encode(content, add_special_tokens=False)
+    sp = {k: v for k, v in seq.sampling_params.items() if k != "stop"}
+    sp["json_schema"] = ctx.plan.call_schema()
+    sp["json_schema_strict"] = ctx.plan.strict
+    call = Seq(prompt={"input_ids": ids}, sampling_params=sp, index=seq.index)
+    runner.reserve([call])
+    out = await run_to_end(runner, call)
+    meta = out.get("meta_info", {})
+    return out.get("text", ""), finish_reason(meta) or "abort", int(meta.get("completion_tokens", 0))
+
+
+def _matched_tag(meta: dict[str, Any], text: str) -> bool:
+    fr = meta.get("finish_reason")
+    return (isinstance(fr, dict) and fr.get("matched") == TOOL_CALL_TAG) or text.endswith(TOOL_CALL_TAG)
+
+
+def _tool_calls(plan: ToolPlan, text: str, reason: str) -> tuple[list[dict[str, Any]], str]:
+    """Constrained output → tool calls; a cut-off (length/abort) output stays plain text."""
+    if reason != "stop":
+        return [], reason
+    try:
+        return plan.parse(text), "tool_calls"
+    except ValueError:
+        return [], reason
+
+
+@dataclass
+class ChatChoice:
+    index: int
+    content: str = ""
+    tool_calls: list[dict[str, Any]] | None = None
+    logprobs: list[dict[str, Any]] | None = None
+    finish: str | None = None
+    tokens: int = 0
+    cached: int = 0
+
+    def add(self, event: tuple) -> dict[str, Any]:
+        """Fold an event in; return the streaming delta fragment for it."""
+        kind = event[0]
+        if kind == "delta":
+            self.content += event[1]
+            if event[2] is not None:
+                self.logprobs = (self.logprobs or []) + event[2]
+            lp = {"content": event[2]} if event[2] is not None else None
+            return {
+                "index": self.index,
+                "delta": {"content": event[1]},
+                "logprobs": lp,
+                "finish_reason": None,
+            }
+        if kind == "tool_calls":
+            self.tool_calls = event[1]
+            calls = [{"index": k, **c} for k, c in enumerate(event[1])]
+            return {
+                "index": self.index,
+                "delta": {"tool_calls": calls},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        self.finish, self.tokens, self.cached = event[1], event[2], event[3]
+        return {"index": self.index, "delta": {}, "logprobs": None, "finish_reason": event[1]}
+
+    def message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": None if self.tool_calls else self.content}
+        if self.tool_calls:
+            msg["tool_calls"] = self.tool_calls
+        return {
+            "index": self.index,
+            "message": msg,
+            "logprobs": {"content": self.logprobs} if self.logprobs is not None else None,
+            "finish_reason": self.finish,
+        }
+
+
+def chat_usage(ctx: ChatCtx, choices: list[ChatChoice]) -> dict[str, Any]:
+    return usage(
+        len(ctx.prompt_ids), sum(c.tokens for c in choices), max((c.cached for c in choices), default=0)
+    )
+
+
+async def collect_choice(runner: Runner, ctx: ChatCtx, seq: Seq) -> ChatChoice:
+    choice = ChatChoice(seq.index)
+    async for event in _choice_events(runner, ctx, seq, stream=False):
+        choice.add(event)
+    return choice
+
+
+async def chat_stream(
+    runner: Runner, ctx: ChatCtx, seqs: list[Seq], rid: str, model: str
+) -> AsyncIterator[bytes]:
+    head = {"id": rid, "object": "chat.completion.chunk", "created": now(), "model": model}
+    choices = [ChatChoice(s.index) for s in seqs]
+    try:
+        for c in choices:
+            yield sse(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": c.index,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            )
+        async for i, event in merge_streams([_choice_events(runner, ctx, s, True) for s in seqs]):
+            yield sse({**head, "choices": [choices[i].add(event)]})
+        opts = ctx.req.stream_options
+        if opts and opts.include_usage:
+            yield sse({**head, "choices": [], "usage": chat_usage(ctx, choices)})
+    except ValueError as exc:
+        yield sse(error_body(str(exc), 400))
+    finally:
+        runner.release_all(seqs)
+    yield SSE_DONE
