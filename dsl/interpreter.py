@@ -6,14 +6,13 @@ re-raised to whoever waits on the state."""
 
 from __future__ import annotations
 
-import linecache
-import os
 import queue
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from radixlm.backend_base import ProgramBackend, StreamedLogprobs
+from radixlm.call_site import CallSite
+from radixlm.call_site import call_site as call_site  # re-exported: state.py imports it from here
 from radixlm.ir import (
     Commit,
     ConcatAndAppend,
@@ -29,33 +28,6 @@ from radixlm.ir import (
     convert_value,
     to_expr,
 )
-
-_DSL_DIR = os.path.dirname(os.path.abspath(__file__))
-_SKIP_FILES = {os.path.abspath(__import__("contextlib").__file__)}
-
-
-@dataclass(frozen=True)
-class CallSite:
-    filename: str
-    lineno: int
-    function: str
-
-    def describe(self) -> str:
-        line = linecache.getline(self.filename, self.lineno).strip()
-        return f'File "{self.filename}", line {self.lineno}, in {self.function}: {line}'
-
-
-def call_site() -> CallSite | None:
-    """The innermost frame outside radixlm's own code (the program line)."""
-    import sys
-
-    f = sys._getframe(1)
-    while f is not None:
-        name = os.path.abspath(f.f_code.co_filename)
-        if not name.startswith(_DSL_DIR + os.sep) and name not in _SKIP_FILES:
-            return CallSite(name, f.f_lineno, f.f_code.co_name)
-        f = f.f_back
-    return None
 
 
 class _StopTrace(Exception):
@@ -204,7 +176,9 @@ class Executor:
 
     def _child(self) -> Executor:
         # type(self): a subclass's forks are of that class too (a traced run's branches are traced)
-        kid = type(self)(self.backend, self.arguments, self.sampling, self.logprob, self.stream, self.program_name)
+        kid = type(self)(
+            self.backend, self.arguments, self.sampling, self.logprob, self.stream, self.program_name
+        )
         kid.text_, kid.ids_, kid.pending_ = self.text_, list(self.ids_), self.pending_
         kid.messages_ = [dict(m) for m in self.messages_]
         kid.cur_role, kid.cur_role_begin_pos = self.cur_role, self.cur_role_begin_pos
@@ -367,7 +341,9 @@ class Executor:
 
     def _exec_role_begin(self, expr: RoleBegin) -> None:
         if self.cur_role is not None:
-            raise ValueError(f"role {expr.role!r} begins inside an open {self.cur_role!r} role; roles do not nest")
+            raise ValueError(
+                f"role {expr.role!r} begins inside an open {self.cur_role!r} role; roles do not nest"
+            )
         prefix, suffix = self.template.prefix_and_suffix(expr.role, self.messages_)
         self._fill(prefix)
         self.cur_role, self.cur_role_begin_pos, self.cur_role_suffix = expr.role, len(self.text_), suffix
