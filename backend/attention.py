@@ -19,11 +19,15 @@ class TorchAttentionBackend:
     supports_cuda_graphs = False  # reads host-side lengths
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch
+        self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int, fb: ForwardBatch
     ) -> torch.Tensor:
+        if k is None or v is None:  # accepts_stored_kv is False: the model hands this path K and V
+            raise ValueError("the torch attention path stores the step's K/V itself: pass k and v")
         fb.kv_pool.store(layer, fb.out_cache_loc, k, v)
         k_buf, v_buf = fb.kv_pool.k_buffers[layer], fb.kv_pool.v_buffers[layer]
-        if fb.is_decode:
+        if fb.is_decode and fb.batch_size == 1:
+            out = self._decode_one(q, k_buf, v_buf, fb)
+        elif fb.is_decode:
             out = self._decode(q, k_buf, v_buf, fb)
         else:
             out = self._extend(q, k_buf, v_buf, fb)
@@ -45,6 +49,18 @@ class TorchAttentionBackend:
             o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=True)
             out[start : start + n] = o[0].transpose(0, 1)
         return out
+
+    @staticmethod
+    def _decode_one(
+        q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor:
+        """One request: its slots are one row of the table, so no padding mask (CPU decode is
+        bound by the count of small ops)."""
+        slots = fb.req_to_token[fb.req_pool_indices_cpu[0], : fb.seq_lens_cpu[0]]
+        kb = k_buf.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+        vb = v_buf.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), kb, vb, enable_gqa=True)
+        return o.squeeze(2)
 
     @staticmethod
     def _decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:

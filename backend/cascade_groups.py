@@ -187,7 +187,9 @@ class _TouchedTree:
         for child in reversed(path):
             d += len(child.key)
             self.depth[child] = d
-            self.kids.setdefault(child.parent, []).append(child)
+            parent = child.parent
+            assert parent is not None  # every node on the path below the root has one
+            self.kids.setdefault(parent, []).append(child)
 
     def post_order(self) -> list[TreeNode]:
         assert self.root is not None, "called on a tree with no request path"
@@ -215,6 +217,7 @@ def _settle(tree: _TouchedTree, min_shared_len: int, min_group_size: int) -> lis
         d = tree.depth[node] if tree.depth[node] >= min_shared_len else 0
         child_opts = [options.pop(k) for k in kids]
         options[node] = _node_options(own, child_opts, d, min_group_size)
+    assert tree.root is not None
     best = max(options[tree.root], key=lambda o: (o.value, -len(o.groups)))
     return best.groups
 
@@ -252,7 +255,7 @@ def _pick(opts: list[_Option], weight: int) -> _Option:
 
 def _layout(n: int, groups: list[tuple[int, list[int]]], saved: int) -> CascadeGroups:
     """Groups contiguous, in the order of their first member; ungrouped requests as singletons."""
-    group_of = {}
+    group_of: dict[int, int] = {}
     for g, (_, members) in enumerate(groups):
         for i in members:
             group_of[i] = g
@@ -261,15 +264,15 @@ def _layout(n: int, groups: list[tuple[int, list[int]]], saved: int) -> CascadeG
     shared: list[int] = []
     emitted: set[int] = set()
     for i in range(n):
-        g = group_of.get(i)
-        if g is None:
+        group = group_of.get(i)
+        if group is None:
             order.append(i)
             sizes.append(1)
             shared.append(0)
-        elif g not in emitted:
-            emitted.add(g)
-            members = sorted(groups[g][1])
+        elif group not in emitted:
+            emitted.add(group)
+            members = sorted(groups[group][1])
             order.extend(members)
             sizes.append(len(members))
-            shared.append(groups[g][0])
+            shared.append(groups[group][0])
     return CascadeGroups(order, sizes, shared, saved)

@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Literal
 
 import jsonschema
 import numpy as np
@@ -204,7 +204,7 @@ def json_schema_error(schema_text: str, output: str) -> str | None:
 def attach_grammars(engine: Any, reqs: list[Any]) -> None:
     """Start compiling each constrained request's grammar (argument errors raise here)."""
     jump = not getattr(engine, "disable_jump_forward", False)
-    which = getattr(engine, "grammar_engine", "auto")  # "auto" | "xgrammar" | "fsm" (tests, benchmarks)
+    which: Literal["auto", "xgrammar", "fsm"] = getattr(engine, "grammar_engine", "auto")  # tests, benchmarks
     for req in reqs:
         spec = req.params.grammar
         if spec:

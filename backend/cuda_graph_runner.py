@@ -10,6 +10,7 @@ warning and leaves the engine decoding eagerly."""
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -168,7 +169,7 @@ class CudaGraphRunner:
             with torch.inference_mode():
                 for gbs in reversed(self.sizes):
                     sfb = self.inputs.forward_batch(gbs, self.target, self.num_splits(gbs))
-                    replay, out = self._capture(lambda sfb=sfb: self.target.forward(sfb))
+                    replay, out = self._capture(functools.partial(self.target.forward, sfb))
                     self.graphs[gbs] = CapturedGraph(sfb, replay, out)
                     if self.cascade_inputs is not None and gbs >= 2:
                         self._try_capture_cascade(gbs)

@@ -18,7 +18,7 @@ def release_tensors(model: torch.nn.Module) -> None:
 
 def holders(obj: object) -> list[str]:
     """Type names of what references obj (an instance dict is named by its owner's type)."""
-    names = set()
+    names: set[str] = set()
     for ref in gc.get_referrers(obj):
         if isinstance(ref, dict):
             owners = [o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref]

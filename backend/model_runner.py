@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -91,7 +92,7 @@ class ModelRunner:
     def _load_model(self, model_dir: Path | None, random_weights: bool, seed: int) -> LlamaForCausalLM:
         with torch.device("meta"):
             model = LlamaForCausalLM(self.config)
-        model = materialize(model, self.dtype, self.device)
+        model = cast(LlamaForCausalLM, materialize(model, self.dtype, self.device))
         model.tie_weights()
         model.model.rotary.build(self.device)
         if random_weights or model_dir is None:

@@ -8,8 +8,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-# A logprob entry as the engine returns it: (logprob, token_id, text-or-None).
-LogprobEntry = tuple[float | None, int, Any]
+# A logprob entry as the engine returns it: (logprob, token_id, text-or-None); an OpenAI-compatible
+# server gives text only, so its entries carry no token id.
+LogprobEntry = tuple[float | None, int | None, Any]
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from radixlm.backend_base import ProgramBackend, StreamedLogprobs
@@ -374,7 +375,7 @@ class Executor:
                 self.ids_.extend(kid_ids[kid.fork_ids_pos :])
 
 
-_HANDLERS = {
+_HANDLERS: dict[type, Callable[[Executor, Any], None]] = {
     Constant: Executor._exec_constant,
     ExprList: Executor._exec_list,
     Gen: Executor._exec_gen,

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 
 from radixlm.backend.sampling_params import FRONTEND_NAMES, SAMPLING_KEYS, check_values
@@ -95,7 +96,7 @@ class Gen(Expr):
     sampling: dict[str, Any] = field(default_factory=dict)
     logprob: dict[str, Any] = field(default_factory=dict)
     dtype: type | None = None
-    schema_cls: type | None = None  # pydantic class: the value becomes a validated object
+    schema_cls: type[BaseModel] | None = None  # pydantic class: the value becomes a validated object
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class _TypedGenSchema(GenerateJsonSchema):
         return out
 
 
-def normalize_json_schema(schema: Any) -> tuple[str, type | None]:
+def normalize_json_schema(schema: Any) -> tuple[str, type[BaseModel] | None]:
     """str | dict | pydantic class → (schema JSON text, pydantic class or None)."""
     if _is_pydantic_class(schema):
         return json.dumps(schema.model_json_schema(schema_generator=_TypedGenSchema)), schema

@@ -8,15 +8,15 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from radixlm.backend.sampling_params import FRONTEND_NAMES
-from radixlm.backend_base import GenOutput, ProgramBackend
+from radixlm.backend_base import GenOutput, ProgramBackend, ProgramView
 from radixlm.chat_template import ChatTemplate, PlainChatTemplate
-from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod
+from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod, LogprobEntry
 
 if TYPE_CHECKING:
-    from radixlm.interpreter import Executor
+    from openai.types.chat import ChatCompletionMessageParam
 
 # Engine sampling keys under their OpenAI names (radixlm.backend.sampling_params.FRONTEND_NAMES):
 # the OpenAI API's own ones, and those that servers such as radixlm, SGLang and vLLM take in the body.
@@ -77,7 +77,7 @@ class OpenAI(ProgramBackend):
             }
         return kw
 
-    def _messages(self, ex: Executor) -> list[dict[str, Any]]:
+    def _messages(self, ex: ProgramView) -> list[ChatCompletionMessageParam]:
         if ex.cur_role != "assistant":
             raise ValueError(
                 "the OpenAI chat backend generates whole assistant messages: put gen inside "
@@ -88,9 +88,9 @@ class OpenAI(ProgramBackend):
                 "the OpenAI chat backend cannot continue a partial assistant message: gen must "
                 "come first in the assistant role"
             )
-        return list(ex.messages_)
+        return cast("list[ChatCompletionMessageParam]", list(ex.messages_))
 
-    def generate(self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]) -> GenOutput:
+    def generate(self, ex: ProgramView, sampling: dict[str, Any], logprob: dict[str, Any]) -> GenOutput:
         kw = self._kwargs(sampling, logprob)
         if self.is_chat_model:
             resp = self.client.chat.completions.create(model=self.model, messages=self._messages(ex), **kw)
@@ -109,24 +109,25 @@ class OpenAI(ProgramBackend):
         return GenOutput(text, None, meta)
 
     def generate_stream(
-        self, ex: Executor, sampling: dict[str, Any], logprob: dict[str, Any]
+        self, ex: ProgramView, sampling: dict[str, Any], logprob: dict[str, Any]
     ) -> Iterator[GenOutput]:
         kw = self._kwargs(sampling, logprob)
         if self.is_chat_model:
-            stream = self.client.chat.completions.create(
+            chat = self.client.chat.completions.create(
                 model=self.model, messages=self._messages(ex), stream=True, **kw
             )
-        else:
-            stream = self.client.completions.create(model=self.model, prompt=ex.text_, stream=True, **kw)
-        for chunk in stream:
-            if not chunk.choices:
-                continue
-            c = chunk.choices[0]
-            delta = (c.delta.content if self.is_chat_model else c.text) or ""
-            yield GenOutput(delta, None, {"finish_reason": c.finish_reason})
+            for chunk in chat:
+                if chunk.choices:
+                    c = chunk.choices[0]
+                    yield GenOutput(c.delta.content or "", None, {"finish_reason": c.finish_reason})
+            return
+        for part in self.client.completions.create(model=self.model, prompt=ex.text_, stream=True, **kw):
+            if part.choices:
+                choice = part.choices[0]
+                yield GenOutput(choice.text or "", None, {"finish_reason": choice.finish_reason})
 
     def select(
-        self, ex: Executor, choices: list[str], temperature: float, method: ChoicesSamplingMethod
+        self, ex: ProgramView, choices: list[str], temperature: float, method: ChoicesSamplingMethod
     ) -> ChoicesDecision:
         """Completion mode: score `text + choice` with echo=True, max_tokens=0 and keep the
         logprobs of the tokens that cover the choice. The server tokenizes text, so (as in
@@ -144,14 +145,14 @@ class OpenAI(ProgramBackend):
         uncond = self._echo_logprobs(list(choices), 0) if method.requires_unconditional_logprobs else None
         return method(choices=choices, input_token_logprobs=cond, unconditional_token_logprobs=uncond)
 
-    def _echo_logprobs(self, prompts: list[str], start: int) -> list[list[tuple[Any, None, str]]]:
+    def _echo_logprobs(self, prompts: list[str], start: int) -> list[list[LogprobEntry]]:
         resp = self.client.completions.create(
             model=self.model, prompt=prompts, max_tokens=0, echo=True, logprobs=0, temperature=0
         )
-        out = []
+        out: list[list[LogprobEntry]] = []
         for choice in sorted(resp.choices, key=lambda c: c.index):
             lp = choice.logprobs
-            if lp is None or not lp.tokens:
+            if lp is None or not lp.tokens or lp.token_logprobs is None or lp.text_offset is None:
                 raise ValueError(
                     "the server returned no prompt logprobs for echo=True; select is not supported"
                 )

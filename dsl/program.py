@@ -201,7 +201,11 @@ class Program:
 
     async def arun_batch(self, batch_kwargs: list[dict[str, Any]], **kwargs: Any) -> list[ProgramState]:
         kwargs.pop("generator_style", None)
-        return await asyncio.to_thread(self.run_batch, batch_kwargs, **kwargs)
+
+        def as_list() -> list[ProgramState]:
+            return list(self.run_batch(batch_kwargs, **kwargs))
+
+        return await asyncio.to_thread(as_list)
 
     # ---- tracing ----------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ for what it needs and raises the program's error (with its line) if one happened
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -256,7 +256,7 @@ class ProgramStateGroup:
             items = list(other)
         elif isinstance(other, (str, Expr)):
             items = [other] * len(self.states)
-        elif isinstance(other, Callable):
+        elif callable(other):
             items = [other(i) for i in range(len(self.states))]
         else:
             raise ValueError(f"cannot append a {type(other).__name__} to a fork group")

@@ -115,7 +115,7 @@ class _Builder:
 def _char_transitions(fsm: interegular.FSM) -> tuple[list, dict[int, Ranges]]:
     """State order (initial first) and, per alphabet transition key, its code point ranges."""
     alphabet = fsm.alphabet
-    explicit = [ord(c) for c in alphabet._symbol_mapping if c is not anything_else and len(c) == 1]
+    explicit = [ord(c) for c in alphabet._symbol_mapping if isinstance(c, str) and len(c) == 1]
     key_ranges: dict[int, Ranges] = {}
     for key, chars in alphabet.by_transition.items():
         pts = [ord(c) for c in chars if c is not anything_else and len(c) == 1]

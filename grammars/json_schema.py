@@ -240,7 +240,7 @@ class _Converter:
             "array": self.array,
             "boolean": lambda _: "(true|false)",
             "null": lambda _: "null",
-        }.get(t)
+        }.get(t if isinstance(t, str) else "")
         if handler is None:
             raise NotRegularError("schema without a type allows any JSON value (xgrammar)")
         return handler(s)

@@ -5,16 +5,23 @@ accept_token/accept_string steps; compile errors and over-budget compiles become
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance as llg
 import llguidance.hf
 import torch
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 # The whitespace policy of every JSON grammar we build: the compact form with one space after each
 # separator, like xgrammar's any_whitespace=False, and no whitespace anywhere else, so a small model
 # can never loop on blanks.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_OPTIONS: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 MAX_GRAMMAR_SIZE = 2_000_000
 
 
@@ -58,7 +65,10 @@ class LLGuidanceMatcher:
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         if self._ended or self._m.is_stopped():
-            bitmask[row].copy_(self._c.eos_mask if self._ended or self._m.is_accepting() else 0)
+            if self._ended or self._m.is_accepting():
+                bitmask[row].copy_(self._c.eos_mask)
+            else:
+                bitmask[row].zero_()
             return
         target = bitmask[row]
         assert target.is_contiguous() and target.dtype == torch.int32 and not target.is_cuda
@@ -149,7 +159,7 @@ class LLGuidanceCompiler:
     ) -> LLGuidanceCompiled:
         """coerce_one_of: a oneOf llguidance cannot prove exclusive is enforced as anyOf."""
         if kind == "json_schema":
-            options = {**JSON_OPTIONS, "coerce_one_of": True} if coerce_one_of else JSON_OPTIONS
+            options: JsonCompileOptions = {**JSON_OPTIONS, "coerce_one_of": coerce_one_of}
             grammar = llg.LLMatcher.grammar_from_json_schema(spec, overrides=options)
         elif kind == "json":
             grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps({}), overrides=JSON_OPTIONS)

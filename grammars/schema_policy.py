@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .schema_rewrite import rewrite
-from .schema_walk import resolve_pointer, walk
+from .schema_walk import list_at, resolve_pointer, walk
 
 # Assertions no grammar here enforces in general (simple cases are rewritten first, schema_rewrite).
 UNENFORCEABLE = frozenset(
@@ -125,7 +125,7 @@ def _closable(node: dict) -> bool:
     props = node.get("properties")
     if not isinstance(props, dict) or not props:
         return False
-    required = node.get("required") if isinstance(node.get("required"), list) else []
+    required = list_at(node, "required")
     open_keys = {"additionalProperties", "patternProperties", "unevaluatedProperties"}
     return not open_keys & set(node) and all(r in props for r in required)
 

@@ -13,7 +13,7 @@ from urllib.parse import unquote
 
 import llguidance as llg
 
-from .schema_walk import resolve_pointer, subschemas, walk
+from .schema_walk import dict_at, list_at, resolve_pointer, subschemas, walk
 
 # Keywords that assert nothing: kept beside a recursive $ref when its sibling assertions are dropped.
 _ANNOTATIONS = frozenset(
@@ -166,8 +166,7 @@ def _min_max_properties(schema: dict) -> list[str]:
         dropped: list[str] = []
         for node, ptr in list(walk(schema)):
             keys = [k for k in ("minProperties", "maxProperties") if k in node]
-            props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-            optional = set(props) - set(node.get("required") or [])
+            optional = set(dict_at(node, "properties")) - set(list_at(node, "required"))
             if keys and (optional or not only_optional):
                 dropped += _drop(node, keys, ptr, "beside optional properties")
         if dropped:

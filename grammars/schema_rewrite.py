@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from .schema_not import negate
-from .schema_walk import resolve_pointer, walk
+from .schema_walk import dict_at, list_at, resolve_pointer, walk
 
 
 def rewrite(schema: Any) -> Any:
@@ -90,8 +90,7 @@ def _if_then_else(node: dict) -> None:
     `if` tests with const/enum: an anyOf of the two exclusive branches, the property's values split
     between them."""
     cond = node.get("if")
-    required = node.get("required") if isinstance(node.get("required"), list) else []
-    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    required, props = list_at(node, "required"), dict_at(node, "properties")
     if node.get("type") != "object" or not isinstance(cond, dict) or set(cond) - {"properties", "required"}:
         return
     tested = cond.get("properties")

@@ -84,3 +84,15 @@ def walk(root: Any) -> Iterator[tuple[dict, str]]:
         if isinstance(ref, str) and ref.startswith("#"):
             stack.append((resolve_pointer(root, ref), ref))
         stack.extend(reversed(list(subschemas(node, ptr))))
+
+
+def list_at(node: dict, key: str) -> list:
+    """node[key] when it is a list, else an empty list (schemas from users may hold anything)."""
+    value = node.get(key)
+    return value if isinstance(value, list) else []
+
+
+def dict_at(node: dict, key: str) -> dict:
+    """node[key] when it is an object, else an empty dict."""
+    value = node.get(key)
+    return value if isinstance(value, dict) else {}

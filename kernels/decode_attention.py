@@ -7,6 +7,7 @@ kv_start..seq_len-1 read through req_to_token, page size 1) and never syncs with
 from __future__ import annotations
 
 import math
+from typing import Literal, overload
 
 import torch
 
@@ -182,6 +183,47 @@ def choose_num_splits(
     return int(max(1, min(want, cap, max_splits)))
 
 
+@overload
+def decode_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float | None = None,
+    num_splits: int | None = None,
+    max_len: int | None = None,
+    kv_start: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    return_lse: Literal[False] = False,
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> torch.Tensor: ...
+
+
+@overload
+def decode_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float | None = None,
+    num_splits: int | None = None,
+    max_len: int | None = None,
+    kv_start: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    return_lse: Literal[True],
+    block_n: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 3,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 def decode_attention(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -202,13 +244,13 @@ def decode_attention(
     """q [B, Hq, D] → out [B, Hq, D] (q's dtype); attends to positions kv_start[b]..seq_lens[b]-1.
     num_splits (or max_len, host-side, to pick it) fixes the grid: no device→host sync."""
     if not use_triton(q):
-        o, lse = decode_attention_ref(
+        o, ref_lse = decode_attention_ref(
             q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sm_scale, kv_start
         )
         if out is not None:
             out.copy_(o)
             o = out
-        return (o, lse) if return_lse else o
+        return (o, ref_lse) if return_lse else o
     bsz, hq, d = q.shape
     hkv = k_buffer.shape[1]
     _check_heads(hq, hkv, d, k_buffer)
@@ -221,7 +263,10 @@ def decode_attention(
     out = out if out is not None else torch.empty_like(q)
     lse = torch.empty((bsz, hq), dtype=torch.float32, device=q.device) if return_lse else None
     if bsz == 0:
-        return (out, lse) if return_lse else out
+        if return_lse:
+            assert lse is not None
+            return out, lse
+        return out
     decode_partial(
         q,
         k_buffer,
@@ -240,7 +285,10 @@ def decode_attention(
         num_stages,
     )
     merge_splits(mid_o, mid_lse, out, lse)
-    return (out, lse) if return_lse else out
+    if return_lse:
+        assert lse is not None
+        return out, lse
+    return out
 
 
 def decode_partial(

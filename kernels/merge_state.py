@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 
 from ._triton import next_pow2, tl, triton, use_triton
@@ -47,6 +49,31 @@ def _merge_state_kernel(
         tl.store(L + n * nh + h, tl.where(total > 0, m_safe + tl.log(total), m))
 
 
+@overload
+def merge_state(
+    out_a: torch.Tensor,
+    lse_a: torch.Tensor,
+    out_b: torch.Tensor,
+    lse_b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    return_lse: Literal[False] = False,
+) -> torch.Tensor: ...
+
+
+@overload
+def merge_state(
+    out_a: torch.Tensor,
+    lse_a: torch.Tensor,
+    out_b: torch.Tensor,
+    lse_b: torch.Tensor,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    *,
+    return_lse: Literal[True],
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 def merge_state(
     out_a: torch.Tensor,
     lse_a: torch.Tensor,
@@ -63,10 +90,10 @@ def merge_state(
             f"{tuple(out_b.shape)}/{tuple(lse_b.shape)}"
         )
     if not use_triton(out_a):
-        o, lse = merge_state_ref(out_a, lse_a, out_b, lse_b)
+        o, ref_lse = merge_state_ref(out_a, lse_a, out_b, lse_b)
         o = o.to(out_dtype or out_a.dtype)
         o = out.copy_(o) if out is not None else o
-        return (o, lse) if return_lse else o
+        return (o, ref_lse) if return_lse else o
     n, h, d = out_a.shape
     out = (
         out
@@ -93,7 +120,10 @@ def merge_state(
             WRITE_LSE=return_lse,
             num_warps=1 if d <= 128 else 2,
         )
-    return (out, lse) if return_lse else out
+    if return_lse:
+        assert lse is not None
+        return out, lse
+    return out
 
 
 def merge_state_ref(

@@ -200,7 +200,9 @@ def _install_error_handlers(app: FastAPI, limits: ServerLimits, metrics: ServerM
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return counted(_error(exc.status_code, str(exc.detail), "http_error", headers=exc.headers))
+        return counted(
+            _error(exc.status_code, str(exc.detail), "http_error", headers=dict(exc.headers or {}))
+        )
 
 
 class _GuardMiddleware:

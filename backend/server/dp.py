@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import importlib.util
 import logging
 import signal
@@ -209,7 +210,7 @@ def launch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Deploym
     try:
         start_replicas(dep, args.dp, replica_argv(parser, args))
         for url in dep.replica_urls:
-            wait_until(dep, lambda u=url: _healthy(u), f"replica {url}")
+            wait_until(dep, functools.partial(_healthy, url), f"replica {url}")
         start_router(dep, args.router_policy, args.log_level, args.api_key)
         wait_until(dep, lambda: _registered(dep.router_url, args.dp, args.api_key), "the router")
     except BaseException:

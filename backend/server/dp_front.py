@@ -62,15 +62,15 @@ class FrontRouting:
         """Upstreams to try in order (None: the router, i: replica i) and whether the request is
         a program run. A replica that refuses the connection is skipped for the next."""
         if path.startswith(PROGRAM_PREFIX + "/"):  # POST /programs/{name}: a run
-            return sorted(self._rotation(), key=lambda i: self.running[i]), True
+            return [*sorted(self._rotation(), key=lambda i: self.running[i])], True
         if path == PROGRAM_PREFIX or path in REPLICA_PATHS or _is_studio(path):
-            return self._rotation(), False
+            return [*self._rotation()], False
         return [None], False
 
     def url(self, target: int | None) -> str:
         return self.router_url if target is None else self.replica_urls[target]
 
-    def _rotation(self) -> list[int | None]:
+    def _rotation(self) -> list[int]:
         start = next(self._turn)  # ties rotate instead of always picking replica 0
         return [(start + k) % len(self.replica_urls) for k in range(len(self.replica_urls))]
 

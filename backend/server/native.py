@@ -108,7 +108,7 @@ async def _stream_events(
     runner: Runner, seqs: list[Seq], req: GenerateRequest, group: str | None
 ) -> AsyncGenerator[bytes, None]:
     """SSE events: per sequence, cumulative text/output_ids, the chunk's own output logprobs."""
-    acc = [{"text": "", "output_ids": [], "meta_info": {}} for _ in seqs]
+    acc: list[dict[str, Any]] = [{"text": "", "output_ids": [], "meta_info": {}} for _ in seqs]
     gens = [runner.run(s, stream=True, group=group) for s in seqs]
     try:
         async for i, chunk in merge_streams(gens):

@@ -4,7 +4,7 @@ the SSE event stream; the route itself is in openai_api.py."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +48,7 @@ def chat_seqs(ctx: ChatCtx) -> list[Seq]:
     ]
 
 
-async def _choice_events(runner: Runner, ctx: ChatCtx, seq: Seq, stream: bool) -> AsyncIterator[tuple]:
+async def _choice_events(runner: Runner, ctx: ChatCtx, seq: Seq, stream: bool) -> AsyncGenerator[tuple, None]:
     """Events of one chat choice: ("delta", text, logprob entries | None), ("tool_calls", calls),
     then ("finish", reason, completion_tokens, cached_prompt_tokens)."""
     plan = ctx.plan
@@ -169,7 +169,7 @@ async def collect_choice(runner: Runner, ctx: ChatCtx, seq: Seq) -> ChatChoice:
 
 async def chat_stream(
     runner: Runner, ctx: ChatCtx, seqs: list[Seq], rid: str, model: str
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     head = {"id": rid, "object": "chat.completion.chunk", "created": now(), "model": model}
     choices = [ChatChoice(s.index) for s in seqs]
     try:

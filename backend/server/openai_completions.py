@@ -4,7 +4,7 @@ included), and the SSE event stream; the route itself is in openai_api.py."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ from .streams import SSE_DONE, merge_streams, sse
 def completion_seqs(req: CompletionRequest) -> list[Seq]:
     prompts = req.prompts()
     sp = req.sampling_params(req.max_tokens)
-    seqs = []
+    seqs: list[Seq] = []
     for p in prompts:
         for j in range(req.n):
             k = len(seqs)
@@ -100,7 +100,7 @@ async def completion_events(
     choices: list[CompletionChoice],
     rid: str,
     model: str,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     head = {"id": rid, "object": "text_completion", "created": now(), "model": model}
     try:
         async for i, chunk in merge_streams([runner.run(s, stream=True) for s in seqs]):

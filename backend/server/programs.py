@@ -11,7 +11,7 @@ import inspect
 import threading
 import typing
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -260,7 +260,7 @@ def _validated_args(entry: RegisteredProgram, args: dict[str, Any]) -> dict[str,
         raise HTTPException(422, f"invalid arguments for {entry.name}: " + "; ".join(parts)) from exc
 
 
-async def _stream_program(entry: RegisteredProgram, state: ProgramRun) -> AsyncIterator[bytes]:
+async def _stream_program(entry: RegisteredProgram, state: ProgramRun) -> AsyncGenerator[bytes, None]:
     """Variable deltas while the program runs, then the final result (or an error)."""
     seen: dict[str, str] = {}
     while True:
@@ -334,7 +334,7 @@ def register(app: FastAPI) -> None:
                 run.finish()
 
 
-async def run_events(run: _Run, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def run_events(run: _Run, events: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
     """The stream owns the run from here: leaving early (disconnect) cancels it."""
     run.handed_over = True
     complete = False

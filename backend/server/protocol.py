@@ -113,7 +113,8 @@ class GenerateRequest(GenerateFields):
     def is_batch(self) -> bool:
         if self.text is not None:
             return not isinstance(self.text, str)
-        return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+        ids = self.input_ids
+        return ids is not None and len(ids) > 0 and isinstance(ids[0], list)
 
 
 def _check_fanout(n_sequences: int) -> None:
@@ -201,8 +202,9 @@ class _SamplingExtras(_OpenAISampling):  # type: ignore[misc,valid-type]
         if fmt is not None and fmt.type != "text":
             if any(k in sp for k in CONSTRAINT_KEYS):
                 raise ValueError("response_format cannot be combined with regex/json_schema/ebnf")
-            sp["json_schema"] = fmt.json_schema.schema_ if fmt.type == "json_schema" else {"type": "object"}
-            if fmt.type == "json_schema" and fmt.json_schema.strict is False:
+            js = fmt.json_schema if fmt.type == "json_schema" else None
+            sp["json_schema"] = js.schema_ if js is not None else {"type": "object"}
+            if js is not None and js.strict is False:
                 sp["json_schema_strict"] = False
         return {k: v for k, v in sp.items() if v is not None}
 

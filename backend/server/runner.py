@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,7 +150,9 @@ class Runner:
 
     # ------------------------------------------------------------ running
 
-    async def run(self, seq: Seq, stream: bool, group: str | None = None) -> AsyncIterator[dict[str, Any]]:
+    async def run(
+        self, seq: Seq, stream: bool, group: str | None = None
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """Chunks of one engine request, each with only the new text/ids/logprobs; the last one
         has meta_info.finish_reason. Cancelling the consumer aborts the engine request."""
         finished = False
@@ -189,7 +191,7 @@ class Runner:
             )
         return kw
 
-    async def _stream_chunks(self, seq: Seq, start: float) -> AsyncIterator[dict[str, Any]]:
+    async def _stream_chunks(self, seq: Seq, start: float) -> AsyncGenerator[dict[str, Any], None]:
         agen = await self.engine.async_generate(stream=True, rid=seq.rid, **self._kwargs(seq))
         last = start
         sent = {k: 0 for k in _LOGPROB_KEYS}

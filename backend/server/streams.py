@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine, Sequence
 from contextlib import aclosing
 from typing import Any, TypeVar
 
@@ -47,7 +47,7 @@ async def gather_all(coros: list[Coroutine[Any, Any, T]]) -> list[T]:
         await _cancel_and_wait(tasks)
 
 
-async def merge_streams(gens: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+async def merge_streams(gens: Sequence[AsyncGenerator[T, None]]) -> AsyncGenerator[tuple[int, T], None]:
     """Interleave several async iterators as (index, item) in arrival order."""
     if len(gens) == 1:
         async with aclosing(gens[0]) as only:
@@ -79,7 +79,7 @@ async def merge_streams(gens: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int
         await _cancel_and_wait(tasks)
 
 
-async def _cancel_and_wait(tasks: list[asyncio.Future[Any]]) -> None:
+async def _cancel_and_wait(tasks: Sequence[asyncio.Future[Any]]) -> None:
     """Cancel unfinished tasks and let their cleanup (engine aborts) run to completion."""
     pending = [t for t in tasks if not t.done()]
     for t in pending:

@@ -7,7 +7,7 @@ aborted), exactly as for a streamed program run."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
 from fastapi import FastAPI, HTTPException, Request
@@ -36,7 +36,7 @@ class TraceHost(Protocol):
     ) -> TracedRun: ...
 
 
-async def trace_events(run: TracedRun) -> AsyncIterator[bytes]:
+async def trace_events(run: TracedRun) -> AsyncGenerator[bytes, None]:
     """Every event of the run as SSE, in order, then [DONE]."""
     cursor = 0
     while True:
@@ -55,12 +55,13 @@ def register(app: FastAPI) -> None:
     @app.post("/programs/{name}/trace")
     async def trace_program(name: str, req: ProgramRunRequest, request: Request) -> Any:
         host = program_registry(app).host
-        if not callable(getattr(host, "trace", None)):
+        trace = getattr(host, "trace", None)
+        if not callable(trace):
             raise HTTPException(501, "this server's program host cannot trace runs")
         _, kwargs, options, run = admit_program_run(app, name, req)
         try:
             traced = await until_disconnect(
-                request, asyncio.to_thread(host.trace, name, run.view, options=options, args=kwargs)
+                request, asyncio.to_thread(trace, name, run.view, options=options, args=kwargs)
             )
             return await sse_response(request, run_events(run, trace_events(traced)))
         except BaseException:
