@@ -41,6 +41,7 @@ FULL: dict[str, Any] = {
     "json": {"batch": 64, "max_new_tokens": 384},
     "serving": {"num_requests": 300, "input_len": 512, "output_len": 256, "ratio": 0.5, "rates": ["inf", 16]},
     "programs": {"batch": 16, "kinds": ["few_shot_qa", "tree_of_thought", "json_extraction"], "repeats": 3},
+    "speculative": {"b1_new": 128, "batch": 64, "batch_new": 64, "reps": 2},
     "timeouts": {"engine": 300, "radix_off": 90, "hf": 70, "server": 110},
 }
 SMALL: dict[str, Any] = {
@@ -64,6 +65,7 @@ SMALL: dict[str, Any] = {
     "json": {"batch": 2, "max_new_tokens": 256},
     "serving": {"num_requests": 6, "input_len": 32, "output_len": 6, "ratio": 0.5, "rates": ["inf", 4]},
     "programs": {"batch": 2, "kinds": ["few_shot_qa"]},
+    "speculative": {"b1_new": 12, "batch": 3, "batch_new": 6, "reps": 1},
     "timeouts": {"engine": 600, "radix_off": 300, "hf": 300, "server": 300},
 }
 WORKERS = ("engine", "radix_off", "hf", "server")
@@ -78,6 +80,7 @@ def engine_kwargs(sizes: dict[str, Any], device: str) -> dict[str, Any]:
 
 def worker_engine(sizes: dict[str, Any], device: str) -> dict[str, Any]:
     import suite_serving
+    import suite_speculative
     import suite_workloads as w
 
     from radixlm.backend.engine import Engine
@@ -96,6 +99,7 @@ def worker_engine(sizes: dict[str, Any], device: str) -> dict[str, Any]:
             ("serving", lambda: suite_serving.engine_side(engine, sizes["serving"])),
             ("mixed", lambda: w.batch_throughput(engine, **sizes["mixed"])),
             ("programs", lambda: programs_overhead(engine, sizes["programs"])),
+            ("speculative", lambda: suite_speculative.speculative_rows(engine, **sizes["speculative"])),
         ]
         only = _PARTIAL.get("engine_steps")
         for name, fn in steps:

@@ -199,6 +199,18 @@ RATIOS: list[Ratio] = [
         target=0.95,
     ),
     Ratio(
+        "spec_b1_verify",
+        "batch-1 decode, speculation on / off, drafts replaying the target's greedy output (4 drafts, all accepted)",
+        lambda r: _w(r, "engine", "speculative", "b1_replay", "ratio"),
+        target=3.0,
+    ),
+    Ratio(
+        "spec_batch_auto",
+        "large batch (H200: 64) of copy-heavy prompts, n-gram speculation on / off under the automatic policy",
+        lambda r: _w(r, "engine", "speculative", "batch_auto", "ratio"),
+        target=0.97,
+    ),
+    Ratio(
         "kernel_compiles",
         "Triton compilations during the default engine's timed runs",
         _compiles,

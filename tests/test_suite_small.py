@@ -25,6 +25,8 @@ CPU_RATIOS = {
     "server_ttft_p99",
     "server_itl_vs_engine",
     "programs_vs_raw",
+    "spec_b1_verify",
+    "spec_batch_auto",
     "b128_vs_hf",
     "mixed_out_tok_s",
     "kernel_compiles",
@@ -50,6 +52,9 @@ def test_small_suite_runs_every_worker(tmp_path: Path) -> None:
     }
     assert CPU_RATIOS <= set(result["ratios"]), sorted(CPU_RATIOS - set(result["ratios"]))
     assert result["ratios"]["json_valid"]["value"] == 1.0  # every finished constrained output validates
+    spec = result["workers"]["engine"]["speculative"]
+    assert spec["b1_replay"]["greedy_identical"] and spec["batch_auto"]["greedy_identical"]
+    assert spec["b1_replay"]["acceptance_length"] > 2  # replayed drafts are accepted
     assert all(v["met"] is None for v in result["ratios"].values())  # targets are judged on the GPU run
     assert (tmp_path / "suite_cpu.md").read_text().count("\n| ") >= len(CPU_RATIOS)
 
