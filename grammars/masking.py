@@ -20,8 +20,8 @@ def fill_bitmask(
     reqs: Sequence[Any], vocab_size: int, pin_memory: bool = False
 ) -> tuple[torch.Tensor, list[int]]:
     """Bitmask rows for the requests whose .grammar is set (duck-typed matcher), and their indices.
-    Rows backed by llguidance are computed in one call on its thread pool, outside the GIL: one by
-    one, a batch of 64 JSON masks held the scheduler thread longer than the forward pass."""
+    Rows backed by llguidance are computed in one call on its thread pool, outside the GIL, so a
+    large batch's masks are filled in parallel and other Python threads run meanwhile."""
     rows = [i for i, r in enumerate(reqs) if getattr(r, "grammar", None) is not None]
     bitmask = allocate_token_bitmask(len(rows), vocab_size, pin_memory)
     batched: list[tuple[llg.LLMatcher, int]] = []
