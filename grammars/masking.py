@@ -50,24 +50,31 @@ def _executor() -> llg.LLExecutor:
 
 def apply_grammar_masks(logits: torch.Tensor, reqs: Sequence[Any]) -> None:
     """In place on [N, V] logits, one row per request in order; no host sync on CUDA."""
-    # From pageable memory a host-to-device copy first waits for the stream, that is, for the
-    # forward pass: pinned, the mask fill overlaps it.
+    # pinned on CUDA, so the mask's copy to the device is an asynchronous DMA transfer
     bitmask, rows = fill_bitmask(reqs, logits.shape[-1], pin_memory=logits.is_cuda)
     if not rows:
         return
-    idx = torch.tensor(rows, pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
-    sub = logits[idx]
+    whole = len(rows) == logits.shape[0]  # every row constrained: no gather, no scatter back
+    idx = (
+        None if whole else torch.tensor(rows, pin_memory=logits.is_cuda).to(logits.device, non_blocking=True)
+    )
+    sub = logits if idx is None else logits[idx]
     if logits.is_cuda:
         bitmask = bitmask.to(logits.device, non_blocking=True)
-        apply_token_bitmask_(sub, bitmask)
         grammar_only = torch.zeros_like(sub)  # used where other masks left nothing the grammar allows
         apply_token_bitmask_(grammar_only, bitmask)
+        apply_token_bitmask_(sub, bitmask)
         dead = torch.isneginf(sub).all(dim=-1, keepdim=True)
-        logits[idx] = torch.where(dead, grammar_only, sub)
+        masked = torch.where(dead, grammar_only, sub)
+        if idx is None:
+            logits.copy_(masked)
+        else:
+            logits[idx] = masked
         return
     forbidden = ~unpack_bitmask_cpu(bitmask, logits.shape[-1])
     sub.masked_fill_(forbidden, float("-inf"))
     dead = torch.isneginf(sub).all(dim=-1)
     if bool(dead.any()):
         sub[dead] = torch.zeros_like(sub[dead]).masked_fill_(forbidden[dead], float("-inf"))
-    logits[idx] = sub
+    if idx is not None:
+        logits[idx] = sub
