@@ -189,8 +189,8 @@ def iter_gguf_weights(
             qt = QuantTensor(qtype, torch.from_numpy(np.array(data)), cols)
             yield name, qt if keep_quantized else qt.dequantize()
         else:  # formats without a torch reading here: gguf's own dequantization, once at load
-            w = gguf.quants.dequantize(np.array(data), gguf.GGMLQuantizationType[qtype]).astype(np.float32)
-            yield name, torch.from_numpy(w.reshape(-1, cols))
+            arr = gguf.quants.dequantize(np.array(data), gguf.GGMLQuantizationType[qtype]).astype(np.float32)
+            yield name, torch.from_numpy(arr.reshape(-1, cols))
 
 
 def export_hf_folder(path: Path) -> Path:
@@ -206,7 +206,10 @@ def export_hf_folder(path: Path) -> Path:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     # not SOURCE_FILE: this folder is an HF folder, its weights are the safetensors
     shutil.copytree(src, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(SOURCE_FILE))
-    state = {n: w.contiguous() for n, w in iter_gguf_weights(path, config, keep_quantized=False)}
+    state = {}
+    for n, w in iter_gguf_weights(path, config, keep_quantized=False):
+        assert isinstance(w, torch.Tensor)  # keep_quantized=False dequantizes every block format
+        state[n] = w.contiguous()
     save_file(state, str(tmp / "model.safetensors"))  # type: ignore[arg-type]
     (tmp / "done").write_text(str(path.resolve()))
     _publish(tmp, out)

@@ -1,7 +1,9 @@
 """Linear layers and the token embedding over GGUF weights kept quantized (QuantTensor blocks).
 QuantLinear computes x @ W^T (+ bias) for W = the dequantized blocks, to the precision of its
-path: torch's packed int4 CPU matmul for formats that are sums of 4-bit affine terms, a dense
-dequantized copy where no such path exists, and radixlm.kernels.quant_gemv on CUDA."""
+path: on the CPU the C block kernel (radixlm.kernels.quant_gemv_cpu) for Q4_0/Q4_1/Q8_0, torch's
+packed int4 matmul for other formats that are sums of 4-bit affine terms (or where no C
+compiler is found), a dense dequantized copy where no such path exists; on CUDA
+radixlm.kernels.quant_gemv."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels import quant_gemv_cpu
 from radixlm.kernels.quant_gemv import GEMV_FORMATS, quant_gemv
 
 from .quant_formats import AFFINE_FORMATS, AffineGroups, QuantTensor, stack_rows
@@ -27,22 +30,27 @@ class Int4PackSegment(nn.Module):
     def __init__(self, qt: QuantTensor) -> None:
         super().__init__()
         self.rows, self.cols = qt.rows, qt.cols
+        self.padded = qt.rows % PACK_ROWS != 0
         self.terms = len(terms := qt.affine_terms())
-        for i, g in enumerate(terms):
+        self.names = [(f"packed{i}", f"scale_zero{i}") for i in range(self.terms)]
+        for (pn, sn), g in zip(self.names, terms):
             packed, scale_zero = _pack_int4(g, self.rows)
-            self.register_buffer(f"packed{i}", packed, persistent=False)
-            self.register_buffer(f"scale_zero{i}", scale_zero, persistent=False)
+            self.register_buffer(pn, packed, persistent=False)
+            self.register_buffer(sn, scale_zero, persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, native: bool = False) -> torch.Tensor:
+        """x @ W^T in x's dtype, or with native in the kernel's own (bf16, skipping two casts)
+        where that needs no sum of terms and no row slice."""
         xa = x.to(CPU_ACT_DTYPE)
+        if native and len(self.names) == 1 and not self.padded:
+            pn, sn = self.names[0]
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(xa, getattr(self, pn), GROUP, getattr(self, sn))
         y = None
-        for i in range(self.terms):  # terms summed in x's dtype: a bf16 sum would round again
-            t = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                xa, getattr(self, f"packed{i}"), GROUP, getattr(self, f"scale_zero{i}")
-            ).to(x.dtype)
-            y = t if y is None else y + t
+        for pn, sn in self.names:  # terms summed in x's dtype: a bf16 sum would round again
+            t = torch.ops.aten._weight_int4pack_mm_for_cpu(xa, getattr(self, pn), GROUP, getattr(self, sn))
+            y = t.to(x.dtype) if y is None else y.add_(t)
         assert y is not None
-        return y[:, : self.rows]
+        return y[:, : self.rows] if self.padded else y
 
 
 def _pack_int4(g: AffineGroups, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,8 +90,31 @@ def _direct_packing_matches() -> bool:
     return _PACKING_CHECKED[0]
 
 
+class BlockSegment(nn.Module):
+    """Rows kept as their GGUF blocks on the CPU (each row's scales, then its quants) for
+    radixlm.kernels.quant_gemv_cpu: a few rows (decode) run its int8 dot-product kernel, more
+    rows dequantize into bf16 once per call and run one matmul."""
+
+    packed: torch.Tensor
+
+    def __init__(self, qt: QuantTensor) -> None:
+        super().__init__()
+        self.qtype, self.rows, self.cols = qt.qtype, qt.rows, qt.cols
+        self.register_buffer("packed", quant_gemv_cpu.repack(qt.raw, qt.qtype), persistent=False)
+
+    def forward(self, x: torch.Tensor, native: bool = False) -> torch.Tensor:
+        if x.shape[0] <= quant_gemv_cpu.GEMV_MAX_ROWS:
+            y = quant_gemv_cpu.gemm(x, self.packed, self.qtype, self.rows)
+        else:
+            w = quant_gemv_cpu.dequantize_bf16(self.packed, self.qtype, self.rows, self.cols)
+            y = F.linear(x.to(torch.bfloat16), w)
+        return y if native else y.to(x.dtype)
+
+
 class DenseSegment(nn.Module):
     """Rows dequantized once into a dense weight: the path for formats without a packed one."""
+
+    weight: torch.Tensor
 
     def __init__(self, qt: QuantTensor, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -96,6 +127,8 @@ class DenseSegment(nn.Module):
 class CudaSegment(nn.Module):
     """Rows kept as GGUF blocks on the GPU: decode rows run the dequantize-in-the-loop GEMV;
     more rows dequantize into the activation dtype and run one matmul."""
+
+    raw: torch.Tensor
 
     def __init__(self, qt: QuantTensor, device: torch.device) -> None:
         super().__init__()
@@ -114,6 +147,8 @@ def _segment(qt: QuantTensor, device: torch.device, dtype: torch.dtype) -> nn.Mo
         if qt.qtype in GEMV_FORMATS:
             return CudaSegment(qt, device)
         return DenseSegment(qt, dtype, device)
+    if quant_gemv_cpu.supports(qt.qtype, qt.cols):
+        return BlockSegment(qt)
     if qt.qtype in AFFINE_FORMATS:
         return Int4PackSegment(qt)
     return DenseSegment(qt, dtype, device)
@@ -133,6 +168,8 @@ def _runs_of_one_format(parts: list[QuantTensor]) -> list[QuantTensor]:
 class QuantLinear(nn.Module):
     """y = x @ W^T (+ bias), W the row-wise concatenation of parts (GGUF blocks)."""
 
+    bias: torch.Tensor | None
+
     def __init__(
         self, parts: list[QuantTensor], bias: torch.Tensor | None, device: torch.device, dtype: torch.dtype
     ) -> None:
@@ -148,6 +185,8 @@ class QuantLinear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias is None and x.dim() == 2 and len(self.segments) == 1:
+            return self.segments[0](x)  # the decode shape: no reshapes, cat or bias
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         ys = [s(x2) for s in self.segments]
@@ -155,6 +194,14 @@ class QuantLinear(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        """forward() whose output may stay in the CPU kernel's dtype (bf16), for callers whose
+        next op casts or promotes anyway (the MLP's SiLU-and-mul, a residual add)."""
+        if self.bias is None and x.dim() == 2 and len(self.segments) == 1:
+            seg = self.segments[0]
+            return seg(x, native=True) if isinstance(seg, (Int4PackSegment, BlockSegment)) else seg(x)
+        return self(x)
 
     def extra_repr(self) -> str:
         kinds = ",".join(type(s).__name__ for s in self.segments)
@@ -193,3 +240,7 @@ def install_quantized(model: nn.Module, parts: dict[str, list[tuple[int, QuantTe
             continue
         bias = getattr(old, "bias", None)
         setattr(model.get_submodule(parent), attr, QuantLinear(blocks, bias, device, dtype))
+    segments = [m for m in model.modules() if isinstance(m, BlockSegment)]
+    if segments:  # one huge-page buffer, in the order decode reads them
+        for seg, packed in zip(segments, quant_gemv_cpu.arena([s.packed for s in segments])):
+            seg.packed = packed

@@ -29,9 +29,8 @@ def _time(fn: Callable[[], Any], min_s: float = 0.3) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def _int4_with(layer: Any, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The packed int4 path with activations and scales in dtype (the engine uses bf16)."""
-    seg = layer.segments[0]
+def _int4_with(seg: Any, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """torch's packed int4 path with activations and scales in dtype (bf16 is its fast one)."""
     packed = [getattr(seg, f"packed{i}") for i in range(seg.terms)]
     sz = [getattr(seg, f"scale_zero{i}").to(dtype) for i in range(seg.terms)]
 
@@ -45,17 +44,19 @@ def _int4_with(layer: Any, dtype: torch.dtype) -> Callable[[torch.Tensor], torch
 
 
 def candidates(qt: Any) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    from radixlm.backend.quant_linear import QuantLinear
+    from radixlm.backend.quant_linear import Int4PackSegment, QuantLinear
 
     w32 = qt.dequantize()
     w16 = w32.bfloat16()
     layer = QuantLinear([qt], None, torch.device("cpu"), torch.float32)
+    seg = Int4PackSegment(qt)
     return {
         "fp32_dense (dequantized at load)": lambda x: F.linear(x, w32),
         "bf16_dense": lambda x: F.linear(x.bfloat16(), w16).float(),
-        "int4pack_bf16 (QuantLinear)": layer,
-        "int4pack_fp16": _int4_with(layer, torch.float16),
-        "int4pack_fp32": _int4_with(layer, torch.float32),
+        f"QuantLinear ({type(layer.segments[0]).__name__})": layer,
+        "int4pack_bf16": _int4_with(seg, torch.bfloat16),
+        "int4pack_fp16": _int4_with(seg, torch.float16),
+        "int4pack_fp32": _int4_with(seg, torch.float32),
         "dequantize_per_call + fp32": lambda x: F.linear(x, qt.dequantize()),
     }
 

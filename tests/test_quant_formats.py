@@ -90,8 +90,9 @@ def test_quant_linear_matches_dequantized_matmul(qtype: str, rows: int) -> None:
     ref = F.linear(x.double(), reference(raw, qtype).double())
     out = layer(x)
     assert out.shape == (5, rows) and out.dtype == torch.float32
-    # bf16 activations and bf16 scales on the packed path: ~3e-3 relative
-    assert rel_err(out, ref) < 1e-2
+    # the block kernel (Q4_0/Q4_1/Q8_0) quantizes activations to int8 per block of 32 as
+    # llama.cpp does: ~1e-2 relative on random data; the packed path's bf16 ~3e-3
+    assert rel_err(out, ref) < (2e-2 if qtype in ("Q4_0", "Q4_1", "Q8_0") else 1e-2)
 
 
 def test_mixed_formats_with_bias_stack_in_order() -> None:

@@ -9,13 +9,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels import cpu_decode
 from radixlm.kernels.gemv import gemv, use_gemv
 from radixlm.kernels.rmsnorm import fused_add_rmsnorm
 from radixlm.kernels.rmsnorm import rmsnorm as fused_rmsnorm
 from radixlm.kernels.silu_and_mul import silu_mul
 
+from ..attention import TorchAttentionBackend
 from ..forward_batch import ForwardBatch
 from ..model_config import ModelConfig
 from ..quant_formats import QuantTensor
@@ -32,6 +35,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:  # one Triton pass (radixlm.kernels.rmsnorm); CPU keeps the torch ops below
             return fused_rmsnorm(x, self.weight, self.eps)
+        if x.dtype == self.weight.dtype == torch.float32:  # one op, not ten: decode is op-bound
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight.float() * xf).to(x.dtype)
@@ -40,6 +45,8 @@ class RMSNorm(nn.Module):
         """(norm(x + residual), x + residual), the sum rounded to x's dtype first (as HF does)."""
         if x.is_cuda:
             return fused_add_rmsnorm(x, residual, self.weight, self.eps)
+        if _one_f32_row(x, residual, self.weight) and cpu_decode.available():  # one C call, not ten ops
+            return cpu_decode.add_rmsnorm(x, residual, self.weight, self.eps)
         residual = x + residual
         return self.forward(residual), residual
 
@@ -53,6 +60,16 @@ def linear(layer: nn.Linear | QuantLinear, x: torch.Tensor) -> torch.Tensor:
     if x.shape[0] == 1 and use_gemv(x, layer.weight):
         return gemv(x, layer.weight, layer.bias)
     return layer(x)
+
+
+def _one_f32_row(*ts: torch.Tensor) -> bool:
+    return ts[0].shape[0] == 1 and all(t.dtype == torch.float32 and t.is_contiguous() for t in ts)
+
+
+def native(layer: nn.Linear | QuantLinear, x: torch.Tensor) -> torch.Tensor:
+    """layer(x) on the CPU, in the packed matmul's own dtype where it has one (the caller's next
+    op promotes or casts: a residual add in float32, the next matmul's bf16 input)."""
+    return layer.forward_native(x) if isinstance(layer, QuantLinear) else layer(x)
 
 
 class LlamaAttention(nn.Module):
@@ -69,7 +86,16 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = linear(self.qkv_proj, x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = linear(self.qkv_proj, x)
+        if self.q_norm is None and self._fused_decode(fb, qkv):
+            return native(self.o_proj, self._rope_store_attend(positions, qkv, fb))
+        if not qkv.is_cuda and self.q_norm is None:
+            # q and k sit side by side in qkv: one rotation covers both (fewer small CPU ops)
+            qk = qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, -1)
+            q, k = self.rope.rotate(positions, qk).split([self.num_heads, self.num_kv_heads], dim=1)
+            v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+            return native(self.o_proj, fb.attn_backend.forward(q, k, v, self.layer_id, fb))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
@@ -92,6 +118,34 @@ class LlamaAttention(nn.Module):
         q, k = self.rope(positions, q, k)
         return linear(self.o_proj, backend.forward(q, k, v, self.layer_id, fb))
 
+    def _fused_decode(self, fb: ForwardBatch, qkv: torch.Tensor) -> bool:
+        """One request's one new token on the CPU with a float32 pool the torch backend reads:
+        rope, KV store and attention run as one C call (radixlm.kernels.cpu_decode)."""
+        return (
+            fb.is_decode
+            and fb.batch_size == 1
+            and isinstance(fb.attn_backend, TorchAttentionBackend)
+            and _one_f32_row(qkv, fb.kv_pool.k_buffers[self.layer_id], fb.kv_pool.v_buffers[self.layer_id])
+            and cpu_decode.available()
+        )
+
+    def _rope_store_attend(
+        self, positions: torch.Tensor, qkv: torch.Tensor, fb: ForwardBatch
+    ) -> torch.Tensor:
+        cos, sin_signed = self.rope.rows(positions)
+        slots = fb.req_to_token[fb.req_pool_indices_cpu[0], : fb.seq_lens_cpu[0]]
+        pool = fb.kv_pool
+        return cpu_decode.rope_store_attend(
+            qkv,
+            (self.num_heads, self.num_kv_heads, self.head_dim),
+            cos,
+            sin_signed,
+            pool.k_buffers[self.layer_id],
+            pool.v_buffers[self.layer_id],
+            int(fb.out_cache_loc[0]),
+            slots,
+        )
+
 
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -100,10 +154,11 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_cuda:  # bf16 from the packed matmul on: the down projection casts to it anyway
+            gate, up = native(self.gate_up_proj, x).chunk(2, dim=-1)
+            return native(self.down_proj, F.silu(gate) * up)
         gate, up = linear(self.gate_up_proj, x).chunk(2, dim=-1)
-        if x.is_cuda:  # fused SiLU-and-mul kernel on the GPU
-            return linear(self.down_proj, silu_mul(gate, up))
-        return linear(self.down_proj, nn.functional.silu(gate) * up)
+        return linear(self.down_proj, silu_mul(gate, up))  # fused SiLU-and-mul kernel on the GPU
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -164,8 +219,9 @@ class LlamaForCausalLM(nn.Module):
     def hidden_states(self, fb: ForwardBatch) -> torch.Tensor:
         """The final normalized hidden states (model dtype) of the rows fb.logits_indices."""
         h, residual = self.model.embed_tokens(fb.input_ids), None
-        for layer in self.model.layers:
-            h, residual = layer(fb.positions, h, residual, fb)
+        with self.model.rotary.step(fb.positions):  # cos/sin gathered once for all layers
+            for layer in self.model.layers:
+                h, residual = layer(fb.positions, h, residual, fb)
         rows = fb.logits_indices
         h, _ = self.model.norm.add_forward(h[rows], residual[rows])  # type: ignore[index]
         return h

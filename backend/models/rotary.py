@@ -4,6 +4,8 @@ scaling) and their application in the HF rotate-half layout."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -57,6 +59,8 @@ class RotaryEmbedding(torch.nn.Module):
         self.cos = torch.empty(0)
         self.sin = torch.empty(0)
         self.cos_sin = torch.empty(0)
+        self.sin_signed = torch.empty(0)
+        self._step: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def build(self, device: torch.device | str) -> None:
         """Compute the tables (after the module is materialised on its device)."""
@@ -67,6 +71,40 @@ class RotaryEmbedding(torch.nn.Module):
         self.sin = emb.sin().float().to(device)
         half = self.head_dim // 2  # radixlm.kernels.rotary's cache: cos half | sin half
         self.cos_sin = torch.cat([self.cos[:, :half], self.sin[:, :half]], dim=-1).contiguous()
+        # sin with the first half negated: rotate-half becomes a swap of halves times this
+        self.sin_signed = torch.cat([-self.sin[:, :half], self.sin[:, half:]], dim=-1).contiguous()
+
+    @contextmanager
+    def step(self, positions: torch.Tensor) -> Iterator[None]:
+        """Within the block, rotations at exactly these positions reuse one gather of the CPU
+        tables (every layer of a step rotates at the same positions)."""
+        if positions.is_cuda:
+            yield
+            return
+        self._step = (positions, *self._gather(positions))
+        try:
+            yield
+        finally:
+            self._step = None
+
+    def rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin_signed rows [D] of a one-token step's position (contiguous views)."""
+        if self._step is not None and self._step[0] is positions:
+            return self._step[1][0, 0], self._step[2][0, 0]
+        pos = int(positions[0])
+        return self.cos[pos], self.sin_signed[pos]
+
+    def _gather(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1)
+
+    def _tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._step is not None and self._step[0] is positions:
+            return self._step[1], self._step[2]
+        return self._gather(positions)
+
+    def rotate(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """x [T, H, D] (any heads, e.g. q and k side by side) rotated on the CPU (same dtype)."""
+        return _rotate(x, *self._tables(positions))
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
@@ -74,9 +112,8 @@ class RotaryEmbedding(torch.nn.Module):
         """q [T, Hq, D], k [T, Hkv, D] → rotated (same dtype)."""
         if q.is_cuda:  # one Triton launch for q and k (same fp32 math, one rounding)
             return apply_rotary(q, k, positions, self.cos_sin)
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        cos, sin_signed = self._tables(positions)
+        return _rotate(q, cos, sin_signed), _rotate(k, cos, sin_signed)
 
 
 def rotate_and_store(
@@ -93,8 +130,10 @@ def rotate_and_store(
     return rotary_and_store(q, k, v, positions, rope.cos_sin, k_buffer, v_buffer, loc)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """HF rotate-half, x * cos + [-x2, x1] * sin, as x * cos + [x2, x1] * sin_signed (the same
+    products, three ops)."""
     xf = x.float()
     half = xf.shape[-1] // 2
-    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
-    return (xf * cos + rotated * sin).to(x.dtype)
+    swapped = xf.unflatten(-1, (2, half)).flip(-2).flatten(-2)
+    return torch.addcmul(xf * cos, swapped, sin_signed).to(x.dtype)

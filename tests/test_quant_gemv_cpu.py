@@ -1,0 +1,125 @@
+"""The CPU kernel over GGUF blocks (radixlm.kernels.quant_gemv_cpu) against exact arithmetic: the
+decode path equals the float64 product with the activations quantized as the kernel documents
+(int8 per block of 32, exact block sums), so any wrong lane, pair order, tail row or tail
+block shows as an error far above float rounding; the many-row path's bf16 weights equal
+gguf's dequantization; the huge-page arena holds exact copies. Also the CPU decode pieces that
+changed with it: the joint q/k rotation and the one-request decode attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_quant_formats import random_blocks, reference
+
+from radixlm.backend.attention import TorchAttentionBackend
+from radixlm.backend.models.rotary import RotaryEmbedding
+from radixlm.backend.quant_formats import QuantTensor
+from radixlm.backend.quant_linear import BlockSegment, QuantLinear
+from radixlm.kernels import quant_gemv_cpu as K
+
+pytestmark = pytest.mark.skipif(not K.available(), reason="no C compiler or no AVX2 here")
+FORMATS = ["Q4_0", "Q4_1", "Q8_0"]
+
+
+def simulated(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:
+    """What the kernel computes, in float64: x rounded to int8 * scale per block of 32 for the
+    dot products; the offset terms (Q4_1's m, Q4_0's -8 d) against x's exact block sums."""
+    m, k = x.shape
+    xb = x.double().view(m, -1, 32)
+    d = xb.abs().amax(-1, keepdim=True) / 127
+    xq = torch.round(xb / torch.where(d > 0, d, torch.ones_like(d))) * d
+    w = reference(raw.numpy(), qtype).double()
+    out = xq.reshape(m, k) @ w.T
+    nbytes = K.BLOCK_BYTES[qtype]
+    halves = raw.view(raw.shape[0], -1, nbytes)[..., :4].contiguous().view(torch.float16).double()
+    exact_minus_rounded = xb.sum(-1) - xq.sum(-1)  # [m, nb]
+    if qtype == "Q4_1":
+        out += exact_minus_rounded @ halves[..., 1].T
+    if qtype == "Q4_0":
+        out -= 8 * exact_minus_rounded @ halves[..., 0].T
+    return out
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+@pytest.mark.parametrize(("rows", "cols"), [(44, 576), (7, 96), (5, 32), (9, 1536)])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_decode_kernel_is_exact_for_its_quantized_activations(qtype, rows, cols, m) -> None:
+    """7 and 5 rows leave a partial group of 4; 96 and 32 columns an odd block count (a block
+    outside the 512-bit pairs)."""
+    raw = torch.from_numpy(random_blocks(qtype, rows, cols, seed=rows + cols + m))
+    x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
+    y = K.gemm(x, K.repack(raw, qtype), qtype, rows)
+    ref = simulated(x, raw, qtype)
+    assert y.shape == (m, rows) and y.dtype == torch.float32
+    err = ((y.double() - ref).norm() / ref.norm()).item()
+    assert err < 2e-6, err
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+def test_many_rows_dequantize_to_gguf_values_in_bf16(qtype) -> None:
+    raw = torch.from_numpy(random_blocks(qtype, 13, 160, seed=7))
+    w = K.dequantize_bf16(K.repack(raw, qtype), qtype, 13, 160)
+    ref = reference(raw.numpy(), qtype)
+    assert w.dtype == torch.bfloat16 and w.shape == (13, 160)
+    torch.testing.assert_close(w.float(), ref, rtol=2**-8, atol=1e-6)
+
+
+@pytest.mark.parametrize("m", [1, K.GEMV_MAX_ROWS + 1])
+def test_block_segment_in_quant_linear(m) -> None:
+    """QuantLinear takes the block kernel for these formats, on both sides of the row cutoff."""
+    raw = random_blocks("Q4_1", 64, 256, seed=9)
+    layer = QuantLinear(
+        [QuantTensor("Q4_1", torch.from_numpy(raw), 256)], None, torch.device("cpu"), torch.float32
+    )
+    assert isinstance(layer.segments[0], BlockSegment)
+    x = torch.randn(m, 256)
+    ref = x.double() @ reference(raw, "Q4_1").double().T
+    out = layer(x)
+    assert out.dtype == torch.float32
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-2
+
+
+def test_arena_holds_exact_copies_in_one_buffer() -> None:
+    ts = [torch.randint(0, 256, (n, 36), dtype=torch.uint8) for n in (3, 70, 1)]
+    views = K.arena(ts)
+    assert all(torch.equal(a, b) for a, b in zip(ts, views))
+    assert len({v.untyped_storage().data_ptr() for v in views}) == 1
+    assert all(v.data_ptr() % 64 == 0 for v in views)
+
+
+def test_joint_rotation_equals_hf_rotate_half() -> None:
+    rope = RotaryEmbedding(64, 128, 10000.0, None)
+    rope.build("cpu")
+    pos = torch.tensor([0, 5, 77])
+    q, k = torch.randn(3, 9, 64), torch.randn(3, 3, 64)
+
+    def hf(x: torch.Tensor) -> torch.Tensor:
+        cos, sin = rope.cos[pos].unsqueeze(1), rope.sin[pos].unsqueeze(1)
+        return x * cos + torch.cat([-x[..., 32:], x[..., :32]], dim=-1) * sin
+
+    with rope.step(pos):
+        qk = rope.rotate(pos, torch.cat([q, k], dim=1))
+        q2, k2 = rope(pos, q, k)
+    torch.testing.assert_close(qk, torch.cat([hf(q), hf(k)], dim=1), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(q2, hf(q), rtol=1e-6, atol=1e-6)
+    assert rope._step is None  # the step's tables are dropped after it
+    other = torch.tensor([1, 2, 3])
+    with rope.step(pos):  # positions other than the step's are gathered afresh
+        torch.testing.assert_close(rope.rotate(other, q), rope.rotate(other.clone(), q))
+        assert not torch.allclose(rope.rotate(other, q), rope.rotate(pos, q))
+
+
+def test_one_request_decode_equals_batched_decode() -> None:
+    class Fb:  # the fields the decode paths read
+        seq_lens_cpu = [6]
+        req_pool_indices_cpu = [1]
+        req_pool_indices = torch.tensor([1])
+        seq_lens = torch.tensor([6])
+        req_to_token = torch.zeros(3, 16, dtype=torch.int64)
+
+    Fb.req_to_token[1, :6] = torch.tensor([9, 2, 14, 3, 7, 11])
+    k_buf, v_buf = torch.randn(16, 3, 64), torch.randn(16, 3, 64)
+    q = torch.randn(1, 9, 64)
+    one = TorchAttentionBackend._decode_one(q, k_buf, v_buf, Fb)
+    batched = TorchAttentionBackend._decode(q, k_buf, v_buf, Fb)
+    torch.testing.assert_close(one, batched, rtol=1e-5, atol=1e-6)
