@@ -174,11 +174,13 @@ class CudaGraphRunner:
                     if self.cascade_inputs is not None and gbs >= 2:
                         self._try_capture_cascade(gbs)
         except Exception as e:  # OOM, an op that cannot be captured, a kernel that syncs
+            # the message, not the exception: a kept log record would keep its traceback's frames,
+            # and with them this runner and the model, alive after the engine shuts down
             logger.warning(
                 "CUDA graph capture failed at batch size %d (%s: %s); decoding eagerly",
                 gbs,
                 type(e).__name__,
-                e,
+                str(e),
             )
             self.disable()
             return False
@@ -196,7 +198,7 @@ class CudaGraphRunner:
                 "steps run eagerly",
                 gbs,
                 type(e).__name__,
-                e,
+                str(e),
             )
             self.cascade_graphs.clear()
             self.cascade_inputs = None
@@ -295,6 +297,6 @@ def try_create(target: GraphTarget, max_bs: int, cascade: bool = False) -> CudaG
             return None
         graphs = CudaGraphRunner(target, fitted, CudaGraphCapture(target.device), cascade)
     except Exception as e:
-        logger.warning("CUDA graphs off (%s: %s); decoding eagerly", type(e).__name__, e)
+        logger.warning("CUDA graphs off (%s: %s); decoding eagerly", type(e).__name__, str(e))
         return None
     return graphs if graphs.capture_all() else None
