@@ -181,7 +181,7 @@ def test_static_inputs_pad_and_reset_stale_rows(runner):
 def test_captured_batches_are_static_decode_batches(runner):
     seen: list[ForwardBatch] = []
     gr = CudaGraphRunner(
-        runner.graph_target(), 10, lambda fn: (seen.append(fn.__defaults__[0]), eager_capture(fn))[1]
+        runner.graph_target(), 10, lambda fn: (seen.append(fn.args[0]), eager_capture(fn))[1]
     )
     try:
         assert gr.capture_all() and gr.enabled
