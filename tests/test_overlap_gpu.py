@@ -7,6 +7,7 @@ the one sync the scheduler makes, and it is not one of those)."""
 from __future__ import annotations
 
 import gc
+import json
 import random
 
 import pytest
@@ -117,3 +118,25 @@ def test_cascade_graph_decode_agrees_with_plain():
         del eng
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def test_constrained_steps_have_no_hidden_sync(gpu_engine):
+    """JSON-schema requests (grammar masks filled on the host, applied on the device, sampling
+    deferred until the previous step's tokens are accepted) also run without a synchronizing call."""
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+        "required": ["n", "ok"],
+        "additionalProperties": False,
+    }
+    params = {"max_new_tokens": 24, "temperature": 0, "json_schema": json.dumps(schema)}
+    prompts = [list(range(100 + k, 140 + k)) for k in range(8)]
+    gpu_engine.generate(input_ids=prompts[:2], sampling_params=params)  # warm
+    gpu_engine.flush_cache()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        outs = gpu_engine.generate(input_ids=prompts, sampling_params=params)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    reasons = [o["meta_info"]["finish_reason"]["type"] for o in outs]
+    assert all(r in ("stop", "length") for r in reasons), [o["meta_info"]["finish_reason"] for o in outs]
