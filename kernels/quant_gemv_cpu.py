@@ -235,6 +235,24 @@ void dequant_bf16(const uint8_t *w, int64_t n, int64_t nb, int fmt, uint16_t *ou
             const uint8_t *qs = row + hdr + b * qb;
             uint16_t *o = out + (r * nb + b) * 32;
             const float dv = _cvtsh_ss(d[b]), mv = fmt == 1 ? _cvtsh_ss(d[nb + b]) : 0.f;
+#if USE512 && defined(__AVX512BF16__)
+            __m512 v0, v1;  /* values 0-15 and 16-31 */
+            if (fmt == 2) {
+                v0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)qs)));
+                v1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qs + 16))));
+                v0 = _mm512_mul_ps(v0, _mm512_set1_ps(dv));
+                v1 = _mm512_mul_ps(v1, _mm512_set1_ps(dv));
+            } else {  /* d * q + m, or d * q - 8 d (= d * (q - 8), 8 d exact) */
+                const __m128i q = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0F);
+                const __m512 dd = _mm512_set1_ps(dv), off = _mm512_set1_ps(fmt == 1 ? mv : -8.f * dv);
+                v0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, m))), dd, off);
+                v1 = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), m))), dd, off);
+            }
+            _mm256_storeu_si256((__m256i *)o, (__m256i)_mm512_cvtneps_pbh(v0));
+            _mm256_storeu_si256((__m256i *)(o + 16), (__m256i)_mm512_cvtneps_pbh(v1));
+            continue;
+#endif
             if (fmt == 2) {
                 for (int j = 0; j < 32; j++) o[j] = to_bf16(dv * (int8_t)qs[j]);
             } else {

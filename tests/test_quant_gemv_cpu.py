@@ -15,9 +15,10 @@ from radixlm.backend.attention import TorchAttentionBackend
 from radixlm.backend.models.rotary import RotaryEmbedding
 from radixlm.backend.quant_formats import QuantTensor
 from radixlm.backend.quant_linear import BlockSegment, QuantLinear
+from radixlm.kernels import cpu_decode
 from radixlm.kernels import quant_gemv_cpu as K
 
-pytestmark = pytest.mark.skipif(not K.available(), reason="no C compiler or no AVX2 here")
+needs_kernel = pytest.mark.skipif(not K.available(), reason="no C compiler or no AVX2 here")
 FORMATS = ["Q4_0", "Q4_1", "Q8_0"]
 
 
@@ -40,6 +41,7 @@ def simulated(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:
     return out
 
 
+@needs_kernel
 @pytest.mark.parametrize("qtype", FORMATS)
 @pytest.mark.parametrize(("rows", "cols"), [(44, 576), (7, 96), (5, 32), (9, 1536)])
 @pytest.mark.parametrize("m", [1, 3, 8])
@@ -55,6 +57,7 @@ def test_decode_kernel_is_exact_for_its_quantized_activations(qtype, rows, cols,
     assert err < 2e-6, err
 
 
+@needs_kernel
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_many_rows_dequantize_to_gguf_values_in_bf16(qtype) -> None:
     raw = torch.from_numpy(random_blocks(qtype, 13, 160, seed=7))
@@ -64,6 +67,7 @@ def test_many_rows_dequantize_to_gguf_values_in_bf16(qtype) -> None:
     torch.testing.assert_close(w.float(), ref, rtol=2**-8, atol=1e-6)
 
 
+@needs_kernel
 @pytest.mark.parametrize("m", [1, K.GEMV_MAX_ROWS + 1])
 def test_block_segment_in_quant_linear(m) -> None:
     """QuantLinear takes the block kernel for these formats, on both sides of the row cutoff."""
@@ -79,6 +83,7 @@ def test_block_segment_in_quant_linear(m) -> None:
     assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-2
 
 
+@needs_kernel
 def test_arena_holds_exact_copies_in_one_buffer() -> None:
     ts = [torch.randint(0, 256, (n, 36), dtype=torch.uint8) for n in (3, 70, 1)]
     views = K.arena(ts)
@@ -123,3 +128,17 @@ def test_one_request_decode_equals_batched_decode() -> None:
     one = TorchAttentionBackend._decode_one(q, k_buf, v_buf, Fb)
     batched = TorchAttentionBackend._decode(q, k_buf, v_buf, Fb)
     torch.testing.assert_close(one, batched, rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_builds_where_a_compiler_and_avx2_exist() -> None:
+    """The callers fall back silently (and the kernel tests skip) when a build fails: here, with
+    a compiler and AVX2, a failed build is an error."""
+    import os
+    import shutil
+
+    if not shutil.which(os.environ.get("CC", "cc")) or os.environ.get("RADIXLM_NO_CPU_GEMV"):
+        pytest.skip("no C compiler, or the kernel is switched off")
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("no AVX2")
+    assert K.build_c(K._SOURCE, "quant_gemv") is not None
+    assert K.build_c(cpu_decode._SOURCE, "cpu_decode") is not None
