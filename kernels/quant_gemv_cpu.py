@@ -272,6 +272,14 @@ _lock = threading.Lock()
 _lib: list[ctypes.CDLL | None] = []
 
 
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return torch.backends.cpu.get_cpu_capability()
+
+
 def _cache_dir() -> Path:
     return Path(os.environ.get("RADIXLM_CACHE", Path.home() / ".cache" / "radixlm")) / "cpu_kernels"
 
@@ -282,7 +290,9 @@ def build_c(source: str, name: str) -> ctypes.CDLL | None:
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return None
     cc = os.environ.get("CC", "cc")
-    key = hashlib.sha256((source + " ".join(_FLAGS) + cc).encode()).hexdigest()[:16]
+    # -march=native code is this CPU's: its flags are part of the key (a shared cache dir must not
+    # hand one machine's build to another)
+    key = hashlib.sha256((source + " ".join(_FLAGS) + cc + _cpu_flags()).encode()).hexdigest()[:16]
     so = _cache_dir() / f"{name}_{key}.so"
     if not so.exists():
         so.parent.mkdir(parents=True, exist_ok=True)
