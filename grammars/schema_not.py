@@ -5,6 +5,7 @@ lengths, counts, required, properties, allOf/anyOf/not). Promises: the result is
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .schema_walk import resolve_pointer
@@ -88,6 +89,9 @@ def _negate_keyword(key: str, val: Any, root: Any, depth: int, refs: tuple[str, 
     if key in ("const", "enum"):
         values = [val] if key == "const" else val
         return _not_values(values) if isinstance(values, list) else None
+    if key == "pattern":
+        parts = _not_pattern(val) if isinstance(val, str) else None
+        return None if parts is None else _any(parts)  # only strings fail a pattern
     if key in _BOUNDS:
         kind, other = _BOUNDS[key]
         if isinstance(val, bool) or not isinstance(val, (int, float)):
@@ -149,15 +153,21 @@ def _not_types(val: Any) -> Any:
     return {"type": allowed} if allowed else False
 
 
-def _not_values(values: list) -> Any:
-    """Instances equal to none of the values (scalars only)."""
+def _not_values(values: list, depth: int = 0) -> Any:
+    """Instances equal to none of the values (scalars; arrays of at most one item and objects,
+    nested a few levels)."""
     strings = [v for v in values if isinstance(v, str)]
     numbers = sorted({v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)})
     bools = {v for v in values if isinstance(v, bool)}
-    if any(isinstance(v, (list, dict)) for v in values):
-        return None
     others = [t for t in ("object", "array", "boolean", "null", "string", "number") if not _has(t, values)]
     parts: list[Any] = [{"type": others}] if others else []
+    arrays = [_not_array(v, depth) for v in values if isinstance(v, list)]
+    objects = [_not_object(v, depth) for v in values if isinstance(v, dict)]
+    for each in (arrays, objects):  # each negation is already limited to its type
+        if each:
+            if any(x is None for x in each) or depth >= MAX_DEPTH:
+                return None
+            parts.append(each[0] if len(each) == 1 else {"allOf": each})
     if strings:
         pattern = _not_strings_pattern(strings)
         if pattern is None:
@@ -172,6 +182,62 @@ def _not_values(values: list) -> Any:
         parts.append({"type": "number", "exclusiveMinimum": numbers[-1]})
     if len(bools) == 1:
         parts.append({"const": not next(iter(bools))})
+    return _any(parts)
+
+
+# One character class, its body kept (escapes included): "[abc]", "[^\\s-]".
+_CLASS = r"\[((?:\\.|[^\\\]])+)\]"
+_ANY = r"[\s\S]"
+
+
+def _not_pattern(pattern: str) -> list[dict] | None:
+    """The strings `pattern` does not match, for one class C in these forms: ^C+$, ^C*$ (every
+    character in C, and C holds the newline), ^C (starts with one). The grammar reads `$` as Python
+    does (it also matches before a final newline), so no anchored pattern here may match "" as well:
+    the empty string is its own part (maxLength 0)."""
+    m = re.fullmatch(rf"\^{_CLASS}([+*]?)(\$?)", pattern)
+    if m is None:
+        return None
+    body, repeat, end = m.groups()
+    if body.startswith("^"):
+        if len(body) == 1:
+            return None
+        other = f"[{body[1:]}]"
+    else:
+        other = f"[^{body}]"
+    empty = {"type": "string", "maxLength": 0}
+    if end and repeat and ("\\s" in body or "\\n" in body) and not body.startswith("^"):
+        some = {"type": "string", "pattern": f"^{_ANY}*{other}{_ANY}*$"}  # a character outside C
+        return [empty, some] if repeat == "+" else [some]
+    if not end and not repeat:
+        return [empty, {"type": "string", "pattern": f"^{other}{_ANY}*$"}]
+    return None
+
+
+def _not_array(value: list, depth: int) -> Any:
+    """Arrays unequal to value: another length, or (one item) an unequal item. Longer values would
+    need positional keywords, which not every draft reads: unknown here."""
+    if len(value) > 1:
+        return None
+    parts: list[Any] = [{"type": "array", "minItems": len(value) + 1}]
+    if value:
+        item = _not_values(value, depth + 1)
+        if item is None:
+            return None
+        parts += [{"type": "array", "maxItems": 0}, {"type": "array", "minItems": 1, "items": item}]
+    return _any(parts)
+
+
+def _not_object(value: dict, depth: int) -> Any:
+    """Objects unequal to value: one of its names absent or with an unequal value, or another name
+    (with all of its names present, more names than it has)."""
+    parts: list[Any] = [{"type": "object", "minProperties": len(value) + 1}]
+    for name, v in value.items():
+        unequal = _not_values([v], depth + 1)
+        if unequal is None:
+            return None
+        parts.append({"type": "object", "properties": {name: False}})
+        parts.append({"type": "object", "required": [name], "properties": {name: unequal}})
     return _any(parts)
 
 

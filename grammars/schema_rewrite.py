@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from typing import Any
 
 from .schema_not import negate
+from .schema_subsume import implied_properties, one_of_equivalent
 from .schema_walk import dict_at, list_at, resolve_pointer, walk
 
 
@@ -19,6 +21,7 @@ def rewrite(schema: Any) -> Any:
     text = json.dumps(schema)
     mergeable = "/allOf/" not in text  # no $ref points into an allOf member
     renamable = "/oneOf/" not in text  # nor into a oneOf's branches (the rewrite renames it)
+    legacy_ref = bool(_LEGACY_DRAFT.search(str(schema.get("$schema", ""))))
     for node, _ in list(walk(schema)):
         if mergeable:
             _merge_all_of(node)
@@ -27,9 +30,13 @@ def rewrite(schema: Any) -> Any:
         _property_names(node)
         _dependencies(node)
         _not(node, schema)
+        _ref_siblings(node, legacy_ref)
         if renamable:
             _one_of(node, schema)
         _implied_type(node, schema)
+    if "/patternProperties/" not in text:  # no $ref names a pattern (the rewrite may rename one)
+        for node, _ in list(walk(schema)):  # after the pass above: compares the schemas it tidied
+            implied_properties(node, schema)
     return schema
 
 
@@ -191,8 +198,38 @@ def _not(node: dict, root: dict) -> None:
         node["allOf"] = [*node.get("allOf", []), neg]
 
 
+# Keywords that assert nothing; beside a $ref they would make llguidance intersect schemas, which it
+# cannot do when the reference is recursive. (definitions stay: pointers may go through them.)
+_ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$comment",
+        "$schema",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+    }
+)
+# Drafts 3 to 7 ignore every keyword beside $ref ("All other properties in a $ref object MUST be
+# ignored"); from 2019-09 on they apply beside it.
+_LEGACY_DRAFT = re.compile(r"json-schema\.org/draft-0[3-7]/schema")
+_POINTER_TARGETS = frozenset({"definitions", "$defs"})
+
+
+def _ref_siblings(node: dict, legacy: bool) -> None:
+    """Drop what beside a $ref asserts nothing: annotations, and in drafts 3-7 every keyword."""
+    if isinstance(node.get("$ref"), str):
+        for key in set(node) - {"$ref"} - _POINTER_TARGETS:
+            if legacy or key in _ANNOTATIONS:
+                del node[key]
+
+
 def _one_of(node: dict, root: dict) -> None:
-    """oneOf whose branches are pairwise disjoint is anyOf (no instance can match two of them)."""
+    """oneOf whose branches are pairwise disjoint is anyOf (no instance can match two of them);
+    else an equivalent from schema_subsume where it knows one."""
     branches = node.get("oneOf")
     if not isinstance(branches, list) or not branches:
         return
@@ -203,6 +240,11 @@ def _one_of(node: dict, root: dict) -> None:
             node["allOf"] = [*node.get("allOf", []), {"anyOf": branches}]
         else:
             node["anyOf"] = branches
+        return
+    same = one_of_equivalent(branches, root)
+    if same is not None:
+        del node["oneOf"]
+        node["allOf"] = [*node.get("allOf", []), same]
 
 
 def _implied_type(node: dict, root: dict) -> None:

@@ -13,6 +13,7 @@ from grammar_helpers import random_walk
 from test_grammar_cases import default_tokenizer
 
 from radixlm.grammars import GrammarBackend, allocate_token_bitmask
+from radixlm.grammars.schema_subsume import implies
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +158,7 @@ def test_overlapping_one_of_strict_refused_nonstrict_named(backend: GrammarBacke
     schema = {
         "type": "object",
         "properties": {"r": {"type": "number"}, "w": {"type": "number"}},
-        "oneOf": [{"required": ["r"]}, {"required": ["w"]}],
+        "oneOf": [{"required": ["r"], "properties": {"r": {"minimum": 0}}}, {"required": ["w"]}],
     }
     with pytest.raises(ValueError, match="oneOf"):
         backend.compile("json_schema", schema)
@@ -181,3 +182,164 @@ def test_closed_mask_when_llguidance_refuses_the_open_grammar(backend: GrammarBa
         assert accepted == validator.is_valid(value), value
         if value in ({"a": 1},):
             assert in_mask
+
+
+TREE = {
+    "type": "object",
+    "properties": {
+        "kids": {"type": "array", "items": {"$ref": "#/$defs/t"}, "maxItems": 1},
+        "name": {"type": "string"},
+    },
+    "required": ["name"],
+    "additionalProperties": False,
+}
+# Recursive references that llguidance would have to intersect with a sibling schema; rewritten so it
+# need not, with the same valid instances: (schema, valid instances, invalid instances).
+RECURSIVE_WITH_SIBLINGS = [
+    (  # annotations beside a recursive $ref assert nothing
+        {
+            "$defs": {
+                "node": {
+                    "type": "object",
+                    "properties": {
+                        "next": {"$ref": "#/$defs/node", "description": "d"},
+                        "v": {"type": "integer"},
+                    },
+                    "additionalProperties": False,
+                }
+            },
+            "$ref": "#/$defs/node",
+        },
+        [{"v": 1, "next": {"v": 2, "next": {}}}],
+        [{"v": "x"}, {"next": {"w": 1}}, {"next": 3}],
+    ),
+    (  # drafts 3-7 ignore every keyword beside $ref (here the "type": "string")
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "definitions": {
+                "n": {
+                    "type": "object",
+                    "properties": {"c": {"$ref": "#/definitions/n", "type": "string"}},
+                    "additionalProperties": False,
+                }
+            },
+            "$ref": "#/definitions/n",
+        },
+        [{"c": {"c": {}}}, {}],
+        [{"c": "s"}, {"c": {"d": 1}}, []],
+    ),
+    (  # a property implying the schema of a pattern every name matches is cut out of the pattern
+        {
+            "$defs": {"t": TREE},
+            "type": "object",
+            "properties": {
+                "main": {"type": "array", "items": {"$ref": "#/$defs/t"}, "maxItems": 1, "title": "m"}
+            },
+            "patternProperties": {
+                ".*": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/t"}, {"type": "integer"}]}}
+            },
+        },
+        [{"main": [{"name": "a", "kids": [{"name": "b"}]}], "other": [1, {"name": "b"}]}, {}],
+        [{"main": [1]}, {"main": [{"name": "a"}, {"name": "b"}]}, {"other": ["s"]}, {"other": 3}],
+    ),
+    (  # a property whose schema is the matching pattern's says nothing more
+        {
+            "$defs": {"t": TREE},
+            "type": "object",
+            "properties": {"a": {"type": "array", "items": {"$ref": "#/$defs/t"}, "title": "A"}},
+            "patternProperties": {"^[a-z]+$": {"type": "array", "items": {"$ref": "#/$defs/t"}}},
+            "additionalProperties": False,
+        },
+        [{"a": [{"name": "x"}], "bc": []}, {}],
+        [{"a": [1]}, {"B": []}, {"bc": [{"kids": []}]}],
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "valid", "invalid"), RECURSIVE_WITH_SIBLINGS)
+def test_recursive_refs_beside_siblings_compile_strictly(
+    backend: GrammarBackend, schema: dict, valid: list, invalid: list
+) -> None:
+    g = backend.compile("json_schema", schema)
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for v in valid:
+        assert validator.is_valid(v) and walk(backend, g, v)[0], v
+    for v in invalid:
+        assert not validator.is_valid(v) and not walk(backend, g, v)[0], v
+
+
+def test_inclusion_is_proved_or_not_claimed() -> None:
+    root = {"$defs": {"t": TREE}}
+    closed = {"type": "object", "properties": {"a": {"const": 1}}, "additionalProperties": False}
+    assert implies(closed, {"type": "object", "properties": {"a": {"type": "integer"}}}, root)
+    assert implies({"$ref": "#/$defs/t"}, {"anyOf": [{"type": "null"}, {"required": ["name"]}]}, root)
+    assert not implies(
+        {**closed, "additionalProperties": True}, {"properties": {"b": {"type": "null"}}}, root
+    )
+    assert not implies({"type": "integer"}, {"type": "integer", "minimum": 0}, root)
+    assert not implies({"type": "array", "items": {"type": "string"}}, {"items": {"minLength": 1}}, root)
+
+
+# `not` over keywords whose failure a grammar states exactly: (schema, valid, invalid).
+NEGATIONS = [
+    (
+        {"type": "object", "properties": {"s": {"type": "string", "not": {"pattern": "^[\\s.,*\\-]+$"}}}},
+        [{"s": "ab"}, {"s": ""}, {"s": " a."}, {}],
+        [{"s": " .,"}, {"s": "-"}, {"s": "\n"}, {"s": " \n"}, {"s": 1}],
+    ),
+    ({"not": {"pattern": "^[\\sa]*$"}}, ["b", "ab\n."], ["", "a", "\n", "a \n", 2]),
+    (
+        {"not": {"enum": [6, "foo", [], True, {"foo": 12}, [{"a": [False]}]]}},
+        [5, "fo", [1], False, {"foo": 12.5}, {"foo": 12, "x": 1}, {}, [{"a": [True]}], [{"a": []}], None],
+        [6, 6.0, "foo", [], True, {"foo": 12}, {"foo": 12.0}, [{"a": [False]}]],
+    ),
+    (
+        {"not": {"const": {"a": {"b": None}, "c": "d"}}},
+        [{"a": {"b": 0}, "c": "d"}, {"c": "d"}],
+        [{"c": "d", "a": {"b": None}}],
+    ),
+    ({"not": {"pattern": "^[ab]"}}, ["cab", "", "\n", "\na"], ["abc", "b", "a\n", 3, None, {"a": 1}]),
+]
+
+
+@pytest.mark.parametrize(("schema", "valid", "invalid"), NEGATIONS)
+def test_negation_is_exact(backend: GrammarBackend, schema: dict, valid: list, invalid: list) -> None:
+    g = backend.compile("json_schema", schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for v in valid:
+        assert validator.is_valid(v) and walk(backend, g, v)[0], v
+    for v in invalid:
+        assert not validator.is_valid(v) and not walk(backend, g, v)[0], v
+
+
+# oneOf whose branches overlap, rewritten exactly: (schema, valid, invalid).
+OVERLAPPING_ONE_OF = [
+    (
+        {"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"], "description": "d"}]},
+        [{"a": 1}, {"b": None, "c": 2}],
+        [{"a": 1, "b": 2}, {}, {"c": 1}, 3],
+    ),
+    (
+        {"oneOf": [{"required": ["t", "v"]}, {"required": ["t", "lo", "hi"]}, {"required": ["t"]}]},
+        [{"t": 1}, {"t": 1, "lo": 0}],
+        [{"t": 1, "v": 2}, {"t": 1, "lo": 0, "hi": 2}, {}, "s"],
+    ),
+    ({"oneOf": [{"enum": ["linux"]}, {"type": "string"}]}, ["osx", ""], ["linux", 3, None]),
+    (
+        {"type": "string", "oneOf": [{"enum": ["/bin/vi", "/bin/ed"]}, {}]},
+        ["/bin/nano", "/bin/v"],
+        ["/bin/vi", "/bin/ed", 1],
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "valid", "invalid"), OVERLAPPING_ONE_OF)
+def test_overlapping_one_of_rewritten_exactly(
+    backend: GrammarBackend, schema: dict, valid: list, invalid: list
+) -> None:
+    g = backend.compile("json_schema", schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for v in valid:
+        assert validator.is_valid(v) and walk(backend, g, v)[0], v
+    for v in invalid:
+        assert not validator.is_valid(v) and not walk(backend, g, v)[0], v
