@@ -9,6 +9,7 @@ import json
 import re
 from typing import Any
 
+from .schema_finite import closed_names, filter_values
 from .schema_not import negate
 from .schema_subsume import implied_properties, one_of_equivalent
 from .schema_walk import dict_at, list_at, resolve_pointer, walk
@@ -21,10 +22,14 @@ def rewrite(schema: Any) -> Any:
     text = json.dumps(schema)
     mergeable = "/allOf/" not in text  # no $ref points into an allOf member
     renamable = "/oneOf/" not in text  # nor into a oneOf's branches (the rewrite renames it)
+    replaceable = "/properties/" not in text  # no $ref points into a property's schema (replaced)
     legacy_ref = bool(_LEGACY_DRAFT.search(str(schema.get("$schema", ""))))
     for node, _ in list(walk(schema)):
         if mergeable:
             _merge_all_of(node)
+        filter_values(node, schema)
+        if replaceable:
+            closed_names(node, schema)
         _unique_items(node)
         _if_then_else(node)
         _property_names(node)
@@ -34,7 +39,7 @@ def rewrite(schema: Any) -> Any:
         if renamable:
             _one_of(node, schema)
         _implied_type(node, schema)
-    if "/patternProperties/" not in text:  # no $ref names a pattern (the rewrite may rename one)
+    if replaceable and "/patternProperties/" not in text:  # nor into a pattern (which may be renamed)
         for node, _ in list(walk(schema)):  # after the pass above: compares the schemas it tidied
             implied_properties(node, schema)
     return schema

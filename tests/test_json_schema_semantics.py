@@ -343,3 +343,54 @@ def test_overlapping_one_of_rewritten_exactly(
         assert validator.is_valid(v) and walk(backend, g, v)[0], v
     for v in invalid:
         assert not validator.is_valid(v) and not walk(backend, g, v)[0], v
+
+
+# Keywords beside a finite enum, decided value by value: (schema, valid, invalid).
+FINITE = [
+    (
+        {"enum": [1, 1.5, "a", [1, 1], [1, 2], {"a": 1}], "not": {"type": "integer"}},
+        [1.5, "a", [1, 1], {"a": 1}],
+        [1, 2, "b"],
+    ),
+    ({"enum": [[1, 1], [1, 2], [3]], "uniqueItems": True}, [[1, 2], [3]], [[1, 1], [2, 1]]),
+    (
+        {"const": {"a": 1}, "if": {"required": ["a"]}, "then": {"required": ["b"]}},
+        [],
+        [{"a": 1}, {"a": 1, "b": 2}],
+    ),
+    (
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "enum": [{"x": 1}, {"y": 2}],
+            "propertyNames": {"pattern": "^x"},
+        },
+        [{"x": 1}],
+        [{"y": 2}, {"x": 2}],
+    ),
+    (
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[a-z_][a-z0-9_]*$"},
+            "properties": {"id": {"type": "string"}, "Bad": {}, "9x": {}},
+            "additionalProperties": False,
+        },
+        [{"id": "a"}, {}],
+        [{"Bad": 1}, {"9x": 1}, {"other": 1}, {"id": 1}],
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "valid", "invalid"), FINITE)
+def test_keywords_beside_a_finite_enum(
+    backend: GrammarBackend, schema: dict, valid: list, invalid: list
+) -> None:
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    try:
+        g = backend.compile("json_schema", schema)
+    except ValueError:
+        assert not valid  # a schema nothing satisfies may be refused as such
+        return
+    for v in valid:
+        assert validator.is_valid(v) and walk(backend, g, v)[0], v
+    for v in invalid:
+        assert not validator.is_valid(v) and not walk(backend, g, v)[0], v
