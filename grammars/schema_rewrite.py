@@ -239,7 +239,18 @@ def _one_of(node: dict, root: dict) -> None:
     if not isinstance(branches, list) or not branches:
         return
     ctx = _types(node, root, 0)
-    if all(_disjoint(a, b, root, ctx) for i, a in enumerate(branches) for b in branches[i + 1 :]):
+    overlaps = [
+        (i, j)
+        for i, j in itertools.combinations(range(len(branches)), 2)
+        if not _disjoint(branches[i], branches[j], root, ctx)
+    ]
+    if overlaps and all(_only_empty_in_common(branches[i], branches[j], root) for i, j in overlaps):
+        # arrays whose items cannot be alike share only []: [] matches two of them, so none
+        branches = [
+            {**b, "minItems": 1} if any(k in pair for pair in overlaps) else b for k, b in enumerate(branches)
+        ]
+        overlaps = []
+    if not overlaps:
         del node["oneOf"]
         if "anyOf" in node:
             node["allOf"] = [*node.get("allOf", []), {"anyOf": branches}]
@@ -250,6 +261,16 @@ def _one_of(node: dict, root: dict) -> None:
     if same is not None:
         del node["oneOf"]
         node["allOf"] = [*node.get("allOf", []), same]
+
+
+def _only_empty_in_common(a: Any, b: Any, root: dict) -> bool:
+    """Both are {type: array, items: ...} alone (annotations aside), their items disjoint."""
+    plain = [
+        {k: v for k, v in s.items() if k not in _ANNOTATIONS} if isinstance(s, dict) else None for s in (a, b)
+    ]
+    if not all(p is not None and set(p) == {"type", "items"} and p["type"] == "array" for p in plain):
+        return False
+    return _disjoint(plain[0]["items"], plain[1]["items"], root, None)  # type: ignore[index]
 
 
 def _implied_type(node: dict, root: dict) -> None:

@@ -326,6 +326,17 @@ OVERLAPPING_ONE_OF = [
     ),
     ({"oneOf": [{"enum": ["linux"]}, {"type": "string"}]}, ["osx", ""], ["linux", 3, None]),
     (
+        {
+            "oneOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "number"}, "title": "n"},
+                {"type": "array", "items": {"type": "string"}},
+            ]
+        },
+        ["s", [1, 2.5], ["a"]],
+        [[], [1, "a"], 3, None],
+    ),
+    (
         {"type": "string", "oneOf": [{"enum": ["/bin/vi", "/bin/ed"]}, {}]},
         ["/bin/nano", "/bin/v"],
         ["/bin/vi", "/bin/ed", 1],
