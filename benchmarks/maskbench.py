@@ -3,7 +3,7 @@ the invalid ones it wrongly accepts (by subset and by the keyword the instance b
 per-token mask time percentiles, side by side → JSON + Markdown under benchmarks/results/.
 
     python benchmarks/maskbench.py PATH [--engine ours|ours_nonstrict|xgrammar|llguidance|all]
-        [--limit N] [--compile-only] [--generate N] [--out benchmarks/results/maskbench_dev]
+        [--limit N] [--sources A,B] [--compile-only] [--generate N] [--out benchmarks/results/maskbench_dev]
 """
 
 from __future__ import annotations
@@ -166,6 +166,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("path")
     ap.add_argument("--engine", default="all", choices=[*ENGINES, "all"])
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument(
+        "--sources", default=None, help="only these subsets, comma-separated (e.g. Synthesized,JME)"
+    )
     ap.add_argument("--compile-only", action="store_true", help="skip the instance walks")
     ap.add_argument(
         "--generate", type=int, default=0, help="also generate for N compiled schemas (SmolLM2, T=1)"
@@ -173,6 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="benchmarks/results/maskbench_dev")
     args = ap.parse_args(argv)
     docs = load_docs(args.path, args.limit)
+    if args.sources:
+        docs = [d for d in docs if d.source in set(args.sources.split(","))]
     by_name = {d.name: d for d in docs}
     tok = load_default_tokenizer()
     backend = GrammarBackend(tok, VOCAB, use_disk_cache=False, max_cached=8)
