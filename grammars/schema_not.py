@@ -199,6 +199,8 @@ def _not_pattern(pattern: str) -> list[dict] | None:
     if m is None:
         return None
     body, repeat, end = m.groups()
+    if any(op in body.replace("\\\\", "") for op in ("[", "&&", "--", "~~")):
+        return None  # nested classes and set operations read differently across regex engines
     if body.startswith("^"):
         if len(body) == 1:
             return None
