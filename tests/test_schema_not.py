@@ -48,6 +48,10 @@ PROBES = [
     [1, 2, 3],
     ["a"],
     [False],
+    [[False]],
+    [[True]],
+    [[False, False]],
+    [[False], 1],
     {},
     {"a": 1},
     {"a": False},
@@ -87,13 +91,13 @@ EXACT = [
     {"$ref": "#/$defs/s"},
     {},
     False,
+    {"enum": [[False]]},  # an array value of one item: its negation is spelled out
 ]
 UNKNOWN = [
     {"type": "integer"},
     {"exclusiveMinimum": 2, "type": "integer"},
     {"multipleOf": 2},
     {"pattern": "^a"},
-    {"enum": [[False]]},
     {"items": {"type": "integer"}},
     {"additionalProperties": False, "properties": {"a": {}}},
     {"oneOf": [{"type": "string"}, {"minLength": 1}]},
