@@ -383,8 +383,8 @@ def _disjoint(a: Any, b: Any, root: dict, ctx: set[str] | None, depth: int = 0) 
 
 def _objects_disjoint(a: dict, b: dict, root: dict, depth: int) -> bool:
     """Some property both require has disjoint schemas, or one requires what the other forbids."""
-    ra, rb = (set(r) if isinstance(r := s.get("required"), list) else set() for s in (a, b))
-    pa, pb = (p if isinstance(p := s.get("properties"), dict) else {} for s in (a, b))
+    ra, rb = (set(list_at(s, "required")) for s in (a, b))
+    pa, pb = (dict_at(s, "properties") for s in (a, b))
     for name in ra & rb:
         if name in pa and name in pb and _disjoint(pa[name], pb[name], root, None, depth + 1):
             return True
