@@ -219,7 +219,7 @@ _ANNOTATIONS = frozenset(
     }
 )
 # Drafts 3 to 7 ignore every keyword beside $ref ("All other properties in a $ref object MUST be
-# ignored"); from 2019-09 on they apply beside it.
+# ignored"); in draft 2019-09 and later they apply beside it.
 _LEGACY_DRAFT = re.compile(r"json-schema\.org/draft-0[3-7]/schema")
 _POINTER_TARGETS = frozenset({"definitions", "$defs"})
 
