@@ -1,7 +1,8 @@
 """Speculator: speculative decoding inside the scheduler. Asks the proposer for each decoding
 request's drafts (capped by max_new_tokens, the context, and its grammar: drafts stop before a
 token the grammar forbids or a point where it would jump forward), lets the policy trim them,
-verifies a step's drafts from its logits, and frees the KV slots of rejected drafts. Promises:
+verifies a step's drafts from its logits, and frees the KV slots of rejected drafts (a step the
+policy has backed off from asks the proposer nothing and runs as plain decode). Promises:
 what a request emits is what plain decoding would emit (greedy) or a sample of the same
 distribution (T > 0); a verify step runs eager (no CUDA graph captures its shape yet) and is
 processed before the next step is planned (never overlapped)."""
@@ -65,11 +66,12 @@ class Speculator:
 
     # ---- planning ---------------------------------------------------------------------
     def draft(self, batch: list[Req]) -> DraftPlan | None:
-        """Drafts for a decode batch (None: nobody speculates this step)."""
-        proposals = []
-        for req in batch:
-            k = self.budget(req)
-            proposals.append(self.proposer.propose(req, k) if k > 0 and not self.policy.paused(req) else [])
+        """Drafts for a decode batch (None: nobody speculates this step). While the policy has
+        backed off, the proposer is not asked at all: the step is plain decode at no extra cost."""
+        budgets = [k if (k := self.budget(req)) > 0 and not self.policy.paused(req) else 0 for req in batch]
+        if not any(budgets) or not self.policy.worth_proposing(batch, budgets):
+            return None
+        proposals = [self.proposer.propose(req, k) if k else [] for req, k in zip(batch, budgets)]
         if not any(proposals):
             return None
         proposals = self.policy.choose(batch, proposals)

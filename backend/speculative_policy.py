@@ -3,7 +3,11 @@ probability alpha, learned from verify results) and measured step costs (a decod
 verify step, each fitted as seconds = a + b * tokens). Promises: a draft token is kept only while
 its expected gain beats its measured cost, and a step speculates only when the expected tokens
 per second beat plain decoding's; with too few measurements it explores, then decides, and it
-re-measures now and then after declining for long."""
+re-measures after declining for long — only where drafts would pay at a fraction of their measured
+cost, and at growing intervals while re-measuring keeps confirming the decline (a measuring step
+beside a large batch can cost several plain steps). worth_proposing tells the speculator, before any
+proposal is made, when no proposal within the budgets could be chosen, so a backed-off step does
+no proposer work."""
 
 from __future__ import annotations
 
@@ -17,6 +21,10 @@ DECAY = 0.95  # weight of older observations (costs drift with lengths and load)
 LOW_ALPHA = 0.2  # below this a request pauses speculation for a while
 MAX_COOLDOWN = 64  # steps
 REEXPLORE_STEPS = 64  # declined steps before one verify step re-measures its cost
+MAX_REEXPLORE_STEPS = 1024  # the interval doubles up to this while re-measuring confirms the decline
+# A re-measure happens only if drafts would pay at this fraction of the measured per-draft cost:
+# a cost that drifted less than that cannot change the decision, so measuring it buys nothing.
+REEXPLORE_COST_FRACTION = 0.25
 EXPLORE_DRAFTS = 8  # drafts in a measuring step (a large batch's full verify step is costly)
 
 
@@ -93,7 +101,8 @@ class SpecPolicy:
         self.adaptive = adaptive
         self.costs = StepCosts()
         self.hits, self.misses = 1.0, 1.0  # across requests: the prior of a new request
-        self.declined = 0  # steps in a row where drafts existed but plain decode was chosen
+        self.declined = 0  # steps in a row where drafts were possible but plain decode was chosen
+        self.reexplore_after = REEXPLORE_STEPS  # declined steps before the next re-measure
         self._state: weakref.WeakKeyDictionary[Req, Acceptance] = weakref.WeakKeyDictionary()
 
     def state(self, req: Req) -> Acceptance:
@@ -130,6 +139,26 @@ class SpecPolicy:
     def record(self, verify: bool, batch: int, drafts: int, seconds: float) -> None:
         self.costs.add(verify, batch, drafts, seconds)
 
+    def worth_proposing(self, batch: list[Req], budgets: list[int]) -> bool:
+        """False when no proposals within budgets (drafts per request) could be chosen this step,
+        the step then counting as declined; True when proposals should be made and passed to
+        choose. Exact: choose's best throughput only grows with more candidate drafts (its gains
+        sorted, each kept draft raises tokens per second), so if budgets-long proposals of every
+        request cannot pay, no shorter ones can."""
+        if not self.adaptive:
+            return True
+        costs = self.costs
+        if not costs.decode.ready:
+            return False  # choose measures plain decode first
+        if not costs.ready:
+            return True  # choose explores
+        b = len(batch)
+        gains = self._gains(batch, budgets)
+        if self._worth(b, gains, costs.per_draft) or self._remeasure_due(b, gains):
+            return True
+        self.declined += 1
+        return False
+
     def choose(self, batch: list[Req], proposals: list[list[int]]) -> list[list[int]]:
         """Trim each proposal to the drafts worth verifying; all empty when plain decode wins."""
         if not self.adaptive or not any(proposals):
@@ -137,31 +166,62 @@ class SpecPolicy:
         costs = self.costs
         if not costs.decode.ready:
             return [[] for _ in proposals]  # measure plain decode first
-        gains = sorted(
+        b = len(batch)
+        gains = self._gains(batch, [len(p) for p in proposals])
+        if not costs.ready:
+            return self._explore(gains, proposals)
+        n = self._worth(b, gains, costs.per_draft)
+        if n == 0:
+            if self._remeasure_due(b, gains):
+                self.reexplore_after = min(2 * self.reexplore_after, MAX_REEXPLORE_STEPS)
+                return self._explore(gains, proposals)
+            self.declined += 1
+            return [[] for _ in proposals]
+        self.declined, self.reexplore_after = 0, REEXPLORE_STEPS
+        keep = [0] * len(proposals)
+        for _, i in gains[:n]:
+            keep[i] += 1
+        return [p[:k] for p, k in zip(proposals, keep)]
+
+    def _gains(self, batch: list[Req], lengths: list[int]) -> list[tuple[float, int]]:
+        """(expected tokens, request index) of each draft position, likeliest first: draft j of a
+        request is accepted with probability alpha ** (j + 1)."""
+        return sorted(
             (
                 (self.state(r).alpha ** (j + 1), i)
-                for i, (r, p) in enumerate(zip(batch, proposals))
-                for j in range(len(p))
+                for i, (r, n) in enumerate(zip(batch, lengths))
+                for j in range(n)
             ),
             reverse=True,
         )
-        keep = [0] * len(proposals)
-        if not costs.ready or self.declined >= REEXPLORE_STEPS:  # measure: the best few drafts
-            self.declined = 0
-            for _, i in gains[:EXPLORE_DRAFTS]:
-                keep[i] += 1
-            return [p[:n] for p, n in zip(proposals, keep)]
-        b = len(batch)
+
+    def _worth(self, b: int, gains: list[tuple[float, int]], per_draft: float) -> int:
+        """How many of the sorted drafts to verify beside b decode rows at per_draft seconds each
+        (0: plain decode is faster). A draft stays while it adds more tokens than its time is
+        worth, i.e. while it raises tokens per second; then the step must beat plain decode."""
+        decode = self.costs.decode.predict(b)
         drafts, expected = 0, float(b)
-        for gain, i in gains:  # a draft stays while it adds more tokens than its time is worth
-            if gain <= costs.per_draft * expected / costs.step(b, drafts):
+        for gain, _ in gains:
+            if gain <= per_draft * expected / (decode + per_draft * drafts):
                 break
-            keep[i] += 1
             drafts, expected = drafts + 1, expected + gain
-        if drafts == 0 or expected / costs.step(b, drafts) <= b / costs.step(b, 0):
-            self.declined += 1
-            return [[] for _ in proposals]
+        if drafts == 0 or expected / (decode + per_draft * drafts) <= b / decode:
+            return 0
+        return drafts
+
+    def _remeasure_due(self, b: int, gains: list[tuple[float, int]]) -> bool:
+        """Declined long enough, and drafts would pay were they much cheaper than measured."""
+        return self.declined >= self.reexplore_after and (
+            self._worth(b, gains, self.costs.per_draft * REEXPLORE_COST_FRACTION) > 0
+        )
+
+    def _explore(self, gains: list[tuple[float, int]], proposals: list[list[int]]) -> list[list[int]]:
+        """A measuring step: the likeliest few drafts only (a large batch's full verify step is
+        costly)."""
         self.declined = 0
+        keep = [0] * len(proposals)
+        for _, i in gains[:EXPLORE_DRAFTS]:
+            keep[i] += 1
         return [p[:n] for p, n in zip(proposals, keep)]
 
     def expects_speculation(self, batch_size: int) -> bool:

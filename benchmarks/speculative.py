@@ -2,7 +2,9 @@
 workload and batch size, timed runs alternate off/on (the per-request switch), after one untimed
 warm-up that fills the prefix cache, so both modes decode from cached prompts under the same
 machine load. Reports output tokens/s per run, the on/off ratio per pair (its spread is the
-noise), acceptance length, and whether greedy outputs matched. Workloads: JSON extraction from a
+noise), acceptance length, verify steps per on-run, and whether greedy outputs matched (with GGUF
+blocks a verify step's rows may take another kernel than a decode row, which rounds differently,
+so a near tie can flip; --quantization dequantize is exact). Workloads: JSON extraction from a
 document, a ReAct step quoting an observation, editing a code block (copy-heavy), free chat.
 --replay-wrong W measures the verify machinery instead: drafts replay the target's own greedy output
 (recorded by the off run), each one wrong with probability W, verified on every step (policy
@@ -103,7 +105,13 @@ def run_once(engine: Engine, prompts: list[str], max_new: int, algorithm: str) -
     after = engine.get_stats()
     delta = {
         k: after.get(k, 0) - before.get(k, 0)
-        for k in ("spec_accepted_tokens", "spec_verify_requests", "spec_draft_tokens", "forward_passes")
+        for k in (
+            "spec_accepted_tokens",
+            "spec_verify_requests",
+            "spec_draft_tokens",
+            "spec_verify_steps",
+            "forward_passes",
+        )
     }
     n_tok = sum(o["meta_info"]["completion_tokens"] for o in outs)
     return {
@@ -156,6 +164,9 @@ def bench(engine: Engine, workload: str, batch: int, reps: int, replay: float | 
         "verify_fraction": round(verify_reqs / max(sum(x["tokens"] for x in on), 1), 3),
         "forward_passes_off": sum(x["forward_passes"] for x in off),
         "forward_passes_on": sum(x["forward_passes"] for x in on),
+        # per timed on-run: a verify step beside a batch can cost several plain steps (on the CPU,
+        # more rows than the GEMV kernel takes), so these say which pairs paid for measuring
+        "verify_steps_on": [x["spec_verify_steps"] for x in on],
         "greedy_identical": all(a["ids"] == b["ids"] for a, b in zip(off, on)),
     }
     print(

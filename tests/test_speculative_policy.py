@@ -1,13 +1,25 @@
 """The speculation policy on synthetic step costs: it measures plain decode first, explores with a
 few drafts only, keeps drafts when acceptance and measured costs say they pay (batch 1, high
 acceptance), declines when acceptance is low or drafts are dear beside a large batch, and a request
-whose drafts keep failing sits out a while."""
+whose drafts keep failing sits out a while. Backed off, it re-measures at doubling intervals and
+only where cheaper drafts would pay, and the speculator then asks the proposer nothing;
+worth_proposing never refuses a step that choose would have speculated on."""
 
 from __future__ import annotations
 
+import random
+
 from radixlm.backend.request import Req
 from radixlm.backend.sampling_params import SamplingParams
-from radixlm.backend.speculative_policy import EXPLORE_DRAFTS, MIN_SAMPLES, SpecPolicy
+from radixlm.backend.scheduler_config import SchedulerStats, SpeculativeConfig
+from radixlm.backend.speculative import Speculator
+from radixlm.backend.speculative_policy import (
+    EXPLORE_DRAFTS,
+    MAX_REEXPLORE_STEPS,
+    MIN_SAMPLES,
+    REEXPLORE_STEPS,
+    SpecPolicy,
+)
 
 
 def reqs(n: int) -> list[Req]:
@@ -70,3 +82,105 @@ def test_cooldown_grows_and_ends():
         paused += 1
     assert paused >= 4
     assert not pol.paused(r)
+
+
+def dear_but_accepted(batch: list[Req]) -> SpecPolicy:
+    """Batch 8, drafts accepted often but dear (as beside a batch of 8 on the CPU, where a verify
+    step leaves the GEMV kernel): declined, yet drafts at a quarter of the cost would pay."""
+    pol = trained(decode_s=0.068, per_draft_s=0.015, batch=8, drafts=8)
+    for r in batch:
+        for _ in range(5):
+            pol.observe(r, 4, 4)
+    return pol
+
+
+def test_remeasures_at_doubling_intervals_while_declining_and_resets_when_drafts_pay():
+    batch = reqs(8)
+    props = [[1, 2, 3, 4] for _ in batch]
+    pol = dear_but_accepted(batch)
+    gaps, since = [], 0  # declined steps before each measuring step
+    while len(gaps) < 6:
+        if any(pol.choose(batch, props)):
+            gaps.append(since)
+            since = 0
+        else:
+            since += 1
+    expected = [REEXPLORE_STEPS * 2**i for i in range(6)]
+    assert gaps == [min(g, MAX_REEXPLORE_STEPS) for g in expected]
+    for _ in range(60):  # drafts became cheap (measured by chosen or measuring steps)
+        pol.record(True, 8, 8, 0.068 + 0.001 * 8)
+    assert any(pol.choose(batch, props))
+    assert pol.reexplore_after == REEXPLORE_STEPS and pol.declined == 0
+
+
+def test_no_remeasure_where_even_cheaper_drafts_would_not_pay():
+    batch = reqs(8)
+    pol = trained(decode_s=0.068, per_draft_s=0.015, batch=8, drafts=8)
+    for r in batch:
+        pol.observe(r, 4, 0)
+        pol.observe(r, 4, 1)
+    for r in batch:  # past any cooldown
+        while pol.paused(r):
+            pass
+    props = [[1, 2, 3, 4] for _ in batch]
+    assert not any(any(pol.choose(batch, props)) for _ in range(4 * MAX_REEXPLORE_STEPS))
+    assert not pol.worth_proposing(batch, [4] * len(batch))
+
+
+def policy_for(seed: int, batch: list[Req]) -> SpecPolicy:
+    rng = random.Random(seed)
+    b = len(batch)
+    pol = trained(
+        decode_s=rng.uniform(0.01, 0.1), per_draft_s=rng.uniform(0.0, 0.02), batch=b, drafts=rng.randint(1, 8)
+    )
+    for r in batch:
+        for _ in range(rng.randint(0, 4)):
+            k = rng.randint(1, 4)
+            pol.observe(r, k, rng.randint(0, k))
+    pol.declined = rng.choice([0, REEXPLORE_STEPS - 1, REEXPLORE_STEPS, 500])
+    return pol
+
+
+def test_worth_proposing_never_refuses_what_choose_would_speculate_on():
+    for seed in range(300):
+        rng = random.Random(1000 + seed)
+        batch = reqs(rng.choice([1, 2, 8, 16]))
+        budgets = [rng.randint(0, 6) for _ in batch]
+        proposals = [[7] * rng.randint(0, k) for k in budgets]
+        if not policy_for(seed, batch).worth_proposing(batch, budgets):
+            assert not any(policy_for(seed, batch).choose(batch, proposals)), seed
+
+
+class CountingProposer:
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def propose(self, req: Req, k: int) -> list[int]:
+        self.calls += 1
+        return [5] * k
+
+    def observe_finished(self, req: Req) -> None:
+        return None
+
+
+def test_backed_off_speculator_asks_the_proposer_nothing():
+    batch = reqs(8)
+    for r in batch:
+        r.params.speculative_algorithm = "ngram"
+        r.params.max_new_tokens = 64
+    spec = Speculator(SpeculativeConfig(), None, SchedulerStats(), context_len=4096)  # type: ignore[arg-type]
+    spec.proposer = proposer = CountingProposer()
+    spec.policy = trained(decode_s=0.068, per_draft_s=0.015, batch=8, drafts=8)
+    for r in batch:
+        spec.policy.observe(r, 4, 0)
+        spec.policy.observe(r, 4, 1)
+        while spec.policy.paused(r):
+            pass
+    assert all(spec.draft(batch) is None for _ in range(200))
+    assert proposer.calls == 0
+    assert spec.policy.declined == 200
+    spec.policy = trained(decode_s=0.05, per_draft_s=0.0005, batch=8, drafts=8)
+    plan = spec.draft(batch)
+    assert plan is not None and proposer.calls == len(batch)
