@@ -57,15 +57,23 @@ class RequestGrammar:
         # [start, end) output positions the grammar wrote by jump-forward (read by traces; only
         # a jump appends here, so plain decode steps pay nothing)
         self.jump_spans: list[list[int]] = []
+        # a sampled token the matcher refused: no allowed token could continue (e.g. every completion
+        # of a value fails its value check), so the request ends here, reported, never as valid
+        self.dead_end = False
 
     def report(self, req: Any) -> dict[str, Any]:
-        """meta_info entries of a finished request: keywords dropped (non-strict), and for a JSON
-        schema whether the output validates (jsonschema; a truncated output does not)."""
+        """meta_info entries of a finished request: keywords dropped (non-strict) and keywords held
+        by value checks, and for a JSON schema whether the output validates (jsonschema; a
+        truncated output does not)."""
         if self._report is None:
             out: dict[str, Any] = {}
-            dropped = getattr(self.future.result(), "dropped_keywords", None) if self.future.done() else None
+            compiled = self.future.result() if self.future.done() else None
+            dropped = getattr(compiled, "dropped_keywords", None)
             if dropped:
                 out["grammar_dropped_keywords"] = list(dropped)
+            checked = getattr(compiled, "checked_keywords", None)
+            if checked:  # held by value checks, not by the grammar (a dead end is possible)
+                out["grammar_checked_keywords"] = list(checked)
             if self.spec is not None and self.spec[0] == "json_schema":
                 error = json_schema_error(self.spec[1], req.final_text())
                 out["json_schema_valid"] = error is None
@@ -99,7 +107,8 @@ class RequestGrammar:
         m = self.matcher
         assert m is not None, "grammar not resolved before scheduling"
         if not m.accept_token(tok):
-            logger.warning("request %s: sampled token %d rejected by its grammar", req.rid, tok)
+            logger.warning("request %s: sampled token %d rejected by its grammar (dead end)", req.rid, tok)
+            self.dead_end = True
             return [tok]
         if not self.jump_forward or m.is_terminated():
             return [tok]

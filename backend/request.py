@@ -17,6 +17,7 @@ from .tokenizer import IncrementalDetokenizer
 
 # What a request sends its caller: {"text", "output_ids", "meta_info"} (JSON-shaped, the wire format).
 OutputSink = Callable[[dict[str, Any]], None]
+GRAMMAR_DEAD_END = "grammar dead end: no token continues a document its grammar and value checks allow"
 # {"type": "stop" | "length" | "abort", then "matched" (a token or stop string), "length" or "message"}
 FinishReason = dict[str, str | int]
 LogprobEntry = tuple[float | None, int, str | None]  # (logprob, token id, token text: filled by the caller)
@@ -27,6 +28,7 @@ class RequestGrammar(Protocol):
     """A constrained request's grammar state as the scheduler uses it (backend/constrained.py)."""
 
     jump_forward: bool
+    dead_end: bool  # the matcher refused a sampled token: nothing valid can follow
 
     def accept_and_jump(self, req: Req, tok: int, stats: object) -> list[int]:
         """Accept tok; returns the ids this step appended (tok, then any forced tokens)."""
@@ -125,7 +127,9 @@ class Req:
         """After appending one output token: stop token, length, stop string, context end."""
         p = self.params
         n_out = len(self.output_ids)
-        if n_out >= p.min_new_tokens and token in self.stop_tokens():
+        if self.grammar is not None and self.grammar.dead_end:
+            self.finished_reason = {"type": "abort", "message": GRAMMAR_DEAD_END}
+        elif n_out >= p.min_new_tokens and token in self.stop_tokens():
             self.finished_reason = {"type": "stop", "matched": token}
         elif n_out >= p.max_new_tokens:
             self.finished_reason = {"type": "length", "length": p.max_new_tokens}

@@ -9,6 +9,7 @@ per-token mask time percentiles, side by side → JSON + Markdown under benchmar
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import time
 from collections import Counter, defaultdict
@@ -81,6 +82,10 @@ def summarize(engine: str, records: list[dict], docs_by_name: dict[str, Any], ma
         "dropped_keywords": dict(
             Counter(d.split(" at ")[0] for r in records for d in r.get("dropped", [])).most_common()
         ),
+        "checked_keywords": dict(
+            Counter(d.split(" at ")[0] for r in records for d in r.get("checked", [])).most_common()
+        ),
+        "schemas_with_checks": sum(bool(r.get("checked")) for r in records),
         "rejected_valid": rejected_valid[:50],
         "accepted_invalid": accepted_invalid[:50],
     }
@@ -145,6 +150,10 @@ def markdown(result: dict) -> str:
     lines += ["", "Invalid instances accepted, by the keyword they break (jsonschema's best match):", ""]
     for r in rows:
         lines.append(f"- {r['engine']}: {r['invalid_accepted_by_keyword'] or 'none'}")
+    lines += ["", "Keywords held by value checks (schemas with at least one check; keyword counts):", ""]
+    for r in rows:
+        if r.get("schemas_with_checks"):
+            lines.append(f"- {r['engine']}: {r['schemas_with_checks']} schemas; {r['checked_keywords']}")
     lines += ["", "Keywords dropped (non-strict) / top compile refusals:", ""]
     for r in rows:
         lines.append(
@@ -156,7 +165,8 @@ def markdown(result: dict) -> str:
         lines += [
             "",
             f"Generation (SmolLM2, T=1, {g['schemas']} schemas): {g['finished']} finished, "
-            f"{g['finished_valid']} of them validate; {g['length']} hit max_new_tokens.",
+            f"{g['finished_valid']} of them validate; {g['length']} hit max_new_tokens; "
+            f"{g.get('dead_ends', 0)} ended in a value check's dead end.",
         ]
     return "\n".join(lines) + "\n"
 
@@ -174,7 +184,16 @@ def main(argv: list[str] | None = None) -> None:
         "--generate", type=int, default=0, help="also generate for N compiled schemas (SmolLM2, T=1)"
     )
     ap.add_argument("--out", default="benchmarks/results/maskbench_dev")
+    ap.add_argument(
+        "--doc-timeout", type=int, default=60, help="seconds per document (compile + walks); 0: none"
+    )
+    ap.add_argument(
+        "--memory-gb", type=float, default=0, help="address-space limit for the run (a schema over it fails)"
+    )
     args = ap.parse_args(argv)
+    if args.memory_gb:
+        limit = int(args.memory_gb * (1 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     docs = load_docs(args.path, args.limit)
     if args.sources:
         docs = [d for d in docs if d.source in set(args.sources.split(","))]
@@ -190,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     for engine in ENGINES if args.engine == "all" else [args.engine]:
         runner = EngineRunner(backend, engine)
         t0 = time.time()
-        records = list(run_engine(runner, docs, walk=not args.compile_only))
+        records = list(run_engine(runner, docs, walk=not args.compile_only, doc_timeout_s=args.doc_timeout))
         summary = summarize(engine, records, by_name, runner.mask_us)
         summary["wall_s"] = round(time.time() - t0, 1)
         result["engines"].append(summary)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -116,33 +117,63 @@ class EngineRunner:
         return m.is_terminated(), in_mask
 
 
+class DocTimeout(Exception):
+    """A document's compile and walks ran past the runner's limit."""
+
+
+def _raise_timeout(*_: Any) -> None:
+    raise DocTimeout()
+
+
 def run_engine(
-    runner: EngineRunner, docs: list[Doc], walk: bool = True, progress: Callable[[int], None] | None = None
+    runner: EngineRunner,
+    docs: list[Doc],
+    walk: bool = True,
+    progress: Callable[[int], None] | None = None,
+    doc_timeout_s: int = 0,
 ) -> Iterator[dict]:
-    """One record per document: compile outcome and, when walked, each instance's verdict."""
+    """One record per document: compile outcome and, when walked, each instance's verdict. With
+    doc_timeout_s, a document still running after it counts as not compiled (checked whenever
+    Python code runs, so a long call into an engine's native code ends first)."""
+    if doc_timeout_s:
+        signal.signal(signal.SIGALRM, _raise_timeout)
     for i, doc in enumerate(docs):
-        grammar, ms, err = runner.timed_compile(doc.schema)
-        rec: dict[str, Any] = {
-            "source": doc.source,
-            "name": doc.name,
-            "compiled": grammar is not None,
-            "compile_ms": ms,
-            "error": err,
-            "instances": [],
-        }
-        if grammar is not None and walk:
-            for t in doc.tests:
-                ok, in_mask = runner.accepts(grammar, t["data"], time_masks=bool(t["valid"]))
-                rec["instances"].append(
-                    {
-                        "valid": bool(t["valid"]),
-                        "accepted": ok,
-                        "in_mask": in_mask,
-                        "description": t.get("description", ""),
-                    }
-                )
-        if grammar is not None:
-            rec["dropped"] = list(getattr(grammar, "dropped_keywords", []))
+        signal.alarm(doc_timeout_s)
+        try:
+            rec = _run_doc(runner, doc, walk)
+        except (DocTimeout, MemoryError) as e:  # counted as a schema the engine cannot take
+            rec = {"source": doc.source, "name": doc.name, "compiled": False, "compile_ms": 0.0}
+            why = f"over {doc_timeout_s} s" if isinstance(e, DocTimeout) else "out of memory"
+            rec.update(error=f"{type(e).__name__}: {why}", instances=[])
+        finally:
+            signal.alarm(0)
         if progress is not None:
             progress(i)
         yield rec
+
+
+def _run_doc(runner: EngineRunner, doc: Doc, walk: bool) -> dict:
+    grammar, ms, err = runner.timed_compile(doc.schema)
+    rec: dict[str, Any] = {
+        "source": doc.source,
+        "name": doc.name,
+        "compiled": grammar is not None,
+        "compile_ms": ms,
+        "error": err,
+        "instances": [],
+    }
+    if grammar is not None and walk:
+        for t in doc.tests:
+            ok, in_mask = runner.accepts(grammar, t["data"], time_masks=bool(t["valid"]))
+            rec["instances"].append(
+                {
+                    "valid": bool(t["valid"]),
+                    "accepted": ok,
+                    "in_mask": in_mask,
+                    "description": t.get("description", ""),
+                }
+            )
+    if grammar is not None:
+        rec["dropped"] = list(getattr(grammar, "dropped_keywords", []))
+        rec["checked"] = list(getattr(grammar, "checked_keywords", []))
+    return rec

@@ -1,6 +1,7 @@
 """Generation check for the MaskBench runner: the default model (SmolLM2-135M, CPU, T=1) writes one
 output per schema that compiles in strict mode; every finished output is validated with jsonschema
-(the engine's own meta_info verdict and an independent check here must agree)."""
+(the engine's own meta_info verdict and an independent check here must agree); outputs that end in a
+value check's dead end are counted apart."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 from typing import Any
 
 from maskbench_core import Doc, broken_keyword
+
+from radixlm.backend.request import GRAMMAR_DEAD_END
 
 PROMPT = "Write one JSON value that follows this JSON schema, and nothing else.\nSchema: {schema}\nJSON: "
 MAX_NEW_TOKENS = 256
@@ -54,11 +57,15 @@ def generate(docs: list[Doc], n: int, batch: int = 50) -> dict[str, Any]:
                     "engine_error": o["meta_info"].get("json_schema_error"),
                 }
             )
+    reasons = [o["meta_info"]["finish_reason"] for o in outs]
+    dead = [d.name for d, r in zip(picked, reasons) if r.get("message") == GRAMMAR_DEAD_END]
     return {
         "schemas": len(picked),
         "finished": len(finished),
         "finished_valid": len(finished) - len(failures),
-        "length": len(picked) - len(finished),
+        "length": sum(r["type"] == "length" for r in reasons),
+        "dead_ends": len(dead),
+        "dead_end_docs": dead[:20],
         "max_new_tokens": MAX_NEW_TOKENS,
         "failures": failures[:20],
     }

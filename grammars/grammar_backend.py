@@ -21,7 +21,15 @@ from .json_schema import (
     json_schema_to_regex,
     normalize_json_schema,
 )
-from .schema_policy import PreparedSchema, closed_policy, generation_policy, one_of_pointers, prepare
+from .schema_policy import (
+    PreparedSchema,
+    checkable,
+    closed_policy,
+    drop_from,
+    generation_policy,
+    one_of_pointers,
+    prepare,
+)
 from .token_index import TokenVocab, vocab_from_tokenizer
 
 KINDS = ("regex", "json_schema", "ebnf", "json")
@@ -132,6 +140,12 @@ class GrammarBackend:
             prepared = prepare(json.loads(spec), strict)
             if engine in ("auto", "llguidance"):
                 return self._llguidance_schema(prepared, strict)
+            if prepared.checked and strict:  # value checks run beside llguidance's grammars only
+                key, _, where = prepared.checked[0].partition(" at ")
+                raise ValueError(
+                    f"JSON schema keyword {key!r} at {where} cannot be enforced by the {engine} engine "
+                    "(strict mode; use engine 'auto', or pass strict=False to drop it)"
+                )
             # one grammar only: these engines accept what generation should write
             spec = json.dumps(generation_policy(prepared.schema), ensure_ascii=False)
         if engine == "llguidance":
@@ -151,9 +165,10 @@ class GrammarBackend:
         return self._fsm(regex)
 
     def _llguidance_schema(self, prepared: PreparedSchema, strict: bool) -> CompiledGrammar:
-        """Strict: llguidance's refusal is the answer. Non-strict: the construct llguidance names is
-        dropped and named (schema_relax), a oneOf it cannot prove exclusive is enforced as anyOf and
-        named, and the compile is retried, at most MAX_RELAX times and within RELAX_BUDGET_S."""
+        """llguidance's refusals are answered by relaxing: the construct it names is left out of the
+        grammar (schema_relax; a oneOf it cannot prove exclusive is enforced as anyOf) and held by a
+        value check where jsonschema can check it, else refused (strict) or dropped and named; at most
+        MAX_RELAX times and within RELAX_BUDGET_S."""
         from .schema_matcher import SchemaGrammar
         from .schema_relax import relax
 
@@ -162,21 +177,21 @@ class GrammarBackend:
         start = time.monotonic()
         coerce = False
         for attempt in range(MAX_RELAX + 1):
-            generation = generation_policy(prepared.schema)
-            closed = closed_policy(prepared.schema)
             try:
                 return SchemaGrammar(
                     self.llguidance,
                     prepared.schema,
-                    generation,
+                    generation_policy(prepared.schema),
                     prepared.dropped,
                     coerce_one_of=coerce,
-                    fallback=closed,
+                    fallback=closed_policy(prepared.schema),
+                    full=prepared.full,
+                    checked=prepared.checked,
                 )
             except ValueError as e:
                 error = e
             reason = str(error)
-            if strict or attempt == MAX_RELAX:
+            if attempt == MAX_RELAX:
                 break
             if time.monotonic() - start > RELAX_BUDGET_S:
                 raise ValueError(
@@ -190,8 +205,25 @@ class GrammarBackend:
                 names = relax(prepared.schema, reason, self.llguidance)
             if not names:
                 break
-            prepared.dropped.extend(names)
+            self._sort_relaxed(prepared, names, strict, reason)
         raise ValueError(f"JSON schema not supported: {error}") from error
+
+    @staticmethod
+    def _sort_relaxed(prepared: PreparedSchema, names: list[str], strict: bool, reason: str) -> None:
+        """Each relaxed construct goes to the value checks, or is refused (strict) or dropped."""
+        for name in names:
+            if name.startswith("annotations "):  # they assert nothing
+                continue
+            if checkable(name, prepared.full):
+                prepared.checked.append(name)
+            elif strict:
+                raise ValueError(
+                    f"JSON schema keyword {name} cannot be enforced (strict mode; pass strict=False to "
+                    f"drop it): {reason}"
+                )
+            else:
+                prepared.dropped.append(name)
+                drop_from(prepared.full, name)
 
     def _fsm(self, regex: str) -> CompiledGrammar:
         """Ready once the DFA is built; the mask rows are filled on demand and by a background task."""

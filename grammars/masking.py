@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import llguidance as llg
+import numpy as np
 import torch
 
 from radixlm.kernels.bitmask import unpack_bitmask_cpu
@@ -40,7 +41,22 @@ def fill_bitmask(
         _executor().unsafe_compute_mask_ptr(
             batched, bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0]
         )
+    _open_dead_ends(bitmask, [reqs[i] for i in rows])
     return bitmask, rows
+
+
+def _open_dead_ends(bitmask: torch.Tensor, reqs: Sequence[Any]) -> None:
+    """A row that allows nothing (no token continues a valid document) allows the stop tokens, so
+    the sampled token is a stop token the matcher refuses and the request ends as a dead end."""
+    empty = torch.nonzero(~bitmask.any(dim=1)).flatten().tolist()
+    if not empty:
+        return
+    words = bitmask.numpy().view(np.uint32)
+    for k in empty:
+        stop_tokens = getattr(reqs[k], "stop_tokens", None)
+        for t in stop_tokens() if stop_tokens is not None else ():
+            if 0 <= t < words.shape[1] * 32:
+                words[k, t // 32] |= np.uint32(1 << (t % 32))
 
 
 @functools.cache

@@ -6,35 +6,46 @@ exactly when it is valid against the prepared schema, in any property order, ext
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import jsonschema
 import llguidance as llg
 
+from .base import allocate_token_bitmask
+from .guard_mask import TokenFeatures, allowed_ids, prune_open_scalars, refine_mask, token_features
+from .json_tracker import JsonTracker
 from .llguidance_backend import LLGuidanceCompiled, LLGuidanceCompiler, LLGuidanceMatcher
-
-# Formats llguidance enforces that jsonschema's checker lacks here (no optional packages installed).
-_EXTRA_FORMATS = {
-    "hostname": re.compile(
-        r"(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\Z"
-    ),
-    "uri": re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:[^\s\"<>\\^`{|}]*\Z"),
-    "duration": re.compile(r"P(?!\Z)(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?)?\Z"),
-}
+from .schema_formats import format_checker
+from .schema_guard import GuardPlan
+from .schema_policy import locate
 
 
-def _format_checker() -> jsonschema.FormatChecker:
-    checker = jsonschema.FormatChecker()
-    for name, rx in _EXTRA_FORMATS.items():
-        checker.checks(name)(lambda value, rx=rx: not isinstance(value, str) or bool(rx.match(value)))
-    return checker
+def _checked_ids(full: Any, checked: list[str]) -> dict[int, set[str]]:
+    """id(schema object) -> keywords, from names 'keyword at #/pointer (why)'; a name whose object
+    cannot be found is checked at the root, where the whole document is validated."""
+    out: dict[int, set[str]] = {}
+    for name in checked:
+        keyword, node = locate(name, full)
+        out.setdefault(id(node if isinstance(node, dict) else full), set()).add(keyword)
+    return out
+
+
+def _features(compiler: LLGuidanceCompiler) -> TokenFeatures:
+    """The vocabulary's token features, computed once per compiler."""
+    cached: TokenFeatures | None = getattr(compiler, "_guard_features", None)
+    if cached is None:
+        decode = compiler.tokenizer.decode_bytes
+        cached = token_features([decode([i]) for i in range(compiler.vocab_size)], compiler.stop_token_ids)
+        compiler._guard_features = cached  # type: ignore[attr-defined]
+    return cached
 
 
 class SchemaGrammar:
     """Three ways to read a document, tried in order: the generation grammar (the mask while it can
     follow), the schema's own grammar (declared order, extra properties where allowed), then any JSON
-    with the prepared schema checked by jsonschema at EOS (property orders llguidance cannot express)."""
+    with the prepared schema checked by jsonschema at EOS (property orders llguidance cannot express).
+    Keywords in checked_keywords are left out of the grammars and held by value checks (schema_guard)
+    against full, the schema with them."""
 
     engine = "llguidance"
 
@@ -46,11 +57,15 @@ class SchemaGrammar:
         dropped: list[str],
         coerce_one_of: bool = False,
         fallback: Any = None,
+        full: Any = None,
+        checked: list[str] | None = None,
     ) -> None:
         """fallback: a narrower generation schema, compiled only when both others are refused."""
         self.compiler = compiler
         self.schema = schema
+        self.full = schema if full is None else full
         self.dropped_keywords = list(dropped)
+        self.checked_keywords = list(checked or [])
         text = json.dumps(schema, ensure_ascii=False)
         gen_text = json.dumps(generation, ensure_ascii=False)
         language: LLGuidanceCompiled | None = None
@@ -79,15 +94,24 @@ class SchemaGrammar:
             self.modes.append(language)
         self.modes.append(compiler.any_json())
         self._validator: Any = None
+        self.plan: GuardPlan | None = None
+        self.features: TokenFeatures | None = None
+        if self.checked_keywords:
+            self.plan = GuardPlan(self.full, _checked_ids(self.full, self.checked_keywords), self.validator())
+            self.features = _features(compiler)
 
     def new_matcher(self) -> SchemaMatcher:
         return SchemaMatcher(self)
 
-    def is_valid(self, data: Any) -> bool:
+    def validator(self) -> Any:
+        """jsonschema's validator of the full schema (formats checked)."""
         if self._validator is None:
-            cls = jsonschema.validators.validator_for(self.schema, default=jsonschema.Draft202012Validator)
-            self._validator = cls(self.schema, format_checker=_format_checker())
-        return bool(self._validator.is_valid(data))
+            cls = jsonschema.validators.validator_for(self.full, default=jsonschema.Draft202012Validator)
+            self._validator = cls(self.full, format_checker=format_checker())
+        return self._validator
+
+    def is_valid(self, data: Any) -> bool:
+        return bool(self.validator().is_valid(data))
 
 
 class SchemaMatcher:
@@ -99,6 +123,18 @@ class SchemaMatcher:
         self._mode = 0
         self._m: LLGuidanceMatcher = grammar.modes[0].new_matcher()
         self._steps: list[int | str] = []  # one per accept step: a token id or an accepted string
+        # value checks (schema_guard): the reader of the bytes so far, and its state before each step
+        self._tracker = JsonTracker(grammar.plan.root) if grammar.plan is not None else None
+        self._buf = bytearray()
+        self._before: list[tuple[JsonTracker, int]] = []
+
+    def _checked(self, step: int | str, data: bytes) -> JsonTracker | None:
+        """The reader after step (its bytes: data), or None when a value check refuses what it completes."""
+        assert self._tracker is not None
+        after = self._tracker.copy()
+        if isinstance(step, int) and step in self._g.compiler.stop_token_ids:
+            return after if after.finish(self._buf) else None
+        return after if after.feed(data, self._buf) else None
 
     def _last_mode(self, mode: int) -> bool:
         return mode == len(self._g.modes) - 1
@@ -121,6 +157,25 @@ class SchemaMatcher:
         return m.accept_token(step)
 
     def _advance(self, step: int | str) -> bool:
+        if self._tracker is None:
+            return self._advance_grammar(step)
+        data = self._step_bytes(step)
+        after = self._checked(step, data)
+        if after is None or not self._advance_grammar(step):
+            return False
+        self._before.append((self._tracker, len(self._buf)))
+        self._buf.extend(data)
+        self._tracker = after
+        return True
+
+    def _step_bytes(self, step: int | str) -> bytes:
+        if isinstance(step, str):
+            return step.encode()
+        if step in self._g.compiler.stop_token_ids:
+            return b""
+        return bytes(self._g.compiler.tokenizer.decode_bytes([step]))
+
+    def _advance_grammar(self, step: int | str) -> bool:
         if self._step(self._m, step, self._mode):
             self._steps.append(step)
             return True
@@ -142,8 +197,23 @@ class SchemaMatcher:
 
     def fill_next_token_bitmask(self, bitmask: Any, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
+        if self._tracker is not None and self._g.features is not None:
+            refine_mask(bitmask[row], self._tracker, self._buf, self._g.features)
+            prune_open_scalars(bitmask[row], self._tracker, self._buf, self._g.features, self._allowed_after)
+
+    def _allowed_after(self, token: int) -> Any:
+        """The ids the current grammar allows after token (the matcher is left as it was)."""
+        if not self._m.accept_token(token):
+            return []
+        probe = allocate_token_bitmask(1, self._g.compiler.vocab_size)
+        self._m.fill_next_token_bitmask(probe, 0)
+        self._m.rollback(1)
+        return allowed_ids(probe[0], self._g.compiler.vocab_size)
 
     def parallel_mask_matcher(self) -> llg.LLMatcher | None:
+        """None while a value check may refine the mask (the row is then filled on its own)."""
+        if self._tracker is not None and self._tracker.live_depth() >= 0:
+            return None
         return self._m.parallel_mask_matcher()
 
     def accept_token(self, token_id: int) -> bool:
@@ -170,8 +240,16 @@ class SchemaMatcher:
             return
         del self._steps[-num_tokens:]
         self._m.rollback(num_tokens)
+        if self._tracker is not None:
+            self._tracker, size = self._before[-num_tokens]
+            del self._before[-num_tokens:]
+            del self._buf[size:]
 
     def reset(self) -> None:
         self._mode = 0
         self._m = self._g.modes[0].new_matcher()
         self._steps.clear()
+        if self._g.plan is not None:
+            self._tracker = JsonTracker(self._g.plan.root)
+            self._buf.clear()
+            self._before.clear()

@@ -1,17 +1,21 @@
 """The JSON-Schema keyword policy shared by every engine: unknown and annotation keywords are ignored;
-an assertion keyword the grammar cannot enforce is refused (strict) or dropped and named (non-strict).
-Promises: prepare() returns a schema whose every remaining assertion the grammar enforces, plus the
-JSON pointers of what it dropped (strict mode never drops, it raises ValueError); generation_policy()
-narrows a prepared schema to what generation should write, never widening it."""
+an assertion keyword the grammar cannot enforce is left to a value check (schema_guard) where
+jsonschema can check it, else refused (strict) or dropped and named (non-strict).
+Promises: prepare() returns the grammar's schema (every remaining assertion the grammar enforces), the
+full schema the value checks hold, and the JSON pointers of what is checked and what was dropped
+(strict mode never drops, it raises ValueError); generation_policy() narrows a prepared schema to what
+generation should write, never widening it."""
 
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .schema_formats import CHECKED_FORMATS, FORMAT_PATTERNS
 from .schema_rewrite import rewrite
-from .schema_walk import list_at, resolve_pointer, walk
+from .schema_walk import dict_at, list_at, resolve_pointer, walk
 
 # Assertions no grammar here enforces in general (simple cases are rewritten first, schema_rewrite).
 UNENFORCEABLE = frozenset(
@@ -49,7 +53,8 @@ ENFORCED_FORMATS = frozenset(
         "uuid",
     }
 )
-# Standard formats with no grammar here: refused like any other unenforceable assertion.
+# Standard formats llguidance has no grammar for: a regex the grammar holds (schema_formats), else a
+# value check where the checker knows the format, else refused (strict) or dropped.
 UNENFORCEABLE_FORMATS = frozenset(
     {
         "idn-email",
@@ -67,26 +72,86 @@ UNENFORCEABLE_FORMATS = frozenset(
 
 @dataclass
 class PreparedSchema:
-    schema: Any
+    schema: Any  # what the grammar enforces
     dropped: list[str] = field(default_factory=list)  # "keyword at #/pointer", in walk order
     ignored_formats: list[str] = field(default_factory=list)
+    full: Any = None  # the schema with the checked keywords: what value checks validate against
+    checked: list[str] = field(default_factory=list)  # "keyword at #/pointer": held by value checks
 
 
 def prepare(schema: Any, strict: bool = True) -> PreparedSchema:
-    """Rewrite what can be enforced another way, ignore unknown formats, then refuse or drop the rest.
-    The result keeps the schema's semantics (open objects stay open, integers unbounded)."""
+    """Rewrite what can be enforced another way, ignore unknown formats, leave what jsonschema can check
+    to value checks, then refuse or drop the rest. The grammar's schema keeps the schema's semantics
+    apart from the checked keywords (open objects stay open, integers unbounded)."""
     out = PreparedSchema(rewrite(copy.deepcopy(schema)))
     for node, ptr in list(walk(out.schema)):
-        for key in [k for k in node if k in UNENFORCEABLE]:
-            _refuse_or_drop(out, node, key, ptr, strict)
         fmt = node.get("format")
-        if isinstance(fmt, str) and fmt not in ENFORCED_FORMATS:
-            if fmt in UNENFORCEABLE_FORMATS:
-                _refuse_or_drop(out, node, "format", ptr, strict, f"format {fmt!r}")
-            else:  # not a format of the specification: an annotation
+        if isinstance(fmt, str) and fmt not in ENFORCED_FORMATS and fmt not in UNENFORCEABLE_FORMATS:
+            del node["format"]  # not a format of the specification: an annotation
+            out.ignored_formats.append(f"{fmt} at {ptr}")
+    out.full = copy.deepcopy(out.schema)
+    for node, ptr in list(walk(out.schema)):
+        for key in [k for k in node if k in UNENFORCEABLE]:
+            del node[key]
+            out.checked.append(f"{key} at {ptr}")
+        fmt = node.get("format")
+        if isinstance(fmt, str) and fmt in FORMAT_PATTERNS and "pattern" not in node:
+            node["pattern"] = FORMAT_PATTERNS[fmt]
+            del node["format"]  # the grammar holds the format as its regex
+        elif isinstance(fmt, str) and fmt in UNENFORCEABLE_FORMATS:
+            if fmt in CHECKED_FORMATS:
                 del node["format"]
-                out.ignored_formats.append(f"{fmt} at {ptr}")
+                out.checked.append(f"format at {ptr}")
+            else:
+                _refuse_or_drop(out, node, "format", ptr, strict, f"format {fmt!r}")
+                drop_from(out.full, f"format at {ptr}")
     return out
+
+
+def locate(name: str, root: Any) -> tuple[str, Any]:
+    """(keyword, schema object) a name 'keyword at #/pointer' or 'keyword at #/pointer (why)' gives;
+    the object is None when the pointer does not resolve (pointers may hold spaces and parentheses,
+    so each place a ' (' could start the reason is tried)."""
+    keyword, _, rest = name.partition(" at ")
+    cuts = [len(rest)] + [i for i in range(len(rest)) if rest.startswith(" (", i)]
+    for cut in cuts:
+        pointer = rest[:cut]
+        if not pointer.startswith("#"):
+            continue
+        try:
+            return keyword, resolve_pointer(root, pointer)
+        except ValueError:
+            continue
+    return keyword, None
+
+
+def drop_from(full: Any, name: str) -> None:
+    """Delete from full the keyword a name 'keyword at #/pointer ...' gives (if it is there)."""
+    keyword, node = locate(name, full)
+    if isinstance(node, dict):
+        node.pop(keyword, None)
+
+
+def checkable(name: str, full: Any) -> bool:
+    """Whether a value check can hold what a relaxation dropped (name: 'keyword at #/pointer (why)'):
+    not an external reference or a base URI (jsonschema could not resolve them either), not a regex
+    Python cannot compile."""
+    if "external reference" in name or re.match(r"\$?id at ", name):
+        return False
+    _, node = locate(name, full)
+    if isinstance(node, dict) and "regex" in name:
+        patterns = [node.get("pattern")] + list(dict_at(node, "patternProperties"))
+        return all(compiles(p) for p in patterns if isinstance(p, str))
+    return True
+
+
+def compiles(pattern: str) -> bool:
+    """Whether Python's re (jsonschema's regex engine) compiles the pattern."""
+    try:
+        re.compile(pattern)
+    except re.error:
+        return False
+    return True
 
 
 def generation_policy(schema: Any) -> Any:

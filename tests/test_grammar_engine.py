@@ -13,6 +13,8 @@ import jsonschema
 import pytest
 from test_grammar_cases import REGEXES, SCHEMAS
 
+from radixlm.backend.request import GRAMMAR_DEAD_END
+
 SAMPLES = 3
 PROMPT = "Answer in the requested format.\n"
 # Open-ended repetition (+, *, strings without maxLength, maps) may run past max_new_tokens at
@@ -133,12 +135,8 @@ def test_jump_forward_on_vs_off(grammar_engine) -> None:
         ({"regex": "("}, "invalid or unsupported regex"),
         ({"regex": "(?=a)b"}, "matches no string"),
         ({"json_schema": '{"type": '}, "not valid JSON"),
-        ({"json_schema": {"type": "integer", "not": {"multipleOf": 3}}}, "'not'"),
+        ({"json_schema": {"$ref": "https://example.com/s.json"}}, "external reference"),
         ({"json_schema": {"type": "object", "not": {}}}, "matches nothing"),
-        (
-            {"json_schema": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
-            "'uniqueItems'",
-        ),
         ({"regex": "[a-z]{1,20000}"}, "grammar too large"),
         ({"ebnf": "root ::= undefined_rule"}, "invalid ebnf"),
         ({"regex": "a", "json_schema": {"type": "integer"}}, "only one of"),
@@ -151,6 +149,36 @@ def test_bad_grammar_rejected_before_forward(grammar_engine, params: dict, fragm
     assert grammar_engine.get_stats()["forward_passes"] == before
     out = grammar_engine.generate(PROMPT, {"regex": "(yes|no)", "max_new_tokens": 8})
     assert out["text"] in ("yes", "no")
+
+
+def test_value_checked_keywords_in_generation(grammar_engine) -> None:
+    """uniqueItems and not, held by value checks, in sampled outputs; a schema whose grammar allows a
+    document no check accepts ends as a reported dead end, never as a valid output."""
+    schema = {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0, "maximum": 5, "not": {"const": 3}},
+        "uniqueItems": True,
+        "minItems": 3,
+        "maxItems": 4,
+    }
+    params = {"json_schema": schema, "max_new_tokens": 40, "temperature": 1.0, "seed": 0}
+    outs = _generate(grammar_engine, [{**params, "seed": k} for k in range(4)])
+    for out in outs:
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", out["meta_info"]
+        jsonschema.validate(json.loads(out["text"]), schema)
+        assert out["meta_info"]["json_schema_valid"] is True
+        assert out["meta_info"]["grammar_checked_keywords"] == ["uniqueItems at #"]
+    dead = {
+        "type": "object",
+        "properties": {"a": {"const": 1}},
+        "required": ["a"],
+        "additionalProperties": False,
+        "if": {"required": ["a"]},
+        "then": {"required": ["b"]},
+    }
+    out = grammar_engine.generate(PROMPT, {"json_schema": dead, "max_new_tokens": 40})
+    assert out["meta_info"]["finish_reason"] == {"type": "abort", "message": GRAMMAR_DEAD_END}
+    assert out["meta_info"]["json_schema_valid"] is False
 
 
 def test_ebnf_pydantic_stream_and_async(grammar_engine) -> None:

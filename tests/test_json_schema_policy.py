@@ -19,6 +19,7 @@ from test_grammar_cases import default_tokenizer
 from radixlm.backend.constrained import RequestGrammar, json_schema_error
 from radixlm.backend.sampler import record_token
 from radixlm.grammars import GrammarBackend
+from radixlm.grammars.schema_formats import format_checker
 
 MASKBENCH = Path("/work/shared/data/jsonschemabench/maskbench_dev.jsonl.gz")
 SUBSET = 40  # documents: every 70th of the development sample
@@ -59,34 +60,102 @@ def test_annotations_and_unknown_keywords_ignored(backend: GrammarBackend) -> No
     assert not accepts(backend, g, '{"a": "5"}')
 
 
+CHECKED_CASES = [
+    (
+        {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+        "uniqueItems",
+        "#",
+        [[1, 2], [1, 1], [3, 2, 3], []],
+    ),
+    (
+        {"type": "object", "properties": {"p": {"type": "string", "not": {"pattern": "^a"}}}},
+        "not",
+        "#/properties/p",
+        [{"p": "ba"}, {"p": "ab"}, {}],
+    ),
+    (
+        {
+            "$defs": {"d": {"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}},
+            "$ref": "#/$defs/d",
+        },
+        "if",
+        "#/$defs/d",
+        [{"a": 1}, {"a": 1, "b": 2}, {"c": 1}],
+    ),
+    ({"type": "string", "format": "regex"}, "format", "#", ["[a-z]", "[a-"]),
+    (
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[a-z]+$"},
+            "additionalProperties": {"type": "integer"},
+        },
+        "propertyNames",
+        "#",
+        [{"ab": 1}, {"aB": 1}, {}],
+    ),
+]
+
+
+@pytest.mark.parametrize("schema,keyword,pointer,values", CHECKED_CASES)
+def test_keywords_beyond_the_grammar_are_held_by_value_checks(
+    backend: GrammarBackend, schema: dict, keyword: str, pointer: str, values: list
+) -> None:
+    """Strict mode compiles them, names them as checked, and accepts exactly what jsonschema accepts;
+    non-strict does the same (nothing is dropped)."""
+    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    for strict in (True, False):
+        g = backend.compile("json_schema", schema, strict=strict)
+        assert any(name.startswith(f"{keyword} at {pointer}") for name in g.checked_keywords)
+        assert g.dropped_keywords == []
+        verdicts = [accepts(backend, g, compact(v)) for v in values]
+        assert verdicts == [validator.is_valid(v) for v in values]
+        assert True in verdicts and False in verdicts  # the cases hold both kinds
+
+
 @pytest.mark.parametrize(
-    "schema,keyword,pointer",
+    "schema,keyword,pointer,dropped",
     [
-        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems", "#"),
         (
-            {"type": "object", "properties": {"p": {"type": "string", "not": {"pattern": "^a"}}}},
-            "not",
-            "#/properties/p",
+            {"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}},
+            "$ref",
+            "#/properties/a",
+            "$ref at #/properties/a",
         ),
-        (
-            {
-                "$defs": {"d": {"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}},
-                "$ref": "#/$defs/d",
-            },
-            "if",
-            "#/$defs/d",
-        ),
-        ({"type": "string", "format": "regex"}, "format", "#"),
     ],
 )
-def test_strict_refuses_with_pointer_nonstrict_names_drop(
-    backend: GrammarBackend, schema: dict, keyword: str, pointer: str
+def test_strict_refuses_what_no_check_can_hold_nonstrict_names_drop(
+    backend: GrammarBackend, schema: dict, keyword: str, pointer: str, dropped: str
 ) -> None:
     with pytest.raises(ValueError) as info:
         backend.compile("json_schema", schema)
     assert keyword in str(info.value) and f"at {pointer} " in str(info.value)
     g = backend.compile("json_schema", schema, strict=False)
-    assert f"{keyword} at {pointer}" in g.dropped_keywords
+    assert any(name.startswith(dropped) for name in g.dropped_keywords), g.dropped_keywords
+
+
+def test_value_checks_clear_refused_completions_from_the_mask(backend: GrammarBackend) -> None:
+    """A duplicate string cannot be closed, but it can go on; a walk that finishes validates."""
+    schema = {
+        "type": "array",
+        "items": {"type": "string", "maxLength": 4},
+        "uniqueItems": True,
+        "maxItems": 3,
+    }
+    g = backend.compile("json_schema", schema)
+    m = g.new_matcher()
+    for t in backend.tokenizer.encode('["ab", "ab', add_special_tokens=False):
+        assert m.accept_token(t)
+    bitmask = torch.zeros((1, 1536), dtype=torch.int32)
+    m.fill_next_token_bitmask(bitmask, 0)
+    allowed = {backend.vocab.token_bytes[i] for i in allowed_ids(bitmask[0], 49152)}
+    assert not any(b.startswith(b'"') for b in allowed), sorted(allowed)[:20]
+    assert any(b[:1].isalpha() for b in allowed)
+    for seed in range(6):
+        ids, done = random_walk(
+            [g.new_matcher()], 49152, backend.vocab.token_bytes, backend.vocab.eos_ids, seed, max_steps=200
+        )
+        if done:
+            jsonschema.validate(json.loads(backend.tokenizer.decode(ids)), schema)
 
 
 def test_pattern_is_escaped_for_json(backend: GrammarBackend) -> None:
@@ -107,10 +176,15 @@ def test_pattern_is_escaped_for_json(backend: GrammarBackend) -> None:
         )
 
 
-def test_one_of_is_exclusive_or_refused(backend: GrammarBackend) -> None:
+def test_one_of_is_exclusive(backend: GrammarBackend) -> None:
+    """Exclusive by the grammar where llguidance proves it, else by a value check; never anyOf."""
     overlapping = {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]}
-    with pytest.raises(ValueError, match="oneOf"):
-        backend.compile("json_schema", overlapping)
+    g = backend.compile("json_schema", overlapping)
+    assert g.checked_keywords == ["oneOf at # (as anyOf)"]
+    for value in (3, -1, 2.5, -2.5, "x"):
+        assert accepts(backend, g, compact(value)) == jsonschema.Draft202012Validator(overlapping).is_valid(
+            value
+        )
     disjoint = {"oneOf": [{"type": "integer"}, {"type": "string", "maxLength": 3}]}
     g = backend.compile("json_schema", disjoint)
     for value in (3, "ab", "abcd", 2.5, None):
@@ -123,7 +197,7 @@ def test_one_of_is_exclusive_or_refused(backend: GrammarBackend) -> None:
         "required": ["r", "w"],
         "oneOf": [{"required": ["r"]}, {"required": ["w"]}],
     }
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="matches nothing"):
         backend.compile("json_schema", impossible)
 
 
@@ -233,3 +307,25 @@ def test_penalty_counts_follow_output_under_jump_forward(backend: GrammarBackend
     text = backend.tokenizer.decode([t for t in req.output_ids if t not in backend.stop_token_ids])
     jsonschema.validate(json.loads(text), schema)
     assert bool(stats.extra.get("jump_forward_steps")) == jump
+
+
+FORMAT_SAMPLES = {
+    "uri-reference": ["a/b", "http://x.com/a?b#c", "#frag", "a b", "//host/p", "%zz"],
+    "uri-template": ["http://x/{a}", "/{+p*}", "{a", "x{a:3}"],
+    "json-pointer": ["", "/a~0b", "/a~2"],
+    "relative-json-pointer": ["0", "1/a", "01", "2#"],
+    "iri": ["http://é.com", "é:x", "a"],
+    "iri-reference": ["é/x", "a b"],
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMAT_SAMPLES))
+def test_regular_formats_held_by_the_grammar(backend: GrammarBackend, fmt: str) -> None:
+    """Formats llguidance lacks become the grammar's regex (no value check, so no dead end), and accept
+    what the format checker of the final validation accepts."""
+    g = backend.compile("json_schema", {"type": "string", "format": fmt})
+    assert g.checked_keywords == [] and g.dropped_keywords == []
+    checker = format_checker()
+    verdicts = [accepts(backend, g, json.dumps(v, ensure_ascii=False)) for v in FORMAT_SAMPLES[fmt]]
+    assert verdicts == [checker.conforms(v, fmt) for v in FORMAT_SAMPLES[fmt]]
+    assert True in verdicts and False in verdicts

@@ -1,6 +1,6 @@
-"""Non-strict relaxation when llguidance refuses a schema: strict mode still refuses; non-strict drops
-the construct llguidance names, names it with its JSON pointer, and only ever widens (every instance
-valid against the original schema per jsonschema is still accepted). Over-budget relaxation is refused
+"""Relaxation when llguidance refuses a schema: the construct llguidance names leaves the grammar (which
+only ever widens: every instance valid against the original schema per jsonschema is still accepted)
+and a value check holds it, named with its JSON pointer, in strict and non-strict mode alike. Over-budget relaxation is refused
 with a reason. Strict mode enforces the exact rewrites end to end (uniqueItems over an enum, if/then/else
 on a required discriminator)."""
 
@@ -46,6 +46,7 @@ CASES = [
         {"type": "object", "patternProperties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
         "patternProperties at #",
         [{"ab": 1}, {"a": 2, "c": "x"}],
+        [{"ab": "x"}, {"b": 1.5}],
         id="overlapping-pattern-properties",
     ),
     pytest.param(
@@ -56,6 +57,7 @@ CASES = [
         },
         "additionalProperties at #",  # it goes too: it would refuse the keys the patterns allowed
         [{"ab": 1}, {"b": 2}],
+        [{"c": 1}, {"a": "x"}],
         id="overlapping-pattern-properties-closed",
     ),
     pytest.param(
@@ -66,6 +68,7 @@ CASES = [
         },
         "pattern at #/properties/s",
         [{"s": "a@b"}, {"s": "abc"}],
+        [{"s": "@@a"}],
         id="lookahead-pattern",
     ),
     pytest.param(
@@ -77,28 +80,33 @@ CASES = [
         },
         "minProperties at #",
         [{"a": 1}, {"a": 1, "b": 2}],
+        [{}],
         id="min-properties-beside-optional",
     ),
     pytest.param(
         {"type": "object", "properties": {"x": {"type": "number", "minimum": 0, "maximum": 1.79769e308}}},
         "maximum at #/properties/x",
         [{"x": 0.5}, {"x": 12345}],
+        [{"x": -1}],
         id="bound-near-double-max",
     ),
 ]
 
 
-@pytest.mark.parametrize(("schema", "named", "valid"), CASES)
-def test_refused_strict_relaxed_and_named_nonstrict(
-    backend: GrammarBackend, schema: dict, named: str, valid: list
+@pytest.mark.parametrize(("schema", "named", "valid", "invalid"), CASES)
+def test_refused_constructs_relaxed_and_checked(
+    backend: GrammarBackend, schema: dict, named: str, valid: list, invalid: list
 ) -> None:
-    with pytest.raises(ValueError):
-        backend.compile("json_schema", schema)
-    g = backend.compile("json_schema", schema, strict=False)
-    assert any(d.startswith(named) for d in g.dropped_keywords), g.dropped_keywords
-    for value in valid:
-        jsonschema.validate(value, schema)  # the examples are valid: widening must keep them
-        assert accepts(backend, g, value), value
+    for strict in (True, False):
+        g = backend.compile("json_schema", schema, strict=strict)
+        assert any(d.startswith(named) for d in g.checked_keywords), g.checked_keywords
+        assert g.dropped_keywords == []
+        for value in valid:
+            jsonschema.validate(value, schema)  # the examples are valid: widening must keep them
+            assert accepts(backend, g, value), value
+        for value in invalid:
+            assert not jsonschema.Draft202012Validator(schema).is_valid(value)
+            assert not accepts(backend, g, value), value
 
 
 def test_relaxation_keeps_what_it_does_not_drop(backend: GrammarBackend) -> None:
@@ -156,7 +164,8 @@ def test_refused_maskbench_schemas_compile_relaxed(backend: GrammarBackend) -> N
     checked = 0
     for name, doc in docs.items():
         g = backend.compile("json_schema", doc["schema"], strict=False)
-        assert g.dropped_keywords and all(" at #" in d for d in g.dropped_keywords), name
+        names = g.dropped_keywords + g.checked_keywords
+        assert names and all(" at #" in d for d in names), name
         cls = jsonschema.validators.validator_for(doc["schema"])
         validator = cls(doc["schema"])
         for t in doc["tests"]:

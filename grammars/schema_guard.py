@@ -1,0 +1,207 @@
+"""Value checks for the JSON-Schema assertions the grammar does not hold (uniqueItems, not, if/then/else,
+a oneOf enforced as anyOf...): each instance location the schema determines (properties, items,
+allOf, $ref) learns which schema objects apply there, and those owning or hiding a checked keyword
+validate the value with jsonschema the moment it completes. Promises: a check never refuses a value
+that the full schema allows at that location (every schema object checked there applies to it), and a
+document accepted to its end is valid (the root, or the locations below it, check every keyword)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .schema_policy import compiles
+from .schema_walk import dict_at, list_at, resolve_pointer, subschemas, walk
+
+_DEFINITIONS = ("/$defs/", "/definitions/")
+_UNIQUE = {"uniqueItems": True}
+_NO_VALUE = object()
+
+
+class GuardPlan:
+    """The schema objects of the full schema that need a value check, and the instance locations."""
+
+    def __init__(self, full: Any, checked: dict[int, set[str]], validator: Any) -> None:
+        """checked: id(schema object) -> the keywords only a check enforces there."""
+        self.full = full
+        self.validator = validator
+        self.modern_items = "prefixItems" in getattr(validator, "VALIDATORS", {})
+        self._validators: dict[int, Any] = {}
+        self._verdicts: dict[tuple[int, bytes], bool] = {}
+        self.nodes = [n for n, _ in walk(full)] if isinstance(full, dict) else []
+        self.checked_at = checked
+        self.root_only = any(
+            isinstance(n.get(k), str) for n in self.nodes[1:] for k in ("$id", "id") if k in n
+        ) or any(not compiles(p) for n in self.nodes for p in dict_at(n, "patternProperties"))
+        followed = {id(n): self._followed(n) for n in self.nodes}
+        hidden = self._reaching(self._applicable, set(checked))  # a checked keyword lies at or below
+        self.needs_check = {
+            id(n)
+            for n in self.nodes
+            if id(n) in checked
+            or any(id(c) in hidden and not any(c is f for f in followed[id(n)]) for c in self._applicable(n))
+        }
+        self._live = self._reaching(lambda n: followed[id(n)], self.needs_check)
+        roots = (full,) if isinstance(full, dict) else ()
+        self.root = Location(self, self._expand(roots))
+
+    def _reaching(self, edges: Any, seed: set[int]) -> set[int]:
+        """ids of the objects from which `edges` lead (in any number of steps) to one in seed."""
+        parents: dict[int, list[int]] = {}
+        for n in self.nodes:
+            for c in edges(n):
+                parents.setdefault(id(c), []).append(id(n))
+        marked, stack = set(seed), list(seed)
+        while stack:
+            for p in parents.get(stack.pop(), ()):
+                if p not in marked:
+                    marked.add(p)
+                    stack.append(p)
+        return marked
+
+    def _ref(self, node: dict) -> list[dict]:
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            target = resolve_pointer(self.full, ref)
+            return [target] if isinstance(target, dict) else []
+        return []
+
+    def _applicable(self, node: dict) -> list[dict]:
+        """Every subschema that can apply to the node's instance or its parts (not definitions)."""
+        subs = [s for s, p in subschemas(node, "") if isinstance(s, dict) and not p.startswith(_DEFINITIONS)]
+        return subs + self._ref(node)
+
+    def _followed(self, node: dict) -> list[dict]:
+        """The subschemas a Location descends into: allOf, $ref, and the property and item edges."""
+        if self.root_only:
+            return []
+        out = [m for m in list_at(node, "allOf") if isinstance(m, dict)] + self._ref(node)
+        out += [s for s in dict_at(node, "properties").values() if isinstance(s, dict)]
+        out += [s for s in dict_at(node, "patternProperties").values() if isinstance(s, dict)]
+        for key in ("additionalProperties", "additionalItems"):
+            if isinstance(node.get(key), dict) and (key != "additionalItems" or not self.modern_items):
+                out.append(node[key])
+        items = node.get("items")
+        if isinstance(items, dict):
+            out.append(items)
+        elif isinstance(items, list) and not self.modern_items:
+            out += [s for s in items if isinstance(s, dict)]
+        if self.modern_items:
+            out += [s for s in list_at(node, "prefixItems") if isinstance(s, dict)]
+        return out
+
+    def _expand(self, nodes: tuple[dict, ...]) -> tuple[dict, ...]:
+        """nodes with what applies beside them: allOf members and $ref targets, transitively."""
+        out: list[dict] = []
+        seen: set[int] = set()
+        stack = list(reversed(nodes))
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            out.append(n)
+            if not self.root_only:
+                stack += [m for m in list_at(n, "allOf") if isinstance(m, dict)] + self._ref(n)
+        return tuple(out)
+
+    def child_nodes(self, nodes: tuple[dict, ...], key: str | int) -> tuple[dict, ...]:
+        if self.root_only:
+            return ()
+        out: list[dict] = []
+        for n in nodes:
+            out += _object_child(n, key) if isinstance(key, str) else self._item_child(n, key)
+        return self._expand(tuple(s for s in out if isinstance(s, dict)))
+
+    def _item_child(self, node: dict, index: int) -> list[Any]:
+        prefix = list_at(node, "prefixItems") if self.modern_items else list_at(node, "items")
+        if index < len(prefix):
+            return [prefix[index]]
+        rest = node.get("items") if self.modern_items else node.get("additionalItems")
+        if not self.modern_items and isinstance(node.get("items"), dict):
+            rest = node["items"]
+        return [rest]
+
+    def is_live(self, nodes: tuple[dict, ...]) -> bool:
+        return any(id(n) in self._live for n in nodes)
+
+    def valid(self, node: Any, text: bytes) -> bool:
+        """jsonschema's verdict on the value (JSON text) against one schema object of the full schema."""
+        key = (id(node), text)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            validator = self._validators.get(id(node))
+            if validator is None:
+                validator = self._validators[id(node)] = self.validator.evolve(schema=node)
+            try:
+                value = json.loads(text)
+            except ValueError:  # a partial number at the end of the document is no value
+                value = _NO_VALUE
+            verdict = value is not _NO_VALUE and bool(validator.is_valid(value))
+            if len(self._verdicts) > 4096:
+                self._verdicts.clear()
+            self._verdicts[key] = verdict
+        return verdict
+
+
+def _object_child(node: dict, key: str) -> list[Any]:
+    props = dict_at(node, "properties")
+    out = [props[key]] if key in props else []
+    matched = [s for p, s in dict_at(node, "patternProperties").items() if re.search(p, key)]
+    if key not in props and not matched:
+        out.append(node.get("additionalProperties"))
+    return out + matched
+
+
+class Location:
+    """The schema objects applying at one instance location; children are computed once per key."""
+
+    __slots__ = (
+        "plan",
+        "nodes",
+        "check_nodes",
+        "name_schemas",
+        "checked",
+        "checks_keys",
+        "live",
+        "unique_items",
+        "_kids",
+    )
+
+    def __init__(self, plan: GuardPlan, nodes: tuple[dict, ...]) -> None:
+        self.plan = plan
+        self.nodes = nodes
+        self.check_nodes = [n for n in nodes if id(n) in plan.needs_check]
+        self.name_schemas = [
+            n["propertyNames"]
+            for n in nodes
+            if "propertyNames" in n and "propertyNames" in plan.checked_at.get(id(n), ())
+        ]
+        self.checked = bool(self.check_nodes)
+        self.checks_keys = bool(self.name_schemas)
+        self.live = plan.is_live(nodes)
+        self.unique_items = any(
+            n.get("uniqueItems") is True and "uniqueItems" in plan.checked_at.get(id(n), ()) for n in nodes
+        )
+        self._kids: dict[str | int, Location] = {}
+
+    def child(self, key: str | int) -> Location:
+        kid = self._kids.get(key)
+        if kid is None:
+            nodes = self.plan.child_nodes(self.nodes, key) if self.live else ()
+            kid = Location(self.plan, nodes)
+            if len(self._kids) < 1024:
+                self._kids[key] = kid
+        return kid
+
+    def check_value(self, text: bytes) -> bool:
+        return all(self.plan.valid(n, text) for n in self.check_nodes)
+
+    def check_unique(self, items: tuple[bytes, ...]) -> bool:
+        """The items so far (JSON texts) hold no duplicate, by JSON Schema's equality (1 == 1.0)."""
+        return self.plan.valid(_UNIQUE, b"[" + b",".join(items) + b"]")
+
+    def check_key(self, key: str) -> bool:
+        text = json.dumps(key).encode()
+        return all(self.plan.valid(s, text) for s in self.name_schemas)

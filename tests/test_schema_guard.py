@@ -1,0 +1,136 @@
+"""Value checks (grammars/schema_guard.py, json_tracker.py, guard_mask.py) against jsonschema: for schemas
+whose keywords only a check holds, a document is accepted exactly when jsonschema says it is valid,
+and every token of a valid document is inside the mask;
+the JSON reader alone reports the same verdicts under random byte chunking."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+import torch
+from grammar_helpers import allowed_ids
+from test_grammar_cases import default_tokenizer
+
+from radixlm.grammars import GrammarBackend
+from radixlm.grammars.json_tracker import JsonTracker
+
+CASES: list[tuple[dict, list]] = [
+    (
+        {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        [["a", "b"], ["a", "a"], [], ["x", "y", "x"], ["é", "e"]],
+    ),
+    (
+        {"type": "array", "items": {"type": "object"}, "uniqueItems": True},
+        [[{"a": 1}, {"a": 2}], [{"a": 1}, {"a": 1.0}], [{}, {"b": [1]}], [{"b": [1]}, {"b": [1]}]],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {
+                "tags": {"$ref": "#/$defs/tags"},
+                "n": {"type": "integer", "not": {"multipleOf": 3}},
+                "s": {"type": "string", "not": {"pattern": "^x"}},
+            },
+            "$defs": {"tags": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}},
+        },
+        [
+            {"tags": [1, 2]},
+            {"tags": [1, 1]},
+            {"n": 4},
+            {"n": 6},
+            {"s": "ax"},
+            {"s": "xa"},
+            {"n": 10, "s": "b"},
+        ],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"kind": {"type": "string"}, "size": {"type": "integer"}},
+            "if": {"properties": {"kind": {"const": "big"}}, "required": ["kind"]},
+            "then": {"properties": {"size": {"minimum": 10}}, "required": ["size"]},
+        },
+        [
+            {"kind": "big", "size": 12},
+            {"kind": "big", "size": 2},
+            {"kind": "big"},
+            {"kind": "small", "size": 2},
+        ],
+    ),
+    (
+        {"type": "object", "additionalProperties": {"type": "array", "uniqueItems": True}},
+        [{"a": [1, 2], "b": [True, 1]}, {"a": [[1], [1]]}, {"a": [None, None]}, {}],
+    ),
+    (
+        {"type": "object", "propertyNames": {"maxLength": 2}, "additionalProperties": {"type": "integer"}},
+        [{"ab": 1}, {"abc": 1}, {"a": 1, "b": 2}],
+    ),
+    (
+        {
+            "allOf": [
+                {"type": "object"},
+                {"properties": {"v": {"oneOf": [{"type": "integer"}, {"minimum": 0}]}}},
+            ]
+        },
+        [{"v": -1}, {"v": 1}, {"v": 2.5}, {"v": "s"}],
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def backend() -> GrammarBackend:
+    return GrammarBackend(default_tokenizer(), 49152, use_disk_cache=False)
+
+
+def _walk(backend: GrammarBackend, grammar, text: str) -> tuple[bool, bool]:
+    """(accepted, every token inside the mask) for text then a stop token."""
+    m = grammar.new_matcher()
+    bitmask = torch.zeros((1, 1536), dtype=torch.int32)
+    in_mask = True
+    for t in [*backend.tokenizer.encode(text, add_special_tokens=False), backend.stop_token_ids[0]]:
+        m.fill_next_token_bitmask(bitmask, 0)
+        in_mask = in_mask and t in set(allowed_ids(bitmask[0], 49152).tolist())
+        if not m.accept_token(t):
+            return False, in_mask
+    return m.is_terminated(), in_mask
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_matcher_verdicts_equal_jsonschema(backend: GrammarBackend, case: int) -> None:
+    schema, values = CASES[case]
+    grammar = backend.compile("json_schema", schema)
+    assert grammar.checked_keywords, "the case should need a value check"
+    validator = jsonschema.Draft202012Validator(schema)
+    verdicts = []
+    for value in values:
+        valid = validator.is_valid(value)
+        verdicts.append(valid)
+        text = json.dumps(value, separators=(", ", ": "), ensure_ascii=False)  # the grammar's whitespace
+        accepted, in_mask = _walk(backend, grammar, text)
+        assert accepted == valid, value
+        assert in_mask or not valid, value
+    assert True in verdicts and False in verdicts
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_reader_verdicts_under_random_chunking(backend: GrammarBackend, case: int) -> None:
+    schema, values = CASES[case]
+    plan = backend.compile("json_schema", schema).plan
+    assert plan is not None
+    rng = random.Random(case)
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in values:
+        data = json.dumps(value, ensure_ascii=False).encode()
+        for _ in range(4):
+            tracker, buf, ok, i = JsonTracker(plan.root), bytearray(), True, 0
+            while ok and i < len(data):
+                chunk = data[i : i + rng.randint(1, 5)]
+                ok = tracker.feed(chunk, buf)
+                buf += chunk
+                i += len(chunk)
+            ok = ok and tracker.finish(buf)
+            if not ok:  # a check refused: the value breaks a checked keyword
+                assert not validator.is_valid(value), value
