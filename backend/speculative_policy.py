@@ -1,13 +1,14 @@
 """When speculation pays: per-request acceptance estimates (each draft position accepted with
-probability alpha, learned from verify results) and measured step costs (a decode step and a
-verify step, each fitted as seconds = a + b * tokens). Promises: a draft token is kept only while
-its expected gain beats its measured cost, and a step speculates only when the expected tokens
-per second beat plain decoding's; with too few measurements it explores, then decides, and it
-re-measures after declining for long — only where drafts would pay at a fraction of their measured
-cost, and at growing intervals while re-measuring keeps confirming the decline (a measuring step
-beside a large batch can cost several plain steps). worth_proposing tells the speculator, before any
-proposal is made, when no proposal within the budgets could be chosen, so a backed-off step does
-no proposer work."""
+probability alpha, learned from verify results) and measured step costs (a decode step fitted as
+seconds = a + b * batch; what a verify step adds to it fitted as a + b * drafts per batch-size
+bucket, since verifying has a fixed cost before any draft: on the CPU it leaves the fused decode
+path, or the 8-row GEMV kernel). Promises: a step verifies the number of likeliest drafts that
+gives the most expected tokens per second, and only if that beats plain decoding; with too few
+measurements it explores, then decides, and it re-measures after declining for long — only where
+drafts would pay at a fraction of their measured cost, and at growing intervals while re-measuring
+keeps confirming the decline (a measuring step beside a large batch can cost several plain steps).
+worth_proposing tells the speculator, before any proposal is made, when no proposal within the
+budgets could be chosen, so a backed-off step does no proposer work."""
 
 from __future__ import annotations
 
@@ -46,40 +47,69 @@ class LinearCost:
     def ready(self) -> bool:
         return self.n >= MIN_SAMPLES
 
-    def predict(self, x: float) -> float:
+    @property
+    def slope(self) -> float:
+        """b (0 until two different x are seen)."""
         if self.w == 0:
             return 0.0
         mx, my = self.sx / self.w, self.sy / self.w
         var = self.sxx / self.w - mx * mx
-        b = max((self.sxy / self.w - mx * my) / var, 0.0) if var > 1e-6 * max(mx * mx, 1.0) else 0.0
-        return max(my + b * (x - mx), 1e-6)
+        return max((self.sxy / self.w - mx * my) / var, 0.0) if var > 1e-6 * max(mx * mx, 1.0) else 0.0
+
+    def predict(self, x: float) -> float:
+        if self.w == 0:
+            return 0.0
+        mx, my = self.sx / self.w, self.sy / self.w
+        return max(my + self.slope * (x - mx), 1e-6)
+
+
+def bucket(batch: int) -> int:
+    """Batch sizes whose verify steps cost alike: powers of two (1, 2-3, 4-7, 8-15, ...)."""
+    return batch.bit_length()
 
 
 class StepCosts:
-    """A plain decode step of B requests costs decode(B); verifying D drafts beside them costs
-    decode(B) + per_draft * D, the extra measured against the decode fit (so noise in one kind
-    of step cannot make the other look free or absurd)."""
+    """A plain decode step of B requests costs decode(B); verifying D ≥ 1 drafts beside them
+    costs decode(B) + extra(D), extra fitted per batch bucket as a + b * D against the decode fit
+    (so noise in one kind of step cannot make the other look free or absurd). The fixed part a is
+    real: on the CPU a verify step of 1 + 1 rows costs ~1.7x a plain batch-1 step, and a batch of
+    8 with any draft leaves the 8-row GEMV kernel; a cost proportional to D would price the first
+    drafts far too cheaply. Measuring steps alternate full and half draft counts, so a and b are
+    both known once a bucket is ready."""
 
     def __init__(self) -> None:
         self.decode = LinearCost()
-        self.per_draft = 0.0
-        self.verify_samples = 0
+        self.extra: dict[int, LinearCost] = {}
 
     def add(self, verify: bool, batch: int, drafts: int, seconds: float) -> None:
         if not verify:
             self.decode.add(batch, seconds)
         elif drafts > 0 and self.decode.ready:
-            extra = max(seconds - self.decode.predict(batch), 0.0) / drafts
-            w = 1.0 if self.verify_samples == 0 else 1 - DECAY
-            self.per_draft = (1 - w) * self.per_draft + w * extra
-            self.verify_samples += 1
+            fit = self.extra.setdefault(bucket(batch), LinearCost())
+            fit.add(drafts, max(seconds - self.decode.predict(batch), 0.0))
 
-    @property
-    def ready(self) -> bool:
-        return self.decode.ready and self.verify_samples >= MIN_SAMPLES
+    def samples(self, batch: int) -> int:
+        """Verify steps measured in batch's bucket."""
+        fit = self.extra.get(bucket(batch))
+        return fit.n if fit is not None else 0
+
+    def ready(self, batch: int) -> bool:
+        return self.decode.ready and self.samples(batch) >= MIN_SAMPLES
+
+    def fixed(self, batch: int) -> float:
+        """a: what verifying costs before any draft (extra(D) = fixed + per_draft * D)."""
+        fit = self.extra.get(bucket(batch))
+        return 0.0 if fit is None else fit.predict(0.0)
+
+    def per_draft(self, batch: int) -> float:
+        """b: what each draft adds."""
+        fit = self.extra.get(bucket(batch))
+        return 0.0 if fit is None else fit.slope
 
     def step(self, batch: int, drafts: int) -> float:
-        return self.decode.predict(batch) + self.per_draft * drafts
+        if drafts == 0:
+            return self.decode.predict(batch)
+        return self.decode.predict(batch) + self.fixed(batch) + self.per_draft(batch) * drafts
 
 
 @dataclass
@@ -142,19 +172,18 @@ class SpecPolicy:
     def worth_proposing(self, batch: list[Req], budgets: list[int]) -> bool:
         """False when no proposals within budgets (drafts per request) could be chosen this step,
         the step then counting as declined; True when proposals should be made and passed to
-        choose. Exact: choose's best throughput only grows with more candidate drafts (its gains
-        sorted, each kept draft raises tokens per second), so if budgets-long proposals of every
-        request cannot pay, no shorter ones can."""
+        choose. Exact: with n drafts the best choice is the n likeliest, and budgets-long proposals
+        make each of those at least as likely, so if they cannot pay, no shorter ones can."""
         if not self.adaptive:
             return True
         costs = self.costs
         if not costs.decode.ready:
             return False  # choose measures plain decode first
-        if not costs.ready:
-            return True  # choose explores
         b = len(batch)
+        if not costs.ready(b):
+            return True  # choose explores
         gains = self._gains(batch, budgets)
-        if self._worth(b, gains, costs.per_draft) or self._remeasure_due(b, gains):
+        if self._worth(b, gains) or self._remeasure_due(b, gains):
             return True
         self.declined += 1
         return False
@@ -168,13 +197,13 @@ class SpecPolicy:
             return [[] for _ in proposals]  # measure plain decode first
         b = len(batch)
         gains = self._gains(batch, [len(p) for p in proposals])
-        if not costs.ready:
-            return self._explore(gains, proposals)
-        n = self._worth(b, gains, costs.per_draft)
+        if not costs.ready(b):
+            return self._explore(b, gains, proposals)
+        n = self._worth(b, gains)
         if n == 0:
             if self._remeasure_due(b, gains):
                 self.reexplore_after = min(2 * self.reexplore_after, MAX_REEXPLORE_STEPS)
-                return self._explore(gains, proposals)
+                return self._explore(b, gains, proposals)
             self.declined += 1
             return [[] for _ in proposals]
         self.declined, self.reexplore_after = 0, REEXPLORE_STEPS
@@ -195,40 +224,43 @@ class SpecPolicy:
             reverse=True,
         )
 
-    def _worth(self, b: int, gains: list[tuple[float, int]], per_draft: float) -> int:
-        """How many of the sorted drafts to verify beside b decode rows at per_draft seconds each
-        (0: plain decode is faster). A draft stays while it adds more tokens than its time is
-        worth, i.e. while it raises tokens per second; then the step must beat plain decode."""
-        decode = self.costs.decode.predict(b)
-        drafts, expected = 0, float(b)
-        for gain, _ in gains:
-            if gain <= per_draft * expected / (decode + per_draft * drafts):
-                break
-            drafts, expected = drafts + 1, expected + gain
-        if drafts == 0 or expected / (decode + per_draft * drafts) <= b / decode:
-            return 0
-        return drafts
+    def _worth(self, b: int, gains: list[tuple[float, int]], cost_scale: float = 1.0) -> int:
+        """How many of the sorted drafts to verify beside b decode rows (0: plain decode is
+        faster), with the verify step's measured extra cost times cost_scale: the n likeliest
+        drafts are the best n, so the count with the most expected tokens per second wins, if it
+        beats plain decode."""
+        costs = self.costs
+        decode = costs.decode.predict(b)
+        fixed, per_draft = costs.fixed(b) * cost_scale, costs.per_draft(b) * cost_scale
+        best_n, best_rate, expected = 0, b / decode, float(b)
+        for n, (gain, _) in enumerate(gains, 1):
+            expected += gain
+            rate = expected / (decode + fixed + per_draft * n)
+            if rate > best_rate:
+                best_n, best_rate = n, rate
+        return best_n
 
     def _remeasure_due(self, b: int, gains: list[tuple[float, int]]) -> bool:
         """Declined long enough, and drafts would pay were they much cheaper than measured."""
-        return self.declined >= self.reexplore_after and (
-            self._worth(b, gains, self.costs.per_draft * REEXPLORE_COST_FRACTION) > 0
-        )
+        return self.declined >= self.reexplore_after and self._worth(b, gains, REEXPLORE_COST_FRACTION) > 0
 
-    def _explore(self, gains: list[tuple[float, int]], proposals: list[list[int]]) -> list[list[int]]:
+    def _explore(self, b: int, gains: list[tuple[float, int]], proposals: list[list[int]]) -> list[list[int]]:
         """A measuring step: the likeliest few drafts only (a large batch's full verify step is
-        costly)."""
+        costly); every other one half as many, so the fixed and per-draft costs both show."""
         self.declined = 0
+        n = min(EXPLORE_DRAFTS, len(gains))
+        if self.costs.samples(b) % 2:
+            n = max(n // 2, 1)
         keep = [0] * len(proposals)
-        for _, i in gains[:EXPLORE_DRAFTS]:
+        for _, i in gains[:n]:
             keep[i] += 1
-        return [p[:n] for p, n in zip(proposals, keep)]
+        return [p[:k] for p, k in zip(proposals, keep)]
 
     def expects_speculation(self, batch_size: int) -> bool:
         """Whether a step of this size is likely to speculate (the scheduler then settles the
         overlapped step first, since drafts extend the requests' real last tokens)."""
         costs = self.costs
-        if not self.adaptive or not costs.ready:
+        if not self.adaptive or not costs.ready(batch_size):
             return True
         a = self.alpha
         drafts = batch_size * 2

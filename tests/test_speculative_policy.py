@@ -1,9 +1,10 @@
 """The speculation policy on synthetic step costs: it measures plain decode first, explores with a
-few drafts only, keeps drafts when acceptance and measured costs say they pay (batch 1, high
-acceptance), declines when acceptance is low or drafts are dear beside a large batch, and a request
-whose drafts keep failing sits out a while. Backed off, it re-measures at doubling intervals and
-only where cheaper drafts would pay, and the speculator then asks the proposer nothing;
-worth_proposing never refuses a step that choose would have speculated on."""
+few drafts only (alternating full and half counts), keeps drafts when acceptance and measured
+costs say they pay (batch 1, high acceptance), declines when acceptance is low or drafts are dear
+beside a large batch, and a request whose drafts keep failing sits out a while. Verify costs are a
+fixed part plus a per-draft part, per batch bucket. Backed off, it re-measures at doubling
+intervals and only where cheaper drafts would pay, and the speculator then asks the proposer
+nothing; worth_proposing never refuses a step that choose would have speculated on."""
 
 from __future__ import annotations
 
@@ -29,13 +30,16 @@ def reqs(n: int) -> list[Req]:
     ]
 
 
-def trained(decode_s: float, per_draft_s: float, batch: int, drafts: int) -> SpecPolicy:
+def trained(decode_s: float, per_draft_s: float, batch: int, drafts: int, fixed_s: float = 0.0) -> SpecPolicy:
+    """Measured: plain steps, then verify steps of drafts and drafts // 2 (as measuring steps
+    alternate) costing fixed_s + per_draft_s per draft beside the batch."""
     pol = SpecPolicy(adaptive=True)
     for _ in range(MIN_SAMPLES):
         pol.record(False, batch, 0, decode_s)
-    for _ in range(MIN_SAMPLES):
-        pol.record(True, batch, drafts, decode_s + per_draft_s * drafts)
-    assert pol.costs.ready
+    for i in range(MIN_SAMPLES):
+        d = drafts if i % 2 == 0 else max(drafts // 2, 1)
+        pol.record(True, batch, d, decode_s + fixed_s + per_draft_s * d)
+    assert pol.costs.ready(batch)
     return pol
 
 
@@ -47,6 +51,41 @@ def test_measures_decode_first_then_explores_with_few_drafts():
     for _ in range(MIN_SAMPLES):
         pol.record(False, 8, 0, 0.1)
     assert sum(len(p) for p in pol.choose(batch, props)) == EXPLORE_DRAFTS
+
+
+def test_verify_cost_fits_fixed_and_per_draft_parts_per_batch_bucket():
+    pol = trained(decode_s=0.015, per_draft_s=0.0055, batch=1, drafts=4, fixed_s=0.011)
+    assert abs(pol.costs.fixed(1) - 0.011) < 1e-6 and abs(pol.costs.per_draft(1) - 0.0055) < 1e-6
+    assert not pol.costs.ready(8) and pol.costs.per_draft(8) == 0.0  # batch 8 measures its own
+
+
+def test_fixed_verify_cost_declines_the_first_cheap_looking_drafts():
+    """The CPU's batch-1 shape: a verify step leaves the fused decode path (~11 ms before any
+    draft, then ~5.5 ms a draft, beside a 15 ms step). At alpha 0.6 no draft count pays (priced
+    per draft only, one draft would have looked worth it); at 0.95 all four do."""
+    pol = trained(decode_s=0.015, per_draft_s=0.0055, batch=1, drafts=4, fixed_s=0.011)
+    (r,) = reqs(1)
+    st = pol.state(r)
+    st.hits, st.misses = 0.6, 0.4
+    assert pol.choose([r], [[1, 2, 3, 4]]) == [[]]
+    assert not pol.worth_proposing([r], [4])
+    st.hits, st.misses = 0.95, 0.05
+    assert pol.choose([r], [[1, 2, 3, 4]]) == [[1, 2, 3, 4]]
+
+
+def test_measuring_steps_alternate_full_and_half_draft_counts():
+    pol = SpecPolicy(adaptive=True)
+    batch = reqs(8)
+    props = [[5, 6, 7, 8] for _ in batch]
+    for _ in range(MIN_SAMPLES):
+        pol.record(False, 8, 0, 0.1)
+    counts = []
+    for _ in range(MIN_SAMPLES):
+        n = sum(len(p) for p in pol.choose(batch, props))
+        counts.append(n)
+        pol.record(True, 8, n, 0.1 + 0.01 * n)
+    assert counts == [EXPLORE_DRAFTS, EXPLORE_DRAFTS // 2, EXPLORE_DRAFTS]
+    assert pol.costs.ready(8) and not pol.costs.ready(1)
 
 
 def test_batch_one_high_acceptance_keeps_drafts():
