@@ -1,8 +1,9 @@
 """radixlm as sglang-router's worker, end to end on the CPU: `radixlm serve --dp 2` (two replicas of
 the default model, the real router from PyPI, the front) on loopback. Shared-prefix traffic lands on
 one replica (read from the replicas' own cache counters); a replica killed while requests run loses
-none of them (the router retries elsewhere), and a stream it cuts ends with an error event, never as
-a shorter answer; SIGTERM stops every process. Skips when sglang-router cannot be imported."""
+none of them (the router retries elsewhere; the front continues a stream it cuts on the live
+replica, so the stream completes), a stream that cannot be continued ends with an error event, never
+as a shorter answer; SIGTERM stops every process. Skips when sglang-router cannot be imported."""
 
 from __future__ import annotations
 
@@ -146,6 +147,8 @@ def _half_stream_server() -> tuple[socket.socket, int]:
 
 
 def test_front_ends_a_cut_stream_with_an_error_event() -> None:
+    """Over real sockets: the event carries text but no output ids, so the front cannot continue
+    the stream (tests/test_dp_replay.py has the continued ones) and ends it with the error event."""
     import uvicorn
 
     upstream, up_port = _half_stream_server()
@@ -198,6 +201,7 @@ def test_shared_prefix_traffic_stays_on_one_replica(dp: DP) -> None:
 
 def test_a_killed_replica_loses_no_request(dp: DP) -> None:
     results: dict[int, Any] = {}
+    streaming = threading.Event()
 
     def plain(i: int) -> None:
         results[i] = dp.generate(f"Story {i}: once upon a time", max_new_tokens=48, timeout=180)
@@ -206,6 +210,7 @@ def test_a_killed_replica_loses_no_request(dp: DP) -> None:
         body = {
             "text": f"Tale {i}:",
             "stream": True,
+            "rid": f"tale-{i}",
             "sampling_params": {"max_new_tokens": 48, "ignore_eos": True},
         }
         events: list[dict[str, Any]] = []
@@ -213,32 +218,43 @@ def test_a_killed_replica_loses_no_request(dp: DP) -> None:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
                     events.append(json.loads(line[6:]))
+                    if i == 6:
+                        streaming.set()
         results[i] = events
 
     threads = [threading.Thread(target=plain, args=(i,)) for i in range(6)]
     threads += [threading.Thread(target=stream, args=(i,)) for i in range(6, 8)]
     for t in threads:
         t.start()
-    victim = _busy_replica(dp)
+    assert streaming.wait(120), "the stream did not start"
+    victim = _replica_running(dp, "tale-6")  # the stream is cut mid-way: the front continues it
     psutil.Process(_pid_listening_on(victim)).kill()
     for t in threads:
         t.join(240)
     for i in range(6):  # every non-streamed request was answered in full, some by a retry
         assert results[i]["meta_info"]["completion_tokens"] == 48, results[i]
-    for i in (6, 7):  # a stream ends complete or with an error event, never as a shorter answer
-        last = results[i][-1]
-        assert "meta_info" in last or "failed mid-way" in last["error"]["message"], last
-        assert "error" in last or last["meta_info"]["completion_tokens"] == 48, last
+    for i in (6, 7):  # every stream completes, a cut one continued on the live replica
+        events = results[i]
+        assert all("error" not in e for e in events), events[-1]
+        last = events[-1]
+        assert last["meta_info"]["completion_tokens"] == 48 and len(last["output_ids"]) == 48, last
+        assert last["meta_info"]["finish_reason"]["type"] == "length", last
+        ids = [e["meta_info"]["id"] for e in events]
+        assert ids == [ids[0]] * len(ids)  # one answer, one id, also across the seam
+        for before, after in zip(events, events[1:]):  # cumulative text and ids only grow
+            assert after["text"].startswith(before["text"]), (before, after)
+            assert after["output_ids"][: len(before["output_ids"])] == before["output_ids"]
+    assert results[6][-1]["meta_info"]["resumed"] >= 1, results[6][-1]
 
 
-def _busy_replica(dp: DP) -> str:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for r in dp.replicas:
-            if dp.stats(r)["num_running"] > 0:
-                return r
-        time.sleep(0.2)
-    raise AssertionError("no replica started the requests")
+def _replica_running(dp: DP, rid: str) -> str:
+    """The replica running request `rid`: it refuses a second request with that id."""
+    probe = {"text": "a", "rid": rid, "sampling_params": {"max_new_tokens": 1}}
+    for r in dp.replicas:
+        answer = httpx.post(r + "/generate", json=probe, timeout=60)
+        if answer.status_code == 400 and "already running" in answer.text:
+            return r
+    raise AssertionError(f"no replica runs {rid}")
 
 
 def _pid_listening_on(url: str) -> int:

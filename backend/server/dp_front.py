@@ -1,16 +1,24 @@
 """The one URL of `radixlm serve --dp N`: a pass-through proxy that sends every request to
 sglang-router, except the routes the router has no route for (it answers 404 to them): program
 runs go to one replica chosen by its running program count, so a run and all its forks execute
-in that replica's engine and share its KV; tokenization and server facts go to any replica.
-Bodies stream through unbuffered; a client that goes away closes the upstream request; a stream
-cut by a replica's death ends with an error event."""
+in that replica's engine and share its KV; tokenization and server facts go to any replica (the
+next one where a dead replica refuses or its pooled connection fails).
+Bodies stream through unbuffered (event streams event by event: a client never reads half an
+event); a client that goes away closes the upstream request.
+
+A streamed native /generate request whose replica dies mid-way (the upstream breaks, or ends,
+before the final event) is continued through the router on a live replica: dp_replay.py builds
+the continuation (prompt ids + the output ids already sent, the token budget lowered) and
+rewrites its events, so the client reads one complete stream. Any other stream cut by a
+replica's death (OpenAI streams, requests that cannot be continued, a continuation that fails
+too) ends with an error event and [DONE], never as a shorter answer."""
 
 from __future__ import annotations
 
 import hmac
 import itertools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from . import studio
+from . import dp_replay, studio
 
 # Paths sglang-router does not proxy; program runs among them need one replica per run.
 PROGRAM_PREFIX = "/programs"
@@ -75,11 +83,49 @@ class FrontRouting:
         return [(start + k) % len(self.replica_urls) for k in range(len(self.replica_urls))]
 
 
-def create_front(router_url: str, replica_urls: list[str], api_key: str | None = None) -> Starlette:
+def create_front(
+    router_url: str,
+    replica_urls: list[str],
+    api_key: str | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> Starlette:
     """The front app. With `api_key`, every path but /health needs it, as on a single server (the
-    router's own admin routes, such as /workers, are reachable only through here)."""
+    router's own admin routes, such as /workers, are reachable only through here). `transport`
+    replaces the network (tests)."""
     routing = FrontRouting(router_url, replica_urls)
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), transport=transport)
+    # Each continuation needs a replica other than the ones that died under this stream.
+    max_resumes = max(1, len(replica_urls) - 1)
+
+    async def replica_json(path: str, payload: dict[str, Any], headers: dict[str, str]) -> Any:
+        """POST to any live replica (tokenization for a continuation)."""
+        for target in routing.targets(path)[0]:
+            try:
+                resp = await client.post(routing.url(target) + path, json=payload, headers=headers)
+            except httpx.TransportError:  # a dead replica (also a pooled connection to it): idempotent
+                continue
+            resp.raise_for_status()
+            return resp.json()
+        raise dp_replay.CannotResume(f"no replica answered {path}")
+
+    def resumer(headers: dict[str, str]) -> Callable[[dp_replay.NativeStream], Awaitable[httpx.Response]]:
+        async def resume(stream: dp_replay.NativeStream) -> httpx.Response:
+            text = stream.prompt_text()
+            if stream.prompt_ids is None and text is not None:
+                # as the engine tokenizes a text prompt: with the tokenizer's special tokens
+                out = await replica_json("/tokenize", {"prompt": text, "add_special_tokens": True}, headers)
+                stream.prompt_ids = [int(t) for t in out["tokens"]]
+            seam_text = None
+            if stream.output_ids:
+                ask = {"tokens": stream.output_ids, "skip_special_tokens": stream.skip_special_tokens}
+                seam_text = str((await replica_json("/detokenize", ask, headers))["text"])
+            body = json.dumps(stream.continuation(stream.prompt_ids, seam_text)).encode()
+            upstream = client.build_request(
+                "POST", router_url + dp_replay.REPLAY_PATH, headers=headers, content=body
+            )
+            return await client.send(upstream, stream=True)
+
+        return resume
 
     async def proxy(request: Request) -> Response:
         path = request.url.path
@@ -90,6 +136,7 @@ def create_front(router_url: str, replica_urls: list[str], api_key: str | None =
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         body = await request.body()
+        replay = dp_replay.plan(request.method, request.url.path, body) if targets == [None] else None
         for target in targets:
             upstream = client.build_request(
                 request.method, routing.url(target) + path, headers=headers, content=body
@@ -98,12 +145,24 @@ def create_front(router_url: str, replica_urls: list[str], api_key: str | None =
                 resp = await client.send(upstream, stream=True)
             except httpx.ConnectError:  # nothing was sent: the next upstream may take it
                 continue
+            except httpx.TransportError as exc:
+                idempotent = request.method in ("GET", "HEAD") or request.url.path in REPLICA_PATHS
+                if is_run or target is None or not idempotent:
+                    return _unavailable(routing.url(target), exc)
+                # a replica that died after its last answer leaves a pooled connection that
+                # fails on use (not a refused connect); the next replica may answer instead
+                continue
             except httpx.HTTPError as exc:
                 return _unavailable(routing.url(target), exc)
             counted = target if is_run else None
             if counted is not None:
                 routing.running[counted] += 1
             out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
+            if dp_replay.is_event_stream(resp):
+                out_headers.pop("content-encoding", None)  # events are relayed decoded
+            if replay is not None and resp.status_code == 200 and dp_replay.is_event_stream(resp):
+                relay = dp_replay.relay_resuming(resp, replay, resumer(headers), max_resumes)
+                return StreamingResponse(relay, resp.status_code, out_headers)
             return StreamingResponse(_relay(resp, routing, counted), resp.status_code, out_headers)
         return _unavailable(", ".join(routing.url(t) for t in targets), httpx.ConnectError("refused"))
 
@@ -118,30 +177,20 @@ def create_front(router_url: str, replica_urls: list[str], api_key: str | None =
 
 
 async def _relay(resp: httpx.Response, routing: FrontRouting, replica: int | None) -> AsyncIterator[bytes]:
-    """The upstream body, chunk by chunk. An event stream whose upstream breaks (its replica
-    died: the router cannot replay a stream it has begun) ends with an error event and [DONE],
-    so the client reads why its answer is incomplete instead of a cut connection."""
-    events = resp.headers.get("content-type", "").startswith("text/event-stream")
+    """The upstream body, chunk by chunk; an event stream event by event, ending with an error
+    event where its upstream breaks (its replica died: the router cannot replay a stream it has
+    begun)."""
     try:
-        async for chunk in resp.aiter_raw():
-            yield chunk
-    except httpx.HTTPError as exc:
-        if not events:
-            raise
-        yield _stream_error(exc)
+        if dp_replay.is_event_stream(resp):
+            async for event in dp_replay.relay_events(resp):
+                yield event
+        else:
+            async for chunk in resp.aiter_raw():
+                yield chunk
     finally:
         await resp.aclose()  # also when the client left: the upstream request is cancelled
         if replica is not None:
             routing.running[replica] -= 1
-
-
-def _stream_error(exc: Exception) -> bytes:
-    message = (
-        f"the replica serving this stream failed mid-way ({type(exc).__name__}); "
-        "the answer is incomplete: send the request again"
-    )
-    body = {"error": {"message": message, "type": "server_error", "param": None, "code": 502}}
-    return b"\n\ndata: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
 
 
 def _is_studio(path: str) -> bool:
