@@ -1,8 +1,10 @@
-"""The per-layer pieces of one-request CPU decode around the matmuls, each one C call in place of
-the 10-35 small torch ops it replaces (at batch 1 on the CPU a decode step is bound by the count
-of ops as much as by the weights): residual add + RMSNorm, and rope + KV store + attention of the
-one new token over its request's slots. Built like radixlm.kernels.quant_gemv_cpu; `available()`
-is False where that cannot build, and callers keep their torch ops."""
+"""The per-layer pieces of CPU decode around the matmuls, each one C call in place of the 10-35
+small torch ops it replaces (at batch 1 on the CPU a decode step is bound by the count of ops as
+much as by the weights): residual add + RMSNorm of a few rows, and rope + KV store + attention
+of one request's few new tokens (a decode token, or a verify step's token and drafts) over its
+slots. Each row's arithmetic is the same however many rows come with it, so a verify step's
+rows equal the decode steps they stand for. Built like radixlm.kernels.quant_gemv_cpu;
+`available()` is False where that cannot build, and callers keep their torch ops."""
 
 from __future__ import annotations
 
@@ -12,7 +14,11 @@ import threading
 
 import torch
 
-from .quant_gemv_cpu import build_c
+from .quant_gemv_cpu import GEMV_MAX_ROWS, build_c
+
+# Steps of up to as many rows as the GEMV kernel takes are bound by op count, like decode, and run
+# these calls; larger ones (prefill) keep torch's batched, multi-threaded attention and norms.
+MAX_ROWS = GEMV_MAX_ROWS
 
 _SOURCE = r"""
 #include <immintrin.h>
@@ -31,12 +37,14 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return r;
 }
 
-/* sum = x + residual; h = sum * rsqrt(mean(sum^2) + eps) * w */
-void add_rmsnorm(const float *x, const float *residual, const float *w, float eps, int64_t n, float *sum,
-                 float *h) {
-    for (int64_t i = 0; i < n; i++) sum[i] = x[i] + residual[i];
-    const float r = 1.f / sqrtf(dot(sum, sum, n) / (float)n + eps);
-    for (int64_t i = 0; i < n; i++) h[i] = w[i] * (sum[i] * r);
+/* per row of m rows of n: sum = x + residual; h = sum * rsqrt(mean(sum^2) + eps) * w */
+void add_rmsnorm(const float *x, const float *residual, const float *w, float eps, int64_t m, int64_t n,
+                 float *sum, float *h) {
+    for (int64_t row = 0; row < m; row++, x += n, residual += n, sum += n, h += n) {
+        for (int64_t i = 0; i < n; i++) sum[i] = x[i] + residual[i];
+        const float r = 1.f / sqrtf(dot(sum, sum, n) / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) h[i] = w[i] * (sum[i] * r);
+    }
 }
 
 /* x [d] rotated in HF's rotate-half layout: x * cos + [x2, x1] * sin_signed */
@@ -48,12 +56,12 @@ static inline void rope(const float *x, const float *c, const float *s, int64_t 
 
 /* One token of one request: qkv [(hq + 2 hkv) d] -> q, k rotated at cos/sin (rows of the
    tables), k and v stored at slot new_slot of the pool [slots, hkv, d], then out [hq d] =
-   softmax(q . K[slots] * scale) V[slots] with kv head h / (hq / hkv) for query head h. */
-void rope_store_attend(const float *qkv, int64_t hq, int64_t hkv, int64_t d, const float *c,
-                       const float *s, float *kbuf, float *vbuf, int64_t new_slot,
-                       const int64_t *slots, int64_t len, float scale, float *out) {
-    float *q = (float *)malloc(sizeof(float) * (hq * d + len));
-    float *p = q + hq * d;
+   softmax(q . K[slots] * scale) V[slots] with kv head h / (hq / hkv) for query head h; q and
+   the scores live in work [hq d + len]. */
+static void attend_one(const float *qkv, int64_t hq, int64_t hkv, int64_t d, const float *c, const float *s,
+                       float *kbuf, float *vbuf, int64_t new_slot, const int64_t *slots, int64_t len,
+                       float scale, float *work, float *out) {
+    float *q = work, *p = work + hq * d;
     for (int64_t h = 0; h < hq; h++) rope(qkv + h * d, c, s, d, q + h * d);
     for (int64_t h = 0; h < hkv; h++) {
         rope(qkv + (hq + h) * d, c, s, d, kbuf + (new_slot * hkv + h) * d);
@@ -75,7 +83,19 @@ void rope_store_attend(const float *qkv, int64_t hq, int64_t hkv, int64_t d, con
             for (int64_t i = 0; i < d; i++) o[i] += a * v[i];
         }
     }
-    free(q);
+}
+
+/* n new tokens of one request, in order: token i (qkv row i, cos/sin row i) is stored at
+   new_slots[i], then attends causally: the first prefix + i + 1 of the request's slots, itself
+   last (the ones before it already stored). */
+void rope_store_attend(const float *qkv, int64_t n, int64_t hq, int64_t hkv, int64_t d, const float *c,
+                       const float *s, float *kbuf, float *vbuf, const int64_t *new_slots,
+                       const int64_t *slots, int64_t prefix, float scale, float *out) {
+    float *work = (float *)malloc(sizeof(float) * (hq * d + prefix + n));
+    for (int64_t i = 0; i < n; i++)
+        attend_one(qkv + i * (hq + 2 * hkv) * d, hq, hkv, d, c + i * d, s + i * d, kbuf, vbuf, new_slots[i],
+                   slots, prefix + i + 1, scale, work, out + i * hq * d);
+    free(work);
 }
 """
 
@@ -90,9 +110,9 @@ def available() -> bool:
                 lib = None if os.environ.get("RADIXLM_NO_CPU_GEMV") else build_c(_SOURCE, "cpu_decode")
                 if lib is not None:
                     p, i, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-                    lib.add_rmsnorm.argtypes = [p, p, p, f, i, p, p]
+                    lib.add_rmsnorm.argtypes = [p, p, p, f, i, i, p, p]
                     lib.add_rmsnorm.restype = None
-                    lib.rope_store_attend.argtypes = [p, i, i, i, p, p, p, p, i, p, i, f, p]
+                    lib.rope_store_attend.argtypes = [p, i, i, i, i, p, p, p, p, p, p, i, f, p]
                     lib.rope_store_attend.restype = None
                 _lib.append(lib)
     return _lib[0] is not None
@@ -101,18 +121,13 @@ def available() -> bool:
 def add_rmsnorm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rmsnorm(x + residual) * weight, x + residual) for one float32 contiguous row."""
+    """(rmsnorm(x + residual) * weight, x + residual) for float32 contiguous rows [m, n]."""
     lib = _lib[0]
     assert lib is not None
     total, h = torch.empty_like(residual), torch.empty_like(residual)
+    m, n = residual.shape
     lib.add_rmsnorm(
-        x.data_ptr(),
-        residual.data_ptr(),
-        weight.data_ptr(),
-        eps,
-        residual.numel(),
-        total.data_ptr(),
-        h.data_ptr(),
+        x.data_ptr(), residual.data_ptr(), weight.data_ptr(), eps, m, n, total.data_ptr(), h.data_ptr()
     )
     return h, total
 
@@ -120,21 +135,25 @@ def add_rmsnorm(
 def rope_store_attend(
     qkv: torch.Tensor,
     heads: tuple[int, int, int],
-    cos_row: torch.Tensor,
-    sin_signed_row: torch.Tensor,
+    cos_rows: torch.Tensor,
+    sin_signed_rows: torch.Tensor,
     k_buf: torch.Tensor,
     v_buf: torch.Tensor,
-    new_slot: int,
+    new_slots: torch.Tensor,
     slots: torch.Tensor,
 ) -> torch.Tensor:
-    """The decode token's attention output [1, hq * d] (float32), its k and v stored at
-    new_slot; slots are its request's KV slots, new_slot among them."""
+    """The attention output [n, hq * d] (float32) of one request's n new tokens (qkv [n, ...],
+    cos/sin rows [n, d] at their positions), their k and v stored at new_slots (int64 [n]);
+    slots (int64) are the request's KV slots, the n new ones last."""
     lib = _lib[0]
-    assert lib is not None
+    assert lib is not None and new_slots.dtype == slots.dtype == torch.int64
+    assert new_slots.is_contiguous() and slots.is_contiguous() and cos_rows.is_contiguous()
     hq, hkv, d = heads
-    out = torch.empty(1, hq * d)
+    n = qkv.shape[0]
+    out = torch.empty(n, hq * d)
     lib.rope_store_attend(
-        qkv.data_ptr(), hq, hkv, d, cos_row.data_ptr(), sin_signed_row.data_ptr(),
-        k_buf.data_ptr(), v_buf.data_ptr(), new_slot, slots.data_ptr(), slots.numel(), d**-0.5, out.data_ptr(),
+        qkv.data_ptr(), n, hq, hkv, d, cos_rows.data_ptr(), sin_signed_rows.data_ptr(),
+        k_buf.data_ptr(), v_buf.data_ptr(), new_slots.data_ptr(), slots.data_ptr(), slots.numel() - n,
+        d**-0.5, out.data_ptr(),
     )  # fmt: skip
     return out

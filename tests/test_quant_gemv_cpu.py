@@ -2,7 +2,8 @@
 decode path equals the float64 product with the activations quantized as the kernel documents
 (int8 per block of 32, exact block sums), so any wrong lane, pair order, tail row or tail
 block shows as an error far above float rounding; the many-row path's bf16 weights equal
-gguf's dequantization; the huge-page arena holds exact copies. Also the CPU decode pieces that
+gguf's dequantization; each row of x gives the same bits whatever rows come with it; the
+huge-page arena holds exact copies. Also the CPU decode pieces that
 changed with it: the joint q/k rotation and the one-request decode attention."""
 
 from __future__ import annotations
@@ -55,6 +56,20 @@ def test_decode_kernel_is_exact_for_its_quantized_activations(qtype, rows, cols,
     assert y.shape == (m, rows) and y.dtype == torch.float32
     err = ((y.double() - ref).norm() / ref.norm()).item()
     assert err < 2e-6, err
+
+
+@needs_kernel
+@pytest.mark.parametrize("qtype", FORMATS)
+@pytest.mark.parametrize(("rows", "cols"), [(44, 576), (7, 96), (9, 1536)])
+def test_a_row_of_x_gives_the_same_bits_among_others(qtype, rows, cols) -> None:
+    """A verify step's rows go through the kernel together: each must equal what it gives alone
+    (a decode step), for every count the kernel takes (x rows run in passes of up to four)."""
+    raw = torch.from_numpy(random_blocks(qtype, rows, cols, seed=rows * cols))
+    packed = K.repack(raw, qtype)
+    x = torch.randn(K.GEMV_MAX_ROWS, cols, generator=torch.Generator().manual_seed(rows))
+    alone = torch.cat([K.gemm(x[i : i + 1], packed, qtype, rows) for i in range(x.shape[0])])
+    for m in range(2, K.GEMV_MAX_ROWS + 1):
+        assert torch.equal(K.gemm(x[:m], packed, qtype, rows), alone[:m]), m
 
 
 @needs_kernel

@@ -45,7 +45,7 @@ class RMSNorm(nn.Module):
         """(norm(x + residual), x + residual), the sum rounded to x's dtype first (as HF does)."""
         if x.is_cuda:
             return fused_add_rmsnorm(x, residual, self.weight, self.eps)
-        if _one_f32_row(x, residual, self.weight) and cpu_decode.available():  # one C call, not ten ops
+        if _few_f32_rows(x, residual, self.weight) and cpu_decode.available():  # one C call, not ten ops
             return cpu_decode.add_rmsnorm(x, residual, self.weight, self.eps)
         residual = x + residual
         return self.forward(residual), residual
@@ -62,8 +62,11 @@ def linear(layer: nn.Linear | QuantLinear, x: torch.Tensor) -> torch.Tensor:
     return layer(x)
 
 
-def _one_f32_row(*ts: torch.Tensor) -> bool:
-    return ts[0].shape[0] == 1 and all(t.dtype == torch.float32 and t.is_contiguous() for t in ts)
+def _few_f32_rows(*ts: torch.Tensor) -> bool:
+    """Whether ts[0] has rows for the CPU decode calls and all of ts are float32 and contiguous."""
+    return ts[0].shape[0] <= cpu_decode.MAX_ROWS and all(
+        t.dtype == torch.float32 and t.is_contiguous() for t in ts
+    )
 
 
 def native(layer: nn.Linear | QuantLinear, x: torch.Tensor) -> torch.Tensor:
@@ -87,7 +90,7 @@ class LlamaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         t = x.shape[0]
         qkv = linear(self.qkv_proj, x)
-        if self.q_norm is None and self._fused_decode(fb, qkv):
+        if self.q_norm is None and self._fused_cpu(fb, qkv):
             return native(self.o_proj, self._rope_store_attend(positions, qkv, fb))
         if not qkv.is_cuda and self.q_norm is None:
             # q and k sit side by side in qkv: one rotation covers both (fewer small CPU ops)
@@ -118,14 +121,14 @@ class LlamaAttention(nn.Module):
         q, k = self.rope(positions, q, k)
         return linear(self.o_proj, backend.forward(q, k, v, self.layer_id, fb))
 
-    def _fused_decode(self, fb: ForwardBatch, qkv: torch.Tensor) -> bool:
-        """One request's one new token on the CPU with a float32 pool the torch backend reads:
-        rope, KV store and attention run as one C call (radixlm.kernels.cpu_decode)."""
+    def _fused_cpu(self, fb: ForwardBatch, qkv: torch.Tensor) -> bool:
+        """One request's few new tokens (a decode token, or a verify step's token and drafts) on
+        the CPU with a float32 pool the torch backend reads: rope, KV store and attention run as
+        one C call (radixlm.kernels.cpu_decode), each token as decode would run it."""
         return (
-            fb.is_decode
-            and fb.batch_size == 1
+            fb.batch_size == 1
             and isinstance(fb.attn_backend, TorchAttentionBackend)
-            and _one_f32_row(qkv, fb.kv_pool.k_buffers[self.layer_id], fb.kv_pool.v_buffers[self.layer_id])
+            and _few_f32_rows(qkv, fb.kv_pool.k_buffers[self.layer_id], fb.kv_pool.v_buffers[self.layer_id])
             and cpu_decode.available()
         )
 
@@ -142,7 +145,7 @@ class LlamaAttention(nn.Module):
             sin_signed,
             pool.k_buffers[self.layer_id],
             pool.v_buffers[self.layer_id],
-            int(fb.out_cache_loc[0]),
+            fb.out_cache_loc,
             slots,
         )
 

@@ -88,11 +88,10 @@ class RotaryEmbedding(torch.nn.Module):
             self._step = None
 
     def rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin_signed rows [D] of a one-token step's position (contiguous views)."""
+        """cos and sin_signed rows [T, D] of a step's positions (contiguous)."""
         if self._step is not None and self._step[0] is positions:
-            return self._step[1][0, 0], self._step[2][0, 0]
-        pos = int(positions[0])
-        return self.cos[pos], self.sin_signed[pos]
+            return self._step[1][:, 0], self._step[2][:, 0]
+        return self.cos[positions], self.sin_signed[positions]
 
     def _gather(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1)
