@@ -14,44 +14,91 @@ import torch
 from .json_tracker import JsonTracker
 
 _SCALAR = frozenset(b"0123456789-+.eEtrufalsn")
+_SCALAR_START = frozenset(b"0123456789-tfn")
 _SCALAR_END = frozenset(b",}] \t\n\r")
+_BEFORE_VALUE = frozenset(b" :,[")
 
 
 @dataclass
 class TokenFeatures:
-    """Per token id: its bytes, and which completions its bytes make possible from each reader mode."""
+    """Per token id its bytes, and the ids whose bytes make a completion possible (supersets: a
+    token outside every set a state needs cannot complete a checked value from that state)."""
 
     token_bytes: list[bytes]
+    quotes: np.ndarray  # count of '"' bytes
     closes: np.ndarray  # count of '}' and ']' bytes
-    from_between: np.ndarray  # bool: two quotes, a bracket close, or a scalar byte then a terminator
-    from_string: np.ndarray  # bool: a quote
-    from_scalar: np.ndarray  # bool: a terminator byte
-    ends_scalar: np.ndarray  # bool: no quote, and the last byte can belong to a number or literal
+    quote_ids: np.ndarray  # a quote
+    close_ids: np.ndarray  # a closing bracket
+    empty_ids: np.ndarray  # an opening bracket with a closing one after it ('[]', '{}')
+    term_ids: np.ndarray  # ends an open number or literal the way JSON can (',', '}', ']', space)
+    new_scalar_ids: np.ndarray  # a number or literal starts after structure and ends inside
+    open_scalar_ids: np.ndarray  # ends inside a number or literal that began after structure
     stop_ids: frozenset[int]
+
+
+def _scalar_run(b: bytes) -> tuple[bool, bool]:
+    """(a scalar starts after structure and a terminator follows it, the token ends in such a run)."""
+    completes = ends_open = False
+    for i, c in enumerate(b):
+        if c not in _SCALAR_START or (i > 0 and b[i - 1] not in _BEFORE_VALUE):
+            continue
+        j = i
+        while j < len(b) and b[j] in _SCALAR:
+            j += 1
+        completes = completes or (j < len(b) and b[j] in _SCALAR_END)
+        ends_open = ends_open or j == len(b)
+    return completes, ends_open or (bool(b) and all(c in _SCALAR for c in b))
+
+
+def _ends_scalar(b: bytes) -> bool:
+    """After the scalar bytes it continues, the token ends the value as valid JSON can: a comma or
+    a closing bracket, possibly after whitespace, or only whitespace."""
+    rest = b.lstrip(bytes(_SCALAR))
+    after_ws = rest.lstrip(b" \t\n\r")
+    return bool(rest) and (not after_ws or after_ws[:1] in (b",", b"}", b"]"))
+
+
+def _opens_and_closes(b: bytes) -> bool:
+    first = min((i for i, c in enumerate(b) if c in b"[{"), default=-1)
+    return first >= 0 and any(c in b"]}" for c in b[first + 1 :])
 
 
 def token_features(token_bytes: list[bytes], stop_ids: list[int]) -> TokenFeatures:
     n = len(token_bytes)
-    closes = np.zeros(n, np.int32)
-    between, string, scalar, open_scalar = (np.zeros(n, bool) for _ in range(4))
+    quotes, closes = np.zeros(n, np.int32), np.zeros(n, np.int32)
+    term, empty, new_scalar, open_scalar = (np.zeros(n, bool) for _ in range(4))
     for i, b in enumerate(token_bytes):
         if i in stop_ids:
             continue
+        quotes[i] = b.count(b'"')
         closes[i] = b.count(b"}") + b.count(b"]")
-        quotes = b.count(b'"')
-        string[i] = quotes > 0
-        ends = [k for k, c in enumerate(b) if c in _SCALAR_END]
-        scalar[i] = bool(ends)
-        open_scalar[i] = bool(b) and quotes == 0 and b[-1] in _SCALAR
-        first_scalar = next((k for k, c in enumerate(b) if c in _SCALAR), None)
-        between[i] = (
-            quotes >= 2 or closes[i] > 0 or (first_scalar is not None and any(k > first_scalar for k in ends))
-        )
-    return TokenFeatures(token_bytes, closes, between, string, scalar, open_scalar, frozenset(stop_ids))
+        term[i] = _ends_scalar(b)
+        empty[i] = _opens_and_closes(b)
+        new_scalar[i], ends_open = _scalar_run(b)
+        open_scalar[i] = ends_open and quotes[i] == 0
+    ids = np.flatnonzero
+    return TokenFeatures(
+        token_bytes,
+        quotes,
+        closes,
+        ids(quotes > 0),
+        ids(closes > 0),
+        ids(empty),
+        ids(term),
+        ids(new_scalar),
+        ids(open_scalar),
+        frozenset(stop_ids),
+    )
 
 
 def allowed_ids(row: torch.Tensor, vocab_size: int) -> np.ndarray:
     return np.flatnonzero(np.unpackbits(row.numpy().view(np.uint8), bitorder="little")[:vocab_size])
+
+
+def allowed_among(row: torch.Tensor, ids: np.ndarray) -> np.ndarray:
+    """The ids (int array) whose bit is set in the bitmask row."""
+    words = row.numpy().view(np.uint32)
+    return ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]
 
 
 def clear_ids(row: torch.Tensor, ids: list[int]) -> None:
@@ -60,20 +107,36 @@ def clear_ids(row: torch.Tensor, ids: list[int]) -> None:
         unsigned[t // 32] &= np.uint32(~(1 << (t % 32)) & 0xFFFFFFFF)
 
 
+def candidate_ids(tracker: JsonTracker, f: TokenFeatures) -> np.ndarray | None:
+    """Token ids that could make a check fire from the reader's state; None when none could."""
+    fires_now, close_at, live = tracker.fire_profile()
+    if not (fires_now or close_at or live):
+        return None
+    first = 1 if tracker.mode == 1 else 0  # inside a string, its closing quote comes first
+    pools = []
+    if fires_now:
+        pools.append(f.quote_ids if tracker.mode == 1 else f.term_ids)
+    if close_at:
+        pools.append(f.close_ids[f.closes[f.close_ids] >= close_at])
+    if live:  # a new value may start and end inside the token
+        pools += [f.quote_ids[f.quotes[f.quote_ids] >= 2 + first], f.empty_ids, f.new_scalar_ids]
+    ids = np.concatenate(pools)
+    if tracker.mode == 1:
+        ids = ids[f.quotes[ids] > 0]
+    return ids
+
+
 def refine_mask(row: torch.Tensor, tracker: JsonTracker, buf: bytearray, features: TokenFeatures) -> None:
     """Clear, in the bitmask row (int32 words), the allowed tokens whose completion a check refuses."""
-    depth = tracker.live_depth()
-    if depth < 0:
+    ids = candidate_ids(tracker, features)
+    if ids is None:
         return
-    allowed = allowed_ids(row, len(features.token_bytes))
-    bits = np.zeros(len(features.token_bytes), bool)
-    bits[allowed] = True
-    mode_ok = (features.from_between, features.from_string, features.from_scalar)[tracker.mode]
-    picked = allowed[(features.closes[allowed] >= depth) & mode_ok[allowed]]
-    stops = [t for t in features.stop_ids if t < len(bits) and bits[t]]
-    refused = [int(t) for t in picked if not tracker.copy().feed(features.token_bytes[t], buf)]
-    if stops and not tracker.copy().finish(buf):
-        refused += stops
+    picked = set(allowed_among(row, ids).tolist())
+    refused = [t for t in picked if not tracker.copy().feed(features.token_bytes[t], buf)]
+    if tracker.mode == 2 and not tracker.stack:  # a root number or literal ends at the stop token
+        stops = allowed_among(row, np.array(sorted(features.stop_ids), dtype=np.int64))
+        if len(stops) and not tracker.copy().finish(buf):
+            refused += stops.tolist()
     clear_ids(row, refused)
 
 
@@ -90,9 +153,8 @@ def prune_open_scalars(
     such as a duplicate under uniqueItems, is cleared before the dead end)."""
     if tracker.mode == 1 or tracker.live_depth() < 0:
         return
-    allowed = allowed_ids(row, len(features.token_bytes))
     refused = []
-    for t in allowed[features.ends_scalar[allowed]].tolist():
+    for t in allowed_among(row, features.open_scalar_ids).tolist():
         after = tracker.copy()
         if not after.feed(features.token_bytes[t], buf) or not after.open_scalar_checked():
             continue

@@ -103,6 +103,28 @@ class JsonTracker:
                 return depth
         return 0 if not self.stack and self.mode == 0 and self.root.live else -1
 
+    def fire_profile(self) -> tuple[bool, int, bool]:
+        """(completing the open value or key fires a check, how many brackets close the first
+        container whose completion fires one (0: none), a container may hold a checked location)."""
+        if self.done:
+            return False, 0, False
+        fires_now = False
+        if self.mode == 1 and self.is_key:
+            fires_now = self.stack[-1][2].checks_keys
+        elif self.mode:
+            fires_now = self.value_loc.checked or self._unique_parent(len(self.stack))
+        close_at = 0
+        for depth in range(len(self.stack), 0, -1):
+            if self.stack[depth - 1][2].checked or self._unique_parent(depth - 1):
+                close_at = len(self.stack) - depth + 1
+                break
+        live = any(f[2].live for f in self.stack) or (not self.stack and self.root.live)
+        return fires_now, close_at, live
+
+    def _unique_parent(self, depth: int) -> bool:
+        """The container at stack index depth - 1 is an array whose items are checked for duplicates."""
+        return depth > 0 and not self.stack[depth - 1][0] and self.stack[depth - 1][2].unique_items
+
     def open_scalar_checked(self) -> bool:
         """A number or literal is open and its end is checked (its location, or duplicates)."""
         if self.mode != 2:

@@ -15,6 +15,7 @@ from grammar_helpers import allowed_ids
 from test_grammar_cases import default_tokenizer
 
 from radixlm.grammars import GrammarBackend
+from radixlm.grammars.guard_mask import candidate_ids
 from radixlm.grammars.json_tracker import JsonTracker
 
 CASES: list[tuple[dict, list]] = [
@@ -134,3 +135,31 @@ def test_reader_verdicts_under_random_chunking(backend: GrammarBackend, case: in
             ok = ok and tracker.finish(buf)
             if not ok:  # a check refused: the value breaks a checked keyword
                 assert not validator.is_valid(value), value
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_candidate_filter_misses_no_refused_token(backend: GrammarBackend, case: int) -> None:
+    """At every step of the cases' documents, each grammar-allowed token that a check refuses (tried
+    one by one on the reader) is among the tokens the mask refinement tries."""
+    schema, values = CASES[case]
+    grammar = backend.compile("json_schema", schema)
+    features = grammar.features
+    bitmask = torch.zeros((1, 1536), dtype=torch.int32)
+    for value in values:
+        m = grammar.new_matcher()
+        for t in backend.tokenizer.encode(compact(value), add_special_tokens=False):
+            m._m.fill_next_token_bitmask(bitmask, 0)  # the grammar's mask, before the refinement
+            tracker, buf = m._tracker, m._buf
+            refused = {
+                int(u)
+                for u in allowed_ids(bitmask[0], 49152)
+                if u not in features.stop_ids and not tracker.copy().feed(features.token_bytes[u], buf)
+            }
+            tried = candidate_ids(tracker, features)
+            assert refused <= set(() if tried is None else tried.tolist()), (value, refused)
+            if not m.accept_token(t):
+                break
+
+
+def compact(value: object) -> str:
+    return json.dumps(value, separators=(", ", ": "), ensure_ascii=False)
