@@ -344,6 +344,29 @@ def test_response_format_json_schema(server: Server) -> None:
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
     )
     jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+    assert r.choices[0].model_extra["radixlm"]["json_schema_valid"] is True
+    tags = {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "uniqueItems": True}
+        },
+        "required": ["tags"],
+        "additionalProperties": False,
+    }
+    r = server.oai.chat.completions.create(
+        model="x",
+        messages=[{"role": "user", "content": "Three tags for Paris, as JSON."}],
+        max_tokens=60,
+        temperature=0,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "tags", "schema": tags, "strict": True},
+        },
+    )
+    report = r.choices[0].model_extra["radixlm"]  # the keyword a value check holds is named
+    assert report["grammar_checked_keywords"] == ["uniqueItems at #/properties/tags"], report
+    if r.choices[0].finish_reason == "stop":
+        jsonschema.validate(json.loads(r.choices[0].message.content), tags)
     r = server.oai.chat.completions.create(
         model="x", messages=CHAT, max_tokens=60, temperature=0, response_format={"type": "json_object"}
     )

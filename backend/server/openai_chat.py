@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from .openai_shapes import Tok, choice_rid, finish_reason, sample_params, usage
+from .openai_shapes import Tok, choice_rid, finish_reason, grammar_report, sample_params, usage
 from .protocol import ChatCompletionRequest, error_body, now
 from .runner import Runner, Seq, run_to_end
 from .streams import SSE_DONE, merge_streams, sse
@@ -50,7 +50,7 @@ def chat_seqs(ctx: ChatCtx) -> list[Seq]:
 
 async def _choice_events(runner: Runner, ctx: ChatCtx, seq: Seq, stream: bool) -> AsyncGenerator[tuple, None]:
     """Events of one chat choice: ("delta", text, logprob entries | None), ("tool_calls", calls),
-    then ("finish", reason, completion_tokens, cached_prompt_tokens)."""
+    then ("finish", reason, completion_tokens, cached_prompt_tokens, grammar report | None)."""
     plan = ctx.plan
     constrained = plan.mode in ("named", "required")
     text, meta = "", {}
@@ -74,7 +74,7 @@ async def _choice_events(runner: Runner, ctx: ChatCtx, seq: Seq, stream: bool) -
             yield ("tool_calls", calls)
         else:  # cut off (length/abort): show what was generated, as text
             yield ("delta", text if constrained else TOOL_CALL_TAG + text, None)
-    yield ("finish", reason, tokens, int(meta.get("cached_tokens", 0)))
+    yield ("finish", reason, tokens, int(meta.get("cached_tokens", 0)), grammar_report(meta))
 
 
 async def _run_call(runner: Runner, ctx: ChatCtx, seq: Seq, before: str) -> tuple[str, str, int]:
@@ -115,6 +115,7 @@ class ChatChoice:
     finish: str | None = None
     tokens: int = 0
     cached: int = 0
+    grammar: dict[str, Any] | None = None
 
     def add(self, event: tuple) -> dict[str, Any]:
         """Fold an event in; return the streaming delta fragment for it."""
@@ -139,19 +140,26 @@ class ChatChoice:
                 "logprobs": None,
                 "finish_reason": None,
             }
-        self.finish, self.tokens, self.cached = event[1], event[2], event[3]
-        return {"index": self.index, "delta": {}, "logprobs": None, "finish_reason": event[1]}
+        self.finish, self.tokens, self.cached, self.grammar = event[1], event[2], event[3], event[4]
+        return self._with_report(
+            {"index": self.index, "delta": {}, "logprobs": None, "finish_reason": event[1]}
+        )
+
+    def _with_report(self, choice: dict[str, Any]) -> dict[str, Any]:
+        return {**choice, "radixlm": self.grammar} if self.grammar else choice
 
     def message(self) -> dict[str, Any]:
         msg: dict[str, Any] = {"role": "assistant", "content": None if self.tool_calls else self.content}
         if self.tool_calls:
             msg["tool_calls"] = self.tool_calls
-        return {
-            "index": self.index,
-            "message": msg,
-            "logprobs": {"content": self.logprobs} if self.logprobs is not None else None,
-            "finish_reason": self.finish,
-        }
+        return self._with_report(
+            {
+                "index": self.index,
+                "message": msg,
+                "logprobs": {"content": self.logprobs} if self.logprobs is not None else None,
+                "finish_reason": self.finish,
+            }
+        )
 
 
 def chat_usage(ctx: ChatCtx, choices: list[ChatChoice]) -> dict[str, Any]:

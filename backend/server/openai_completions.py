@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from .openai_shapes import Tok, choice_rid, finish_reason, sample_params, usage
+from .openai_shapes import Tok, choice_rid, finish_reason, grammar_report, sample_params, usage
 from .protocol import CompletionRequest, error_body, now
 from .runner import Runner, Seq
 from .streams import SSE_DONE, merge_streams, sse
@@ -67,12 +67,14 @@ class CompletionChoice:
             logprobs = self.tok.completion_logprobs(entries, tops, self.offset)
         self.offset += len(piece)
         self.text += piece
-        return {
+        fragment = {
             "index": self.seq.index,
             "text": piece,
             "logprobs": logprobs,
             "finish_reason": finish_reason(meta),
         }
+        report = grammar_report(meta) if fragment["finish_reason"] else None
+        return {**fragment, "radixlm": report} if report else fragment
 
 
 def completion_choices(req: CompletionRequest, seqs: list[Seq], tok: Tok) -> list[CompletionChoice]:

@@ -1,5 +1,5 @@
 """Response pieces shared by the OpenAI completion and chat routes: finish reasons, per-choice
-sampling params and request ids, logprob shapes, and the usage block. Promises: shapes follow the
+sampling params and request ids, logprob shapes, the usage block and the grammar report. Promises: shapes follow the
 OpenAI API reference, and choice j of n > 1 with a seed samples with seed + j."""
 
 from __future__ import annotations
@@ -13,6 +13,21 @@ def finish_reason(meta: dict[str, Any]) -> str | None:
     if fr is None:
         return None
     return str(fr.get("type")) if isinstance(fr, dict) else str(fr)
+
+
+GRAMMAR_KEYS = (
+    "grammar_dropped_keywords",
+    "grammar_checked_keywords",
+    "json_schema_valid",
+    "json_schema_error",
+)
+
+
+def grammar_report(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """What a finished constrained choice reports beyond OpenAI's fields (keywords dropped or held
+    by value checks, whether the output validates), as the choice's `radixlm` entry; None if none."""
+    report = {k: meta[k] for k in GRAMMAR_KEYS if k in meta}
+    return report or None
 
 
 def sample_params(base: dict[str, Any], j: int, n: int) -> dict[str, Any]:
