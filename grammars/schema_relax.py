@@ -13,28 +13,8 @@ from urllib.parse import unquote
 
 import llguidance as llg
 
-from .schema_walk import dict_at, list_at, resolve_pointer, subschemas, walk
+from .schema_walk import ASSERTIONS, dict_at, list_at, resolve_pointer, subschemas, walk
 
-# Keywords that assert nothing: kept beside a recursive $ref when its sibling assertions are dropped.
-_ANNOTATIONS = frozenset(
-    {
-        "$ref",
-        "$schema",
-        "$id",
-        "id",
-        "$comment",
-        "title",
-        "description",
-        "default",
-        "examples",
-        "example",
-        "definitions",
-        "$defs",
-        "deprecated",
-        "readOnly",
-        "writeOnly",
-    }
-)
 _COMBINATORS = ("allOf", "anyOf", "oneOf")
 
 
@@ -117,8 +97,8 @@ def _recursive_siblings(schema: dict, error: str) -> list[str]:
     for node, ptr in list(walk(schema)):
         if id(node) not in reach:
             continue
-        siblings = [k for k in node if k not in _ANNOTATIONS]
-        notes = [k for k in node if k in _ANNOTATIONS and k not in ("$ref", "definitions", "$defs")]
+        siblings = [k for k in node if k in ASSERTIONS and k != "$ref"]
+        notes = [k for k in node if k not in ASSERTIONS and k not in ("$ref", "definitions", "$defs")]
         if isinstance(node.get("$ref"), str) and (siblings or notes):
             for k in notes:  # llguidance intersects even with annotations; they assert nothing
                 del node[k]

@@ -23,6 +23,20 @@ SCHEMA_VALUES = (
     "unevaluatedItems",
 )
 
+# Keywords that assert something about an instance or apply subschemas to it (drafts 04 to 2020-12);
+# any other key of a schema object is an annotation or unknown, and asserts nothing.
+ASSERTIONS = frozenset(
+    {
+        *SCHEMA_MAPS,
+        *SCHEMA_LISTS,
+        *SCHEMA_VALUES,
+        *("type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum"),
+        *("exclusiveMinimum", "maxLength", "minLength", "pattern", "format", "maxItems", "minItems"),
+        *("uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties", "required"),
+        *("dependentRequired", "dependencies", "items", "$ref", "$dynamicRef", "$recursiveRef"),
+    }
+) - {"$defs", "definitions"}
+
 
 def _escape(part: str) -> str:
     return part.replace("~", "~0").replace("/", "~1")
