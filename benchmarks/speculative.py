@@ -2,10 +2,11 @@
 workload and batch size, timed runs alternate off/on (the per-request switch), after one untimed
 warm-up that fills the prefix cache, so both modes decode from cached prompts under the same
 machine load. Reports output tokens/s per run, the on/off ratio per pair (its spread is the
-noise), acceptance length, verify steps per on-run, and whether greedy outputs matched (with GGUF
-blocks a verify step's rows may take another kernel than a decode row, which rounds differently,
-so a near tie can flip; --quantization dequantize is exact). Workloads: JSON extraction from a
-document, a ReAct step quoting an observation, editing a code block (copy-heavy), free chat.
+noise), acceptance length, verify steps per on-run, and whether greedy outputs matched (on the CPU
+a batch-1 verify step's rows run the decode step's kernels, bit for bit; beside other requests
+they may take other kernels, which round differently, so a near tie can flip; --quantization
+dequantize is exact). Workloads: JSON extraction from a document, a ReAct step quoting an
+observation, editing a code block (copy-heavy), free chat.
 --replay-wrong W measures the verify machinery instead: drafts replay the target's own greedy output
 (recorded by the off run), each one wrong with probability W, verified on every step (policy
 "always") — acceptance on demand, as on random weights, where n-grams accept nothing.

@@ -127,6 +127,7 @@ class LlamaAttention(nn.Module):
         one C call (radixlm.kernels.cpu_decode), each token as decode would run it."""
         return (
             fb.batch_size == 1
+            and not qkv.is_cuda
             and isinstance(fb.attn_backend, TorchAttentionBackend)
             and _few_f32_rows(qkv, fb.kv_pool.k_buffers[self.layer_id], fb.kv_pool.v_buffers[self.layer_id])
             and cpu_decode.available()
