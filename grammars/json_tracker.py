@@ -58,7 +58,14 @@ class JsonTracker:
 
     def feed(self, data: bytes, buf: bytes | bytearray) -> bool:
         """Consume data, which follows buf (every byte consumed before); the values' texts are read
-        from buf + data. Stops at the first failed check (the state is then meaningless)."""
+        from buf + data. Stops at the first failed check (the state is then meaningless). Bytes that
+        are not JSON (a token the grammar is about to refuse) are refused too, never raised."""
+        try:
+            return self._feed(data, buf)
+        except (IndexError, ValueError):  # a close with nothing open, a key that is not a string
+            return False
+
+    def _feed(self, data: bytes, buf: bytes | bytearray) -> bool:
         base = self.offset
         for i, b in enumerate(data):
             self.offset = base + i

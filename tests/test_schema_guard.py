@@ -163,3 +163,13 @@ def test_candidate_filter_misses_no_refused_token(backend: GrammarBackend, case:
 
 def compact(value: object) -> str:
     return json.dumps(value, separators=(", ", ": "), ensure_ascii=False)
+
+
+def test_tokens_that_are_not_json_are_refused_not_raised(backend: GrammarBackend) -> None:
+    """The reader sees a token before the grammar judges it: a stray close or a bad key refuses."""
+    grammar = backend.compile("json_schema", CASES[5][0])
+    m = grammar.new_matcher()
+    assert not m.accept_token(backend.tokenizer.encode("}", add_special_tokens=False)[0])
+    tracker = m._tracker.copy()
+    assert not tracker.feed(b"]", b"")
+    assert not m._tracker.copy().feed(b'{"\\x": 1}', b"")
