@@ -1,8 +1,8 @@
 """When speculation pays: per-request acceptance estimates (each draft position accepted with
 probability alpha, learned from verify results) and measured step costs (a decode step fitted as
 seconds = a + b * batch; what a verify step adds to it fitted as a + b * drafts per batch-size
-bucket, since verifying has a fixed cost before any draft: on the CPU it leaves the fused decode
-path, or the 8-row GEMV kernel). Promises: a step verifies the number of likeliest drafts that
+bucket, since verifying has a fixed cost before any draft: on the CPU a step past 8 rows leaves
+the GEMV kernel for the dequantize path). Promises: a step verifies the number of likeliest drafts that
 gives the most expected tokens per second, and only if that beats plain decoding; with too few
 measurements it explores, then decides, and it re-measures after declining for long — only where
 drafts would pay at a fraction of their measured cost, and at growing intervals while re-measuring
