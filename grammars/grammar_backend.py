@@ -148,6 +148,15 @@ class GrammarBackend:
                 )
             # one grammar only: these engines accept what generation should write
             spec = json.dumps(generation_policy(prepared.schema), ensure_ascii=False)
+            compiled = self._compile_grammar(kind, spec, engine)
+            dropped = prepared.dropped + prepared.checked  # non-strict: dropped, and named
+            if dropped:
+                compiled.dropped_keywords = dropped  # type: ignore[attr-defined]
+            return compiled
+        return self._compile_grammar(kind, spec, engine)
+
+    def _compile_grammar(self, kind: str, spec: str, engine: str) -> CompiledGrammar:
+        """One grammar, by the engine asked for (auto: xgrammar for EBNF / JSON, else our FSM)."""
         if engine == "llguidance":
             return self.llguidance.compile(kind, spec)
         if engine == "xgrammar" or (engine == "auto" and kind in ("ebnf", "json")):

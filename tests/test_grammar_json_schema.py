@@ -87,7 +87,8 @@ def test_regex_format_is_compact_json_like_xgrammar(backend: GrammarBackend) -> 
 def test_keyword_beyond_the_grammar_checked_or_refused_with_pointer(
     backend: GrammarBackend, schema: dict, keyword: str, engine: str
 ) -> None:
-    """The default engine holds it by a value check; a single-grammar engine refuses it (strict)."""
+    """The default engine holds it by a value check; a single-grammar engine refuses it (strict) or
+    drops and names it (non-strict)."""
     if engine == "auto":
         assert any(
             n.startswith(f"{keyword} at #") for n in backend.compile("json_schema", schema).checked_keywords
@@ -95,6 +96,8 @@ def test_keyword_beyond_the_grammar_checked_or_refused_with_pointer(
         return
     with pytest.raises(ValueError, match=re.escape(f"{keyword!r} at #")):
         backend.compile("json_schema", schema, engine=engine)
+    relaxed = backend.compile("json_schema", schema, engine=engine, strict=False)
+    assert f"{keyword} at #" in relaxed.dropped_keywords  # dropped, and named
 
 
 @pytest.mark.parametrize(
