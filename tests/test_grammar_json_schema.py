@@ -96,7 +96,11 @@ def test_keyword_beyond_the_grammar_checked_or_refused_with_pointer(
         return
     with pytest.raises(ValueError, match=re.escape(f"{keyword!r} at #")):
         backend.compile("json_schema", schema, engine=engine)
-    relaxed = backend.compile("json_schema", schema, engine=engine, strict=False)
+    try:
+        relaxed = backend.compile("json_schema", schema, engine=engine, strict=False)
+    except ValueError as e:  # what is left may not be regular: the fsm engine says so
+        assert engine == "fsm" and "not supported by the fsm engine" in str(e)
+        return
     assert f"{keyword} at #" in relaxed.dropped_keywords  # dropped, and named
 
 
