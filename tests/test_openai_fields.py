@@ -103,25 +103,29 @@ def test_unsupported_fields_are_refused_with_reason(
 
 
 def test_tool_strict_takes_effect(client: openai.OpenAI) -> None:
-    params = {
-        "type": "object",
-        "properties": {
-            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2, "uniqueItems": True}
-        },
-        "required": ["tags"],
-        "additionalProperties": False,  # an open object lets the small model add properties past max_tokens
-    }
+    tags = {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 2, "uniqueItems": True}
 
-    def call(strict: bool) -> object:
+    def call(tags_schema: dict, strict: bool) -> object:
+        params = {
+            "type": "object",
+            "properties": {"tags": tags_schema},
+            "required": ["tags"],
+            "additionalProperties": False,  # an open object lets the small model add properties past max_tokens
+        }
         tool = {"type": "function", "function": {"name": "tag", "parameters": params, "strict": strict}}
         return chat(
             client, max_tokens=40, tools=[tool], tool_choice={"type": "function", "function": {"name": "tag"}}
         )
 
-    with pytest.raises(openai.BadRequestError, match="uniqueItems"):
-        call(strict=True)  # the grammar cannot enforce uniqueItems: strict refuses the schema
-    relaxed = call(strict=False)  # non-strict drops the keyword and still constrains the rest
+    remote = {**tags, "allOf": [{"$ref": "https://example.com/tags.json"}]}
+    with pytest.raises(openai.BadRequestError, match="external reference"):
+        call(remote, strict=True)  # no grammar or check can hold a reference to another document
+    relaxed = call(remote, strict=False)  # non-strict drops it and still constrains the rest
     assert relaxed.choices[0].message.tool_calls[0].function.name == "tag"
+    checked = call(tags, strict=True)  # uniqueItems: held by a value check in strict mode
+    if checked.choices[0].finish_reason == "tool_calls":
+        args = json.loads(checked.choices[0].message.tool_calls[0].function.arguments)
+        assert len(set(args["tags"])) == len(args["tags"]), args
 
 
 def test_formerly_ignored_program_options_are_refused() -> None:
