@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from .schema_policy import compiles
-from .schema_walk import dict_at, list_at, resolve_pointer, subschemas, walk
+from .schema_walk import dict_at, list_at, reaching, resolve_pointer, subschemas, walk
 
 _DEFINITIONS = ("/$defs/", "/definitions/")
 _UNIQUE = {"uniqueItems": True}
@@ -52,13 +52,7 @@ class GuardPlan:
         for n in self.nodes:
             for c in edges(n):
                 parents.setdefault(id(c), []).append(id(n))
-        marked, stack = set(seed), list(seed)
-        while stack:
-            for p in parents.get(stack.pop(), ()):
-                if p not in marked:
-                    marked.add(p)
-                    stack.append(p)
-        return marked
+        return reaching(parents, seed)
 
     def _ref(self, node: dict) -> list[dict]:
         ref = node.get("$ref")

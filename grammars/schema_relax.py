@@ -13,7 +13,7 @@ from urllib.parse import unquote
 
 import llguidance as llg
 
-from .schema_walk import ASSERTIONS, dict_at, list_at, resolve_pointer, subschemas, walk
+from .schema_walk import ASSERTIONS, dict_at, list_at, reaching, resolve_pointer, subschemas, walk
 
 _COMBINATORS = ("allOf", "anyOf", "oneOf")
 
@@ -75,13 +75,7 @@ def _reaching(schema: dict, fragment: str) -> set[int]:
             parents.setdefault(id(child), set()).add(id(node))
         if _refers_to(node, fragment):
             hits.add(id(node))
-    seen, stack = set(hits), list(hits)
-    while stack:
-        for p in parents.get(stack.pop(), ()):
-            if p not in seen:
-                seen.add(p)
-                stack.append(p)
-    return seen
+    return reaching(parents, hits)
 
 
 def _recursive_siblings(schema: dict, error: str) -> list[str]:

@@ -4,7 +4,7 @@ parents before their children; pointers are RFC 6901 fragments ('#/properties/a~
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import unquote
 
@@ -110,3 +110,15 @@ def dict_at(node: dict, key: str) -> dict:
     """node[key] when it is an object, else an empty dict."""
     value = node.get(key)
     return value if isinstance(value, dict) else {}
+
+
+def reaching(parents: Mapping[int, Iterable[int]], seed: Iterable[int]) -> set[int]:
+    """seed and every id from which child links lead into it (parents: id -> ids of its parents)."""
+    marked = set(seed)
+    stack = list(marked)
+    while stack:
+        for p in parents.get(stack.pop(), ()):
+            if p not in marked:
+                marked.add(p)
+                stack.append(p)
+    return marked
