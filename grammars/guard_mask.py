@@ -159,9 +159,18 @@ def prune_open_scalars(
         if not after.feed(features.token_bytes[t], buf) or not after.open_scalar_checked():
             continue
         extended = bytes(buf) + features.token_bytes[t]
+        if _ends_accepted(after, extended):  # ending here passes (or the grammar must extend it)
+            continue
         if not any(_continues(after, int(u), extended, features) for u in allowed_after(t)):
             refused.append(t)
     clear_ids(row, refused)
+
+
+def _ends_accepted(tracker: JsonTracker, buf: bytes) -> bool:
+    """Whether the open scalar, ended right here, passes its checks. When it does, the lookahead
+    cannot refuse the token: either the grammar lets it end here, or it must allow an extension."""
+    after = tracker.copy()
+    return after.feed(b",", buf) if after.stack else after.finish(buf)
 
 
 def _continues(tracker: JsonTracker, token: int, buf: bytes, features: TokenFeatures) -> bool:
