@@ -34,10 +34,19 @@ def _features(compiler: LLGuidanceCompiler) -> TokenFeatures:
     """The vocabulary's token features, computed once per compiler."""
     cached: TokenFeatures | None = getattr(compiler, "_guard_features", None)
     if cached is None:
-        decode = compiler.tokenizer.decode_bytes
-        cached = token_features([decode([i]) for i in range(compiler.vocab_size)], compiler.stop_token_ids)
+        cached = token_features(
+            [_token_bytes(compiler, i) for i in range(compiler.vocab_size)], compiler.stop_token_ids
+        )
         compiler._guard_features = cached  # type: ignore[attr-defined]
     return cached
+
+
+def _token_bytes(compiler: LLGuidanceCompiler, token: int) -> bytes:
+    """A token's bytes; b'' for ids the tokenizer does not have (a model's padded vocabulary)."""
+    try:
+        return bytes(compiler.tokenizer.decode_bytes([token]))
+    except (ValueError, IndexError, OverflowError):
+        return b""
 
 
 class SchemaGrammar:
