@@ -8,26 +8,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .schema_walk import resolve_pointer
+from .schema_walk import ANNOTATIONS, resolve_pointer
 
 ALL_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 # Keywords that assert nothing: ignored, as everywhere else.
-_NEUTRAL = {
-    "title",
-    "description",
-    "default",
-    "examples",
-    "$comment",
-    "$schema",
-    "$id",
-    "id",
-    "deprecated",
-    "readOnly",
-    "writeOnly",
-    "definitions",
-    "$defs",
-    "format_hint",
-}
+_NEUTRAL = ANNOTATIONS | {"$id", "id", "definitions", "$defs", "format_hint"}
 # Bounds: the keyword, its value's type, and the keyword (and type) of its negation.
 _BOUNDS = {
     "minimum": ("number", "exclusiveMaximum"),

@@ -12,7 +12,7 @@ from typing import Any
 from .schema_finite import closed_names, filter_values
 from .schema_not import negate
 from .schema_subsume import implied_properties, one_of_equivalent
-from .schema_walk import dict_at, list_at, resolve_pointer, walk
+from .schema_walk import ANNOTATIONS, dict_at, list_at, resolve_pointer, walk
 
 
 def rewrite(schema: Any) -> Any:
@@ -203,21 +203,6 @@ def _not(node: dict, root: dict) -> None:
         node["allOf"] = [*node.get("allOf", []), neg]
 
 
-# Keywords that assert nothing; beside a $ref they would make llguidance intersect schemas, which it
-# cannot do when the reference is recursive. (definitions stay: pointers may go through them.)
-_ANNOTATIONS = frozenset(
-    {
-        "title",
-        "description",
-        "default",
-        "examples",
-        "$comment",
-        "$schema",
-        "deprecated",
-        "readOnly",
-        "writeOnly",
-    }
-)
 # Drafts 3 to 7 ignore every keyword beside $ref ("All other properties in a $ref object MUST be
 # ignored"); in draft 2019-09 and later they apply beside it.
 _LEGACY_DRAFT = re.compile(r"json-schema\.org/draft-0[3-7]/schema")
@@ -225,10 +210,11 @@ _POINTER_TARGETS = frozenset({"definitions", "$defs"})
 
 
 def _ref_siblings(node: dict, legacy: bool) -> None:
-    """Drop what beside a $ref asserts nothing: annotations, and in drafts 3-7 every keyword."""
+    """Drop what beside a $ref asserts nothing: annotations (llguidance would intersect them with a
+    recursive reference it cannot expand), and in drafts 3-7 every keyword."""
     if isinstance(node.get("$ref"), str):
         for key in set(node) - {"$ref"} - _POINTER_TARGETS:
-            if legacy or key in _ANNOTATIONS:
+            if legacy or key in ANNOTATIONS:
                 del node[key]
 
 
@@ -266,7 +252,7 @@ def _one_of(node: dict, root: dict) -> None:
 def _only_empty_in_common(a: Any, b: Any, root: dict) -> bool:
     """Both are {type: array, items: ...} alone (annotations aside), their items disjoint."""
     plain = [
-        {k: v for k, v in s.items() if k not in _ANNOTATIONS} if isinstance(s, dict) else None for s in (a, b)
+        {k: v for k, v in s.items() if k not in ANNOTATIONS} if isinstance(s, dict) else None for s in (a, b)
     ]
     if not all(p is not None and set(p) == {"type", "items"} and p["type"] == "array" for p in plain):
         return False

@@ -11,23 +11,9 @@ import re
 from typing import Any
 
 from .schema_not import _not_strings_pattern, negate
-from .schema_walk import dict_at, resolve_pointer
+from .schema_walk import ANNOTATIONS, dict_at, resolve_pointer
 
 MAX_DEPTH = 8
-# Keywords that assert nothing.
-_ANNOTATIONS = frozenset(
-    {
-        "title",
-        "description",
-        "default",
-        "examples",
-        "$comment",
-        "$schema",
-        "deprecated",
-        "readOnly",
-        "writeOnly",
-    }
-)
 _PY_TYPES = {"string": str, "boolean": bool, "object": dict, "array": list}
 
 
@@ -57,7 +43,7 @@ def _plain(s: Any, root: Any) -> Any:
     for _ in range(4):
         if not isinstance(s, dict):
             return s
-        s = {k: v for k, v in s.items() if k not in _ANNOTATIONS}
+        s = {k: v for k, v in s.items() if k not in ANNOTATIONS}
         ref = s.get("$ref")
         if set(s) != {"$ref"} or not isinstance(ref, str) or not ref.startswith("#"):
             return s
@@ -209,7 +195,7 @@ def implied_properties(node: dict, root: Any) -> None:
 
 
 def _plain_annotations(s: Any) -> Any:
-    return {k: v for k, v in s.items() if k not in _ANNOTATIONS} if isinstance(s, dict) else s
+    return {k: v for k, v in s.items() if k not in ANNOTATIONS} if isinstance(s, dict) else s
 
 
 def one_of_equivalent(branches: list, root: Any) -> Any:

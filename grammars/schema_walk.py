@@ -23,6 +23,20 @@ SCHEMA_VALUES = (
     "unevaluatedItems",
 )
 
+# Keywords that assert nothing (notes for readers of the schema).
+ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$comment",
+        "$schema",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+    }
+)
 # Keywords that assert something about an instance or apply subschemas to it (drafts 04 to 2020-12);
 # any other key of a schema object is an annotation or unknown, and asserts nothing.
 ASSERTIONS = frozenset(
