@@ -182,7 +182,10 @@ class SchemaMatcher:
             return step.encode()
         if step in self._g.compiler.stop_token_ids:
             return b""
-        return bytes(self._g.compiler.tokenizer.decode_bytes([step]))
+        features = self._g.features
+        if features is not None and 0 <= step < len(features.token_bytes):
+            return features.token_bytes[step]  # decoded once per vocabulary
+        return _token_bytes(self._g.compiler, step)
 
     def _advance_grammar(self, step: int | str) -> bool:
         if self._step(self._m, step, self._mode):
