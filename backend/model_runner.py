@@ -25,6 +25,9 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CPU_DEFAULT_KV_TOKENS = 32768
+# Longest item run as decode rows: each row reads its request's whole KV, so a longer run of new
+# tokens is cheaper as one extend (which reads it once).
+DECODE_ROWS_MAX_PER_ITEM = 16
 
 
 @dataclass
@@ -36,6 +39,21 @@ class ScheduledItem:
     token_ids: list[int]
     start: int
     logit_offsets: list[int]
+
+
+def decode_rows(items: list[ScheduledItem]) -> list[ScheduledItem]:
+    """Each new token of each item as its own decode row: token j of an item starting at s sits at
+    position s + j and attends to its request's first s + j + 1 slots. Since a layer stores every
+    row's K/V before any row attends, this is the causal attention of the item's extend; logits
+    rows keep their order."""
+    rows: list[ScheduledItem] = []
+    for it in items:
+        wanted = set(it.logit_offsets)
+        rows.extend(
+            ScheduledItem(it.req_pool_idx, [tok], it.start + j, [0] if j in wanted else [])
+            for j, tok in enumerate(it.token_ids)
+        )
+    return rows
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -153,6 +171,8 @@ class ModelRunner:
         """One ForwardBatch for the step. A negative token id -1-k stands for future_tokens[k] (a
         token the in-flight step samples) and is resolved on the device, without a sync. cascade:
         CascadeGroups over the first num_decode items (already in group order)."""
+        if self._runs_as_decode_rows(items):
+            items, cascade = decode_rows(items), None
         ids: list[int] = []
         positions: list[int] = []
         logit_rows: list[int] = []
@@ -194,6 +214,16 @@ class ModelRunner:
         if cascade is not None and fb.is_decode and num_decode == len(items):
             fb.cascade_plan = make_cascade_plan(cascade.group_sizes, cascade.shared_lens, seq, dev)
         return fb
+
+    def _runs_as_decode_rows(self, items: list[ScheduledItem]) -> bool:
+        """A step of few new tokens per request (a verify step's token and drafts, jump-forward's
+        forced tokens beside decodes) runs as decode rows when a captured graph holds them all:
+        one graph replay instead of an eager extend forward, which costs several decode steps."""
+        graphs = self.graph_runner
+        if graphs is None or not graphs.enabled or not items:
+            return False
+        sizes = [len(it.token_ids) for it in items]
+        return 1 < max(sizes) <= DECODE_ROWS_MAX_PER_ITEM and sum(sizes) <= graphs.max_bs
 
     @staticmethod
     def _resolve_ids(ids: torch.Tensor, future_tokens: torch.Tensor | None) -> torch.Tensor:

@@ -27,7 +27,7 @@ from radixlm.backend.cuda_graph_runner import (
 )
 from radixlm.backend.forward_batch import ForwardBatch
 from radixlm.backend.model_config import ModelConfig
-from radixlm.backend.model_runner import ModelRunner, ScheduledItem
+from radixlm.backend.model_runner import ModelRunner, ScheduledItem, decode_rows
 
 TINY = {
     "model_type": "llama",
@@ -244,12 +244,13 @@ def test_decision_eager_vs_graph(runner, graphs):
     finally:
         release()
     too_big, rel_big = decode_batch(runner, [2] * 9)
-    row, slots = runner.req_table.alloc(), runner.allocator.alloc(5)
+    row, slots = runner.req_table.alloc(), runner.allocator.alloc(9)
     runner.req_table.write(row, 0, slots)
     try:
         assert not graphs.can_run(too_big)
-        extend = runner.build_batch([ScheduledItem(row, [1, 2, 3, 4, 5], 0, [4])], slots)
-        assert not graphs.can_run(extend)
+        # more new tokens than the largest graph has rows: an eager extend
+        extend = runner.build_batch([ScheduledItem(row, list(range(1, 10)), 0, [8])], slots)
+        assert not extend.is_decode and not graphs.can_run(extend)
         runner.forward(extend)
         runner.forward(too_big)
         assert sum(graphs.bucket_hits.values()) == 0  # both ran eagerly
@@ -257,6 +258,67 @@ def test_decision_eager_vs_graph(runner, graphs):
         rel_big()
         runner.allocator.free(slots)
         runner.req_table.free(row)
+
+
+def test_decode_rows_are_the_items_tokens_one_per_row():
+    items = [
+        ScheduledItem(3, [10, 11, 12], 5, [0, 1, 2]),
+        ScheduledItem(4, [20], 9, [0]),
+        ScheduledItem(6, [30, 31], 2, [1]),
+    ]
+    rows = decode_rows(items)
+    assert [(r.req_pool_idx, r.token_ids, r.start, r.logit_offsets) for r in rows] == [
+        (3, [10], 5, [0]),
+        (3, [11], 6, [0]),
+        (3, [12], 7, [0]),
+        (4, [20], 9, [0]),
+        (6, [30], 2, []),
+        (6, [31], 3, [0]),
+    ]
+
+
+def verify_rows_vs_extend(runner: ModelRunner, graphs: CudaGraphRunner) -> tuple[torch.Tensor, torch.Tensor]:
+    """A verify-shaped step (a request's token and 3 drafts, all returning logits), a forced-token
+    run returning only its last logit, and a plain decode, built twice: without graphs (an eager
+    extend) and with them (decode rows through a graph, bucket 8). Returns (graph, eager) logits;
+    asserts the graph ran and wrote only the step's slots (and the padding slot 0)."""
+    base, rel_base = decode_batch(runner, [6, 4, 5], seed=9)  # prefilled requests; reuse their rows
+    gen = torch.Generator().manual_seed(2)
+    new_slots = [runner.allocator.alloc(n) for n in (4, 3, 1)]
+    items = []
+    for row, start, n, offsets, slots in zip(
+        base.req_pool_indices_cpu, base.seq_lens_cpu, (4, 3, 1), ([0, 1, 2, 3], [2], [0]), new_slots
+    ):
+        assert slots is not None
+        runner.req_table.write(row, start - 1, slots)  # from the decode token's slot on
+        ids = torch.randint(0, runner.config.vocab_size, (n,), generator=gen).tolist()
+        items.append(ScheduledItem(row, ids, start - 1, offsets))
+    loc = torch.cat(new_slots).to(runner.device)  # type: ignore[arg-type]
+    try:
+        runner.graph_runner = None
+        eager_fb = runner.build_batch(items, loc)
+        assert not eager_fb.is_decode
+        eager = runner.forward(eager_fb).clone()
+        runner.graph_runner = graphs
+        before = [k.clone() for k in runner.kv_pool.k_buffers]
+        hits = graphs.bucket_hits[8]
+        fb = runner.build_batch(items, loc)
+        assert fb.is_decode and fb.batch_size == 8 and fb.seq_lens_cpu[:4] == [7, 8, 9, 10]
+        got = runner.forward(fb)
+        assert graphs.bucket_hits[8] == hits + 1
+        assert got.shape == eager.shape == (6, runner.config.vocab_size)
+        assert changed_kv_slots(runner, before) <= {0, *loc.tolist()}
+    finally:
+        runner.graph_runner = graphs
+        for s in new_slots:
+            runner.allocator.free(s)  # type: ignore[arg-type]
+        rel_base()
+    return got, eager
+
+
+def test_verify_and_forced_tokens_run_as_decode_rows_in_a_graph(runner, graphs):
+    got, eager = verify_rows_vs_extend(runner, graphs)
+    torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
 
 
 def test_capture_failure_falls_back_to_eager(runner, caplog):

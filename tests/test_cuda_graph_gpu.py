@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gpu_helpers import mem_fraction
-from test_cuda_graph import decode_batch
+from test_cuda_graph import decode_batch, verify_rows_vs_extend
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -200,3 +200,36 @@ def test_real_capture_failure_recovers_then_capture_works():
         finally:
             release()
     assert sum(good.bucket_hits.values()) == 3
+
+
+def test_verify_rows_replay_matches_eager_extend():
+    """Float32 tiny model on the GPU (Triton attention, real capture): a verify step's tokens and
+    drafts, a forced-token run and a decode, as decode rows through a graph, give the eager
+    extend's logits."""
+    from test_cuda_graph import TINY
+
+    from radixlm.backend.cuda_graph_runner import CudaGraphCapture, CudaGraphRunner
+    from radixlm.backend.model_config import ModelConfig
+    from radixlm.backend.model_runner import ModelRunner
+
+    cfg = ModelConfig.from_hf_dict({**TINY, "hidden_size": 128, "max_position_embeddings": 1024})
+    runner = ModelRunner(
+        cfg,
+        None,
+        torch.device("cuda"),
+        torch.float32,
+        2048,
+        0.95,
+        16,
+        random_weights=True,
+        disable_cuda_graph=True,
+    )
+    graphs = CudaGraphRunner(runner.graph_target(), 8, CudaGraphCapture(runner.device))
+    assert graphs.capture_all()
+    runner.graph_runner = graphs
+    got, eager = verify_rows_vs_extend(runner, graphs)
+    rel = ((got - eager).norm() / eager.norm()).item()
+    print(
+        f"verify rows vs eager extend: rel err {rel:.2e}, top-1 agree {(got.argmax(-1) == eager.argmax(-1)).tolist()}"
+    )
+    assert rel < 1e-4
