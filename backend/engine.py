@@ -35,7 +35,7 @@ from .sampler import Sampler
 from .scheduler import Scheduler
 from .scheduler_config import SchedulerConfig, SpeculativeConfig
 from .tokenizer import load_tokenizer
-from .warmup import measure_cascade_costs, warm_up
+from .warmup import measure_cascade_costs, warm_request_path, warm_up
 
 logger = logging.getLogger(__name__)
 _live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
@@ -160,13 +160,29 @@ class Engine(EngineRequests):
             # saves (the suite's JSON workload measures both); it is on where every step is eager.
             disable_jump_forward = self.runner.graph_runner is not None
         self.disable_jump_forward = disable_jump_forward  # grammar jump-forward (backend/constrained.py)
+        # created on the first constrained request, or by the warm-up thread (which must find this
+        # attribute already set: assigning it after the thread starts would discard what it built)
+        self._grammar_backend = None
+        self._grammar_warmup: threading.Thread | None = None
         if self.device.type == "cuda":  # index the vocabulary for grammars now, not on the first request
-            threading.Thread(target=self._warm_grammars, name="radixlm-grammar-warmup", daemon=True).start()
-        self._grammar_backend = None  # created on the first constrained request
+            self._grammar_warmup = threading.Thread(
+                target=self._warm_grammars, name="radixlm-grammar-warmup", daemon=True
+            )
+            self._grammar_warmup.start()
         self._final_stats: dict[str, int] | None = None
         self._thread = threading.Thread(target=self._loop, name="radixlm-scheduler", daemon=True)
         self._thread.start()
         _live_engines.add(self)
+        if self.device.type == "cuda":  # the first user batch then compiles nothing
+            if self._grammar_warmup is not None:
+                self._grammar_warmup.join()  # its grammar backend serves the warm JSON request
+            try:
+                warm_request_path(self.generate, config.vocab_size, config.context_len)
+            except Exception:  # a first real request compiles instead, and reports its own error
+                logger.exception("request-path warm-up failed")
+            self.flush_cache()
+            self._call(self.scheduler.stats.reset)
+            self._compiles_at_start = compiled_kernel_count()
 
     def _warm_grammars(self) -> None:
         try:

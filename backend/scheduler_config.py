@@ -52,3 +52,10 @@ class SchedulerStats:
     num_finished: int = 0
     num_aborted: int = 0
     extra: dict[str, int] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        """Every counter back to zero, in place (the scheduler's parts hold this object)."""
+        for name in ("cached_prompt_tokens", "computed_prompt_tokens", "generated_tokens"):
+            setattr(self, name, 0)
+        self.num_retractions = self.forward_passes = self.num_finished = self.num_aborted = 0
+        self.extra.clear()

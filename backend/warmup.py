@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -46,6 +47,22 @@ def warm_up(runner: ModelRunner, cascade: bool) -> dict[str, float]:
     out = {"kernels": compiled_kernel_count() - c0, "seconds": time.perf_counter() - t0}
     logger.info("warm-up compiled %d kernel variants in %.1f s", out["kernels"], out["seconds"])
     return out
+
+
+WARM_PROMPT_LENS = (1, 7, 30, 100)
+WARM_SCHEMA = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
+
+
+def warm_request_path(generate: Callable[..., object], vocab_size: int, context_len: int) -> None:
+    """One small mixed batch through the engine's whole request path (prefills of several lengths
+    in one step, graph decode, seeded and greedy sampling, a JSON-schema request's masks), so
+    nothing a first real batch runs is compiled on its request path."""
+    lens = [max(1, min(n, context_len - 16)) for n in WARM_PROMPT_LENS]
+    prompts = [[(7 * i + j) % (vocab_size - 1) + 1 for j in range(n)] for i, n in enumerate(lens)]
+    sampled = {"max_new_tokens": 4, "temperature": 0.7, "seed": 0}
+    params = [sampled, {"max_new_tokens": 4, "temperature": 0.0}] * (len(prompts) // 2)
+    params.append({**sampled, "max_new_tokens": 8, "json_schema": WARM_SCHEMA})
+    generate(input_ids=[*prompts, prompts[-1]], sampling_params=params)
 
 
 def _forward_eager(runner: ModelRunner, items: list[ScheduledItem]) -> None:

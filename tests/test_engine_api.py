@@ -183,3 +183,18 @@ def test_shutdown_names_what_still_holds_the_model(caplog):
     with caplog.at_level("WARNING", logger="radixlm"):
         other.shutdown()
     assert "still referenced" not in caplog.text
+
+
+def test_request_path_warm_up_runs_and_leaves_no_counts(engine):
+    """The start-up warm batch (run by CUDA engines) is valid on any engine; what it did is then
+    flushed and its counters reset, as Engine does after it."""
+    from radixlm.backend.warmup import warm_request_path
+
+    before = engine.get_stats()["generated_tokens"]
+    warm_request_path(engine.generate, engine.model_config.vocab_size, engine.model_config.context_len)
+    assert engine.get_stats()["generated_tokens"] > before
+    assert engine.flush_cache()
+    engine._call(engine.scheduler.stats.reset)
+    stats = engine.get_stats()
+    assert stats["generated_tokens"] == stats["forward_passes"] == 0
+    assert stats["kv_cached_slots"] == 0 and stats["kv_free_slots"] == stats["kv_total_slots"]
