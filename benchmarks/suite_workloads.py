@@ -22,7 +22,7 @@ from offline_throughput import make_workload  # noqa: E402
 
 from radixlm.backend.cascade_cost import copy_bytes_per_s  # noqa: E402
 from radixlm.backend.engine import Engine  # noqa: E402
-from radixlm.kernels import compiled_kernel_count  # noqa: E402
+from radixlm.kernels import compiled_kernel_count, compiled_kernel_variants  # noqa: E402
 
 
 def sync(engine: Engine) -> None:
@@ -62,6 +62,7 @@ class Timed:
         sync(self.engine)
         self.stats0 = self.engine.get_stats()
         self.compiles0 = compiled_kernel_count()
+        self.variants0 = compiled_kernel_variants()
         self.t0 = time.perf_counter()
         return self.out
 
@@ -86,6 +87,9 @@ class Timed:
         )
         self.out.update({k: after.get(k, 0) - self.stats0.get(k, 0) for k in keys})
         self.out["kernel_compiles"] = compiled_kernel_count() - self.compiles0
+        grew = {k: n - self.variants0.get(k, 0) for k, n in compiled_kernel_variants().items()}
+        if any(grew.values()):  # which kernels compiled on the request path
+            self.out["compiled_kernels"] = {k: n for k, n in grew.items() if n}
 
 
 def generate_ids(engine: Engine, prompts: list[list[int]], params: list[dict] | dict) -> dict[str, Any]:

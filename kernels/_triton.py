@@ -78,21 +78,30 @@ def compiled_kernel_count() -> int:
     """Compiled variants of every radixlm Triton kernel loaded so far, over all devices. A kernel
     compiles once per distinct specialization (dtypes, constexprs, alignment): a count that grows
     while serving means compilation on the request path."""
+    return sum(compiled_kernel_variants().values())
+
+
+def compiled_kernel_variants() -> dict[str, int]:
+    """Compiled variants by kernel ("module.function"), for the kernels that have any."""
     if not HAS_TRITON:
-        return 0
+        return {}
     import sys
 
     from triton.runtime.jit import JITFunction
 
-    total = 0
+    out: dict[str, int] = {}
+    seen: set[int] = set()  # a kernel imported by another module is still one kernel
     for name, module in list(sys.modules.items()):
         if not name.startswith("radixlm.kernels") or module is None:
             continue
-        for obj in list(vars(module).values()):
-            caches = getattr(obj, "device_caches", None) if isinstance(obj, JITFunction) else None
-            for entry in (caches or {}).values():
-                total += len(entry[0])
-    return total
+        for attr, obj in list(vars(module).items()):
+            if not isinstance(obj, JITFunction) or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            n = sum(len(entry[0]) for entry in (getattr(obj, "device_caches", None) or {}).values())
+            if n:
+                out[f"{name.rsplit('.', 1)[-1]}.{attr}"] = n
+    return out
 
 
 __all__ = [
