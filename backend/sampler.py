@@ -155,33 +155,52 @@ class Sampler:
     def _sample_random(self, logits: torch.Tensor, reqs: Sequence[Req], greedy: list[bool]) -> torch.Tensor:
         dev, f32 = logits.device, torch.float32
         temps = to_device([1.0 if g else r.params.temperature for r, g in zip(reqs, greedy)], dev, f32)
-        top_k = to_device([r.params.top_k if r.params.top_k > 0 else self.vocab_size for r in reqs], dev)
-        top_p = to_device([r.params.top_p for r in reqs], dev, f32)
-        min_p = to_device([r.params.min_p for r in reqs], dev, f32)
         probs = torch.softmax(logits / temps.unsqueeze(1), dim=-1)
-        kept, ids = filter_probs(probs, top_k, top_p, min_p)
-        choice = torch.empty(len(reqs), dtype=torch.int64, device=logits.device)
+        filtered = [_filters(r) for r in reqs]
+        if any(filtered):  # the sort a filter needs costs more than the rest of sampling together
+            top_k = to_device([r.params.top_k if r.params.top_k > 0 else self.vocab_size for r in reqs], dev)
+            top_p = to_device([r.params.top_p for r in reqs], dev, f32)
+            min_p = to_device([r.params.min_p for r in reqs], dev, f32)
+            kept, ids = filter_probs(probs, top_k, top_p, min_p)
+        else:
+            kept, ids = probs, None
+        choice = torch.zeros(len(reqs), dtype=torch.int64, device=logits.device)  # a valid column
         shared = [i for i, r in enumerate(reqs) if r.rng is None]
         if shared:
             idx = to_device(shared, dev)
             choice[idx] = torch.multinomial(kept[idx], 1, generator=self.generator).squeeze(1)
-        if len(shared) < len(reqs):
-            self._sample_seeded(kept, reqs, choice)
-        tokens = ids.gather(1, choice.unsqueeze(1)).squeeze(1)
+        tokens = choice if ids is None else ids.gather(1, choice.unsqueeze(1)).squeeze(1)
+        seeded = [i for i, r in enumerate(reqs) if r.rng is not None]
+        if seeded:
+            # a seeded row inverts its own CDF: in sorted order when it filters, in vocabulary
+            # order when it does not, whatever the other rows of its batch ask
+            sorted_rows = [i for i in seeded if filtered[i]]
+            plain_rows = [i for i in seeded if not filtered[i]]
+            if sorted_rows:
+                assert ids is not None
+                picks = self._sample_seeded(kept, reqs, sorted_rows)
+                where = to_device(sorted_rows, dev)
+                tokens[where] = ids[where].gather(1, picks.unsqueeze(1)).squeeze(1)
+            if plain_rows:
+                tokens[to_device(plain_rows, dev)] = self._sample_seeded(probs, reqs, plain_rows)
         if any(greedy):
             g = to_device(greedy, dev, torch.bool)
             tokens = torch.where(g, logits.argmax(dim=-1), tokens)
         return tokens
 
     @staticmethod
-    def _sample_seeded(kept: torch.Tensor, reqs: Sequence[Req], choice: torch.Tensor) -> None:
-        """Rows of seeded requests, all at once: one uniform draw per token from each request's
-        own host RNG (so its samples never depend on the batch it runs in), inverted through the
-        row's cumulative distribution on the device."""
-        rows = [i for i, r in enumerate(reqs) if r.rng is not None]
-        dev = kept.device
+    def _sample_seeded(dist: torch.Tensor, reqs: Sequence[Req], rows: list[int]) -> torch.Tensor:
+        """Column picks for the given rows of dist [N, V], all at once: one uniform draw per token
+        from each request's own host RNG (so its samples never depend on the batch it runs in),
+        inverted through the row's cumulative distribution on the device."""
+        dev = dist.device
         u = to_device([reqs[i].rng.random() for i in rows], dev, torch.float32)  # type: ignore[union-attr]
-        idx = to_device(rows, dev)
-        cdf = kept[idx].cumsum(dim=-1)
+        cdf = dist[to_device(rows, dev)].cumsum(dim=-1)
         target = (u * cdf[:, -1]).unsqueeze(1)
-        choice[idx] = torch.searchsorted(cdf, target).squeeze(1).clamp(max=kept.shape[1] - 1)
+        return torch.searchsorted(cdf, target).squeeze(1).clamp(max=dist.shape[1] - 1)
+
+
+def _filters(req: Req) -> bool:
+    """Whether top-k, top-p or min-p removes anything for this request."""
+    p = req.params
+    return p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0

@@ -4,6 +4,7 @@ min_new_tokens; incremental detokenization never splits a UTF-8 character."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from radixlm.backend.sampler import apply_penalties_, filter_probs
@@ -71,6 +72,18 @@ def test_seeded_sample_does_not_depend_on_batch(engine):
         ["Tell me about cats.", "Numbers: 1 2 3"], [p, {"max_new_tokens": 10, "temperature": 0.8}]
     )
     assert mixed[0]["output_ids"] == alone
+    # a neighbour that filters (top-p) makes the batch sort its rows: the seeded row must not care
+    filtering = engine.generate(
+        ["Tell me about cats.", "Numbers: 1 2 3"],
+        [p, {"max_new_tokens": 10, "temperature": 0.8, "top_p": 0.9}],
+    )
+    assert filtering[0]["output_ids"] == alone
+    filtered = {**p, "top_p": 0.95}
+    alone_filtered = engine.generate("Tell me about cats.", filtered)["output_ids"]
+    mixed_filtered = engine.generate(
+        ["Tell me about cats.", "Numbers: 1 2 3"], [filtered, {"max_new_tokens": 10, "temperature": 0.8}]
+    )
+    assert mixed_filtered[0]["output_ids"] == alone_filtered
 
 
 def test_stop_string_trimmed_and_kept_with_no_stop_trim(engine):
@@ -115,7 +128,8 @@ def test_incremental_detokenizer_never_splits_utf8(tokenizer):
     assert all("\ufffd" not in p for p in pieces)
 
 
-def test_seeded_rows_follow_the_distribution():
+@pytest.mark.parametrize("top_p", [1.0, 0.9999])  # vocabulary order, and the sorted (filter) path
+def test_seeded_rows_follow_the_distribution(top_p):
     """Seeded rows are drawn by inverting each row's CDF with the request's own uniform: over many
     seeds the token frequencies must match softmax(logits / T) (chi-square, 10 tokens)."""
     import random
@@ -125,7 +139,7 @@ def test_seeded_rows_follow_the_distribution():
 
     n, temp = 4000, 0.8
     logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, 0.2, 0.8, 1.2])
-    params = SimpleNamespace(is_greedy=False, temperature=temp, top_k=0, top_p=1.0, min_p=0.0)
+    params = SimpleNamespace(is_greedy=False, temperature=temp, top_k=0, top_p=top_p, min_p=0.0)
     reqs = [SimpleNamespace(params=params, rng=random.Random(s)) for s in range(n)]
     tokens = Sampler(10, torch.device("cpu"))._sample_random(logits.repeat(n, 1), reqs, [False] * n)
     counts = torch.bincount(tokens, minlength=10).double()
