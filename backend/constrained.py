@@ -9,6 +9,7 @@ keeps penalty counts equal to the output's token counts."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import threading
@@ -144,16 +145,20 @@ class RequestGrammar:
 
     def _forced_stop(self, room: int) -> int | None:
         """If only stop tokens are allowed now (and one more output fits), accept one and return it."""
-        if room < 1:
-            return None
+        accepting = getattr(self.matcher, "is_accepting", None)
+        if room < 1 or (accepting is not None and not accepting()):
+            return None  # a stop token is allowed only where the text could end
         vocab = self.backend.vocab
         bitmask = allocate_token_bitmask(1, vocab.vocab_size)
         self.matcher.fill_next_token_bitmask(bitmask, 0)  # type: ignore[union-attr]
-        allowed = np.nonzero(np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little"))[0]
-        if len(allowed) and set(allowed.tolist()) <= set(vocab.eos_ids):
-            stop = int(allowed[0])
-            if self.matcher.accept_token(stop):  # type: ignore[union-attr]
-                return stop
+        # word-wise: a string's mask allows most of the vocabulary, far too many ids to list
+        words = bitmask.numpy().view(np.uint32)[0]
+        stops = stop_words(words.shape[0], tuple(vocab.eos_ids))
+        if (words & ~stops).any():
+            return None
+        allowed = [t for t in sorted(vocab.eos_ids) if words[t // 32] >> np.uint32(t % 32) & 1]
+        if allowed and self.matcher.accept_token(allowed[0]):  # type: ignore[union-attr]
+            return allowed[0]
         return None
 
     def _retokenize(self, req: Any, tok: int, jump: str) -> tuple[int, list[int]] | None:
@@ -189,6 +194,16 @@ class RequestGrammar:
             if replace and not keep:
                 m.accept_token(tok)  # type: ignore[union-attr]
         return None
+
+
+@functools.lru_cache(maxsize=8)
+def stop_words(num_words: int, stop_ids: tuple[int, ...]) -> np.ndarray:
+    """The bitmask row (uint32 words) that allows exactly stop_ids."""
+    words = np.zeros(num_words, dtype=np.uint32)
+    for t in stop_ids:
+        if 0 <= t < num_words * 32:
+            words[t // 32] |= np.uint32(1 << (t % 32))
+    return words
 
 
 def json_schema_error(schema_text: str, output: str) -> str | None:

@@ -103,6 +103,10 @@ class LLGuidanceMatcher:
         self._steps.append(len(ids))
         return True
 
+    def is_accepting(self) -> bool:
+        """Whether the text so far is a complete match (a stop token may come now)."""
+        return self._ended or self._m.is_accepting()
+
     def find_jump_forward_string(self) -> str:
         if self._ended or self._m.is_stopped():
             return ""

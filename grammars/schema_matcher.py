@@ -240,6 +240,10 @@ class SchemaMatcher:
     def is_terminated(self) -> bool:
         return self._m.is_terminated()
 
+    def is_accepting(self) -> bool:
+        """The grammar's verdict (a value check may still refuse the document's end)."""
+        return self._m.is_accepting()
+
     @property
     def mode(self) -> str:
         """Which reading holds: 'generation', 'schema' or 'json+check'."""

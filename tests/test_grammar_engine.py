@@ -209,3 +209,9 @@ def test_ebnf_pydantic_stream_and_async(grammar_engine) -> None:
 
     for res in asyncio.run(run()):
         assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", res["text"])
+
+
+def test_mask_pool_threads_are_a_quarter_of_the_cpus_up_to_four() -> None:
+    from radixlm.grammars.masking import mask_threads
+
+    assert [mask_threads(n) for n in (1, 2, 4, 8, 15, 16, 64, 192)] == [1, 1, 1, 2, 3, 4, 4, 4]
