@@ -100,6 +100,31 @@ def json_schema_ebnf(schema: str) -> str:
     return text
 
 
+def python_dot(regex: str) -> str:
+    """The regex with each bare `.` (outside a character class) written [^\\n]: in Python, the
+    reference our outputs are checked with, `.` matches anything but a newline; xgrammar's `.`
+    also matches a newline."""
+    out: list[str] = []
+    escaped = False
+    class_start = -1  # index of the open class's "[", -1 outside classes
+    for i, ch in enumerate(regex):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif class_start >= 0:
+            first = class_start + (2 if regex[class_start + 1 : class_start + 2] == "^" else 1)
+            if ch == "]" and i > first:  # a "]" first in the class is a literal
+                class_start = -1
+        elif ch == "[":
+            class_start = i
+        elif ch == ".":
+            out.append("[^\\n]")
+            continue
+        out.append(ch)
+    return "".join(out)
+
+
 class XGrammarCompiler:
     """Compiles each grammar kind with one shared (internally cached, thread-safe) GrammarCompiler."""
 
@@ -112,7 +137,7 @@ class XGrammarCompiler:
     def compile(self, kind: str, spec: str) -> XGrammarCompiled:
         try:
             if kind == "regex":
-                out = self.compiler.compile_regex(spec)
+                out = self.compiler.compile_regex(python_dot(spec))
             elif kind == "json_schema":
                 out = self.compiler.compile_grammar(json_schema_ebnf(spec))
             elif kind == "ebnf":

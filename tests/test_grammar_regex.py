@@ -15,10 +15,6 @@ from radixlm.grammars import GrammarBackend
 # Where the dialects differ: (regex, reason). The test checks that the difference is real.
 DIALECT_DIFFERENCES = [
     (
-        r"a.{0,8}b",
-        "'.' excludes '\\n' in Python/interegular (our FSM, re.fullmatch); xgrammar's '.' matches it",
-    ),
-    (
         r"\s?[a-z]{1,5}",
         "interegular's \\s is ASCII whitespace only; xgrammar's also has Unicode spaces (U+0085, U+00A0, ...)",
     ),
@@ -64,7 +60,11 @@ def _walks(backend: GrammarBackend, regex: str, engines: tuple[str, ...]) -> tup
     return texts, diffs
 
 
-@pytest.mark.parametrize("regex", REGEXES)
+# '.' excludes '\n' in Python (our FSM, re.fullmatch) and not in xgrammar: the adapter rewrites it
+DOT_REGEXES = [r"a.{0,8}b", r'"([^"\\]|\\.){0,20}"', r"[.x]+.\."]
+
+
+@pytest.mark.parametrize("regex", REGEXES + DOT_REGEXES)
 def test_fsm_equals_xgrammar_and_fullmatches(backend: GrammarBackend, regex: str) -> None:
     texts, diffs = _walks(backend, regex, ("fsm", "xgrammar"))
     assert not diffs, f"allowed sets differ (ours-only, xgrammar-only): {diffs[:3]}"
@@ -87,3 +87,17 @@ def test_regex_only_our_fsm_accepts(backend: GrammarBackend, regex: str, reason:
     texts, _ = _walks(backend, regex, ("fsm",))
     for text in texts:
         assert re.fullmatch(regex, text)
+
+
+def test_python_dot_keeps_python_semantics() -> None:
+    from radixlm.grammars.xgrammar_backend import python_dot
+
+    cases = ["a.b", r'"([^"\\]|\\.){0,20}"', "[.]x", r"[]a.]\.", r"[^]]..", r"\\.", r"[\[].", "(a|.)*"]
+    texts = ["a\nb", "axb", ".x", "]a.", "]\n\n", "[\n", "\\\n", '"\\x"', '"\\\n"']
+    for regex in cases:
+        for text in texts:
+            assert bool(re.fullmatch(regex, text)) == bool(re.fullmatch(python_dot(regex), text)), (
+                regex,
+                text,
+            )
+    assert python_dot("a.b") == "a[^\\n]b" and python_dot("[.]") == "[.]"
