@@ -124,16 +124,31 @@ def run_once(engine: Engine, prompts: list[str], max_new: int, algorithm: str) -
     }
 
 
-def install_replay(engine: Engine, prompts: list[str], max_new: int, wrong: float) -> None:
-    """Record the greedy outputs, then let drafts replay them on every step."""
+def install_replay(
+    engine: Engine, prompts: list[str], max_new: int, wrong: float, verified_rounds: int = 0
+) -> int:
+    """Record the greedy outputs, then let drafts replay them on every step. verified_rounds: up
+    to that many speculative runs, each replaying the last one's output, until a run reproduces
+    the output it replays: then the drafts are the tokens as the verify forward itself computes
+    them (in bf16 on a GPU, a verify step's batched matmuls may round a near-tie of the random-
+    weight model differently from the one-row decode path, and after one flip the recorded output
+    offers no drafts). Returns the speculative runs made."""
     ids = [engine.tokenizer.encode(p) for p in prompts]  # as the engine tokenizes a text prompt
-    outs = engine.generate(
-        input_ids=ids, sampling_params=[{"temperature": 0, "max_new_tokens": max_new}] * len(ids)
-    )
+    greedy = {"temperature": 0, "max_new_tokens": max_new}
+    outs = engine.generate(input_ids=ids, sampling_params=[greedy] * len(ids))
     refs = {tuple(i): o["output_ids"] for i, o in zip(ids, outs)}
     spec = engine.scheduler.spec
     spec.proposer = ReplayProposer(refs, wrong)
     spec.policy = SpecPolicy(adaptive=False)
+    verified = {**greedy, "speculative_algorithm": "ngram"}
+    for rounds in range(1, verified_rounds + 1):
+        outs = engine.generate(input_ids=ids, sampling_params=[verified] * len(ids))
+        again = {tuple(i): o["output_ids"] for i, o in zip(ids, outs)}
+        spec.proposer = ReplayProposer(again, wrong)
+        if again == refs:
+            return rounds
+        refs = again
+    return verified_rounds
 
 
 def bench(engine: Engine, workload: str, batch: int, reps: int, replay: float | None) -> dict[str, Any]:
