@@ -4,8 +4,8 @@ token the grammar forbids or a point where it would jump forward), lets the poli
 verifies a step's drafts from its logits, and frees the KV slots of rejected drafts (a step the
 policy has backed off from asks the proposer nothing and runs as plain decode). Promises:
 what a request emits is what plain decoding would emit (greedy) or a sample of the same
-distribution (T > 0); a verify step runs eager (no CUDA graph captures its shape yet) and is
-processed before the next step is planned (never overlapped)."""
+distribution (T > 0); a verify step (its tokens as decode rows, so the decode CUDA graphs run
+it) is processed before the next step is planned (never overlapped)."""
 
 from __future__ import annotations
 
