@@ -35,6 +35,7 @@ from .sampler import Sampler
 from .scheduler import Scheduler
 from .scheduler_config import SchedulerConfig, SpeculativeConfig
 from .tokenizer import load_tokenizer
+from .tp_workers import TPDriver, engine_shards, start_workers
 from .warmup import measure_cascade_costs, warm_request_path, warm_up
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class Engine(EngineRequests):
         speculative_algorithm: str | None = None,
         speculative_num_draft_tokens: int = 4,
         speculative_policy: str = "auto",
+        tp_size: int = 1,
     ) -> None:
         """overlap_schedule: process step t while step t+1 runs (None: on for CUDA, where it hides
         the host's per-step work; on CPU the forward runs on the host, so there is nothing to hide).
@@ -87,7 +89,9 @@ class Engine(EngineRequests):
         quantization: for GGUF files, "gguf" keeps the weights as GGUF blocks, "dequantize" turns
         them into `dtype` at load, None/"auto" keeps them on the CPU and dequantizes on CUDA.
         speculative_algorithm: "ngram" speculates (prompt lookup) for requests that do not say
-        otherwise; speculative_policy "auto" backs off where it does not pay, "always" never does."""
+        otherwise; speculative_policy "auto" backs off where it does not pay, "always" never does.
+        tp_size: tensor parallelism over that many CPU processes (gloo): this process is rank 0 and
+        holds the scheduler; the model's heads and MLP columns are split over the ranks."""
         logging.getLogger("radixlm").setLevel(log_level.upper())
         speculative = SpeculativeConfig(
             speculative_algorithm, speculative_num_draft_tokens, speculative_policy
@@ -108,6 +112,7 @@ class Engine(EngineRequests):
         if self.tokenizer.eos_token_id is not None and model_shape is None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = frozenset(eos)
+        shards = engine_shards(tp_size, config, self.device, random_weights or bool(model_shape))
         self.runner = ModelRunner(
             config,
             None if model_shape else model_dir,
@@ -122,7 +127,11 @@ class Engine(EngineRequests):
             cuda_graph_max_bs=cuda_graph_max_bs,
             cascade_graphs=not disable_cascade,
             quantization=quantization,
+            tp=shards[0] if shards else None,
         )
+        self._tp: TPDriver | None = None
+        if shards and model_dir is not None:
+            self._tp = start_workers(self.runner, model_dir, quantization, shards)
         self.cache: BasePrefixCache = NoPrefixCache() if disable_radix_cache else RadixCache()
         chunk = (
             chunked_prefill_size
@@ -304,6 +313,8 @@ class Engine(EngineRequests):
         if self._thread.is_alive():  # a step is stuck: its tensors stay where the thread uses them
             logger.error("scheduler thread did not stop within 30 s; device memory not released")
             return
+        if self._tp is not None:
+            self._tp.stop()
         self._release_device()
 
     def _release_device(self) -> None:

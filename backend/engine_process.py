@@ -68,8 +68,11 @@ class EngineProcess:
     def __init__(self, start_timeout_s: float = 1800.0, **engine_kwargs: Any) -> None:
         ctx = mp.get_context("spawn")  # CUDA cannot be forked
         self._conn, child_conn = ctx.Pipe()
+        # a daemon dies with this process, but may not start processes: tensor-parallel ranks
+        # need a parent that may (the child still exits when its pipe to us closes)
+        daemon = engine_kwargs.get("tp_size", 1) == 1
         self._proc = ctx.Process(
-            target=child_main, args=(child_conn, engine_kwargs), name="radixlm-engine", daemon=True
+            target=child_main, args=(child_conn, engine_kwargs), name="radixlm-engine", daemon=daemon
         )
         self._proc.start()
         child_conn.close()

@@ -20,6 +20,7 @@ from .kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
 from .loader import iter_weights
 from .model_config import ModelConfig
 from .models.llama import LlamaForCausalLM, materialize
+from .tensor_parallel import TPShard, local_config, shard_weights
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +83,14 @@ class ModelRunner:
         cuda_graph_max_bs: int | None = None,
         cascade_graphs: bool = False,
         quantization: str | None = None,
+        tp: TPShard | None = None,
     ) -> None:
-        self.config = config
+        """tp: this rank's share of a tensor-parallel model (the default process group is the
+        tensor-parallel group); its config, model and KV pool then hold this rank's heads."""
+        self.full_config = config
+        self.tp = tp
+        self.config = local_config(config, tp) if tp is not None else config
+        config = self.config
         self.quantization = quantization  # GGUF weights: kept as blocks or dequantized (loader.py)
         self.device = device
         self.dtype = dtype
@@ -124,7 +131,13 @@ class ModelRunner:
                     else:
                         p.normal_(0.0, 0.02, generator=gen)
         else:
-            model.load_weights(iter_weights(model_dir, self.quantization, self.device))
+            weights = iter_weights(model_dir, self.quantization, self.device)
+            if self.tp is not None:
+                weights = shard_weights(weights, self.full_config, self.tp)
+            model.load_weights(weights)
+        if self.tp is not None and self.tp.size > 1:
+            for layer in model.model.layers:
+                layer.tp_size = self.tp.size  # type: ignore[assignment]
         return model.eval()
 
     def _kv_budget(self, max_total_tokens: int | None, mem_fraction: float) -> int:

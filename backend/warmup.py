@@ -59,8 +59,10 @@ def warm_request_path(generate: Callable[..., object], vocab_size: int, context_
     nothing a first real batch runs is compiled on its request path."""
     lens = [max(1, min(n, context_len - 16)) for n in WARM_PROMPT_LENS]
     prompts = [[(7 * i + j) % (vocab_size - 1) + 1 for j in range(n)] for i, n in enumerate(lens)]
-    sampled = {"max_new_tokens": 4, "temperature": 0.7, "seed": 0}
-    params = [sampled, {"max_new_tokens": 4, "temperature": 0.0}] * (len(prompts) // 2)
+    sampled: dict[str, object] = {"max_new_tokens": 4, "temperature": 0.7, "seed": 0}
+    params: list[dict[str, object]] = [sampled, {"max_new_tokens": 4, "temperature": 0.0}] * (
+        len(prompts) // 2
+    )
     params.append({**sampled, "max_new_tokens": 8, "json_schema": WARM_SCHEMA})
     generate(input_ids=[*prompts, prompts[-1]], sampling_params=params)
 

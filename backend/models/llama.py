@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -23,6 +24,7 @@ from ..forward_batch import ForwardBatch
 from ..model_config import ModelConfig
 from ..quant_formats import QuantTensor
 from ..quant_linear import QuantLinear, install_quantized
+from ..tensor_parallel import StepSender
 from .rotary import RotaryEmbedding, rotate_and_store
 
 
@@ -172,6 +174,10 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # tensor parallel (backend/tensor_parallel.py): this rank's attention and MLP outputs are
+        # partial sums over its heads / columns, completed by an all-reduce over the group
+        self.tp_size = 1
+        self.tp_group: dist.ProcessGroup | None = None
 
     def forward(
         self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch
@@ -182,9 +188,16 @@ class LlamaDecoderLayer(nn.Module):
             residual, h = h, self.input_layernorm(h)
         else:
             h, residual = self.input_layernorm.add_forward(h, residual)
-        h = self.self_attn(positions, h, fb)
+        h = self._reduce(self.self_attn(positions, h, fb))
         h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self.mlp(h), residual
+        return self._reduce(self.mlp(h)), residual
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return partial
+        full = partial.float() if not partial.is_cuda else partial  # gloo sums float32
+        dist.all_reduce(full, group=self.tp_group)
+        return full.to(partial.dtype)
 
 
 class LlamaModel(nn.Module):
@@ -207,6 +220,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
+        self.tp_driver: StepSender | None = None
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head (again after to_empty/to, which break ties); a
@@ -222,6 +236,8 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def hidden_states(self, fb: ForwardBatch) -> torch.Tensor:
         """The final normalized hidden states (model dtype) of the rows fb.logits_indices."""
+        if self.tp_driver is not None:  # tensor parallel rank 0: the other ranks run this step too
+            self.tp_driver.send_step(fb)
         h, residual = self.model.embed_tokens(fb.input_ids), None
         with self.model.rotary.step(fb.positions):  # cos/sin gathered once for all layers
             for layer in self.model.layers:

@@ -188,6 +188,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="auto: speculate only where measured step costs and acceptance say it pays",
     )
     g.add_argument(
+        "--tp",
+        dest="tp_size",
+        type=int,
+        default=1,
+        help="tensor parallelism: split the model over this many CPU processes (gloo)",
+    )
+    g.add_argument(
         "--engine-in-process",
         action="store_true",
         help="run the scheduler in the server's process (default: its own process, so the HTTP "
@@ -216,6 +223,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "speculative_algorithm",
         "speculative_num_draft_tokens",
         "speculative_policy",
+        "tp_size",
     )
     kw = {k: getattr(args, k) for k in keys}
     if args.disable_overlap_schedule:
