@@ -136,6 +136,7 @@ class ModelRunner:
                 weights = shard_weights(weights, self.full_config, self.tp)
             model.load_weights(weights)
         if self.tp is not None and self.tp.size > 1:
+            model.tp = self.tp
             for layer in model.model.layers:
                 layer.tp_size = self.tp.size  # type: ignore[assignment]
         return model.eval()

@@ -1,9 +1,10 @@
 """Tensor parallelism for the Llama family: how a model is split over N ranks (TPShard) and each
 rank's share of the checkpoint (shard_weights). A rank holds whole KV-head groups (their query
 heads with them: uneven when the KV heads do not divide by N), a slice of the MLP's intermediate
-columns on the quantization block grid, and full copies of the embedding, norms and LM head.
-Attention output and MLP output are partial sums that an all-reduce completes, so every rank
-ends each layer with the full hidden state. Promises: the shards of all ranks cover each weight
+columns on the quantization block grid, a slice of the vocabulary (embedding and LM head rows)
+and full copies of the norms. Embeddings, attention output and MLP output are partial sums that
+an all-reduce completes, so every rank ends each layer with the full hidden state; the LM head's
+slices are gathered into the full logits. Promises: the shards of all ranks cover each weight
 exactly once; a split the model cannot take raises ValueError with the sizes."""
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ COLUMN_GRID = 32  # intermediate splits fall on GGUF block boundaries (32 values
 
 @dataclass(frozen=True)
 class TPShard:
-    """One rank's share: KV heads [kv0, kv1), query heads [q0, q1), intermediate [i0, i1)."""
+    """One rank's share: KV heads [kv0, kv1), query heads [q0, q1), intermediate [i0, i1),
+    vocabulary rows [v0, v1) of the embedding and the LM head."""
 
     rank: int
     size: int
@@ -37,6 +39,9 @@ class TPShard:
     q1: int
     i0: int
     i1: int
+    v0: int = 0
+    v1: int = 0
+    vocab_sizes: tuple[int, ...] = ()  # every rank's vocabulary slice, by rank
 
 
 class StepSender(Protocol):
@@ -61,10 +66,12 @@ def plan_shards(cfg: ModelConfig, size: int) -> list[TPShard]:
         raise ValueError(
             f"intermediate size {cfg.intermediate_size} does not split over {size} ranks on a grid of {COLUMN_GRID}"
         )
-    shards, kv, col = [], 0, 0
+    shards, kv, col, vocab = [], 0, 0, 0
+    vocab_sizes = tuple(cfg.vocab_size // size + (1 if r < cfg.vocab_size % size else 0) for r in range(size))
     for r in range(size):
         n_kv = cfg.num_kv_heads // size + (1 if r < cfg.num_kv_heads % size else 0)
         n_col = cols // size + (1 if r < cols % size else 0)
+        n_vocab = vocab_sizes[r]
         shards.append(
             TPShard(
                 r,
@@ -75,9 +82,12 @@ def plan_shards(cfg: ModelConfig, size: int) -> list[TPShard]:
                 (kv + n_kv) * group,
                 col * COLUMN_GRID,
                 (col + n_col) * COLUMN_GRID,
+                vocab,
+                vocab + n_vocab,
+                vocab_sizes,
             )
         )
-        kv, col = kv + n_kv, col + n_col
+        kv, col, vocab = kv + n_kv, col + n_col, vocab + n_vocab
     return shards
 
 
@@ -88,6 +98,7 @@ def local_config(cfg: ModelConfig, shard: TPShard) -> ModelConfig:
         num_heads=shard.q1 - shard.q0,
         num_kv_heads=shard.kv1 - shard.kv0,
         intermediate_size=shard.i1 - shard.i0,
+        vocab_size=shard.v1 - shard.v0,
     )
 
 
@@ -112,6 +123,8 @@ def shard_weights(
             yield name, _cols(w, shard.q0 * d, shard.q1 * d)
         elif name.endswith(".down_proj.weight"):
             yield name, _cols(w, shard.i0, shard.i1)
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            yield name, _rows(w, shard.v0, shard.v1)
         elif name.endswith((".o_proj.bias", ".down_proj.bias")):
             yield name, w if shard.rank == 0 else torch.zeros_like(w)  # type: ignore[arg-type]
         else:
@@ -137,7 +150,27 @@ def _cols(w: Weight, a: int, b: int) -> Weight:
     return w[:, a:b].contiguous()
 
 
-def all_reduce_(t: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Sum t over the group's ranks, in place (the partial sums of a row-parallel layer)."""
-    dist.all_reduce(t, group=group)
-    return t
+def reduce_partial(partial: torch.Tensor) -> torch.Tensor:
+    """The sum over every rank of their partial results (float32 on the wire: gloo's sums)."""
+    full = partial if partial.is_cuda else partial.float()
+    dist.all_reduce(full)
+    return full.to(partial.dtype)
+
+
+def embed_rows(embed: torch.nn.Module, ids: torch.Tensor, shard: TPShard) -> torch.Tensor:
+    """Embeddings of ids from a vocabulary-sliced table: this rank's rows, zeros for the others',
+    summed over the ranks."""
+    local = ids - shard.v0
+    mine = (local >= 0) & (local < shard.v1 - shard.v0)
+    rows = embed(torch.where(mine, local, torch.zeros_like(local)))
+    return reduce_partial(rows * mine.unsqueeze(-1).to(rows.dtype))
+
+
+def gather_logits(local: torch.Tensor, shard: TPShard) -> torch.Tensor:
+    """[T, vocab] from every rank's [T, its vocabulary slice] (slices padded to one width for
+    the collective, then cut)."""
+    widest = max(shard.vocab_sizes)
+    padded = torch.nn.functional.pad(local, (0, widest - local.shape[-1])).contiguous()
+    parts = [torch.empty_like(padded) for _ in shard.vocab_sizes]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[:, :n] for p, n in zip(parts, shard.vocab_sizes)], dim=-1)

@@ -45,7 +45,9 @@ def test_plan_splits_whole_kv_groups_unevenly_and_columns_on_the_grid():
         768,
         576,
     )
-    assert plan_shards(cfg, 1)[0] == TPShard(0, 1, 0, 3, 0, 9, 0, 1536)
+    assert plan_shards(cfg, 1)[0] == TPShard(0, 1, 0, 3, 0, 9, 0, 1536, 0, 97, (97,))
+    assert [(s.v0, s.v1) for s in three] == [(0, 33), (33, 65), (65, 97)]  # the vocabulary too
+    assert three[0].vocab_sizes == (33, 32, 32) and local_config(cfg, three[2]).vocab_size == 32
 
 
 @pytest.mark.parametrize(
@@ -81,9 +83,7 @@ def test_shards_cover_each_weight_once():
             assert torch.equal(torch.cat(got, dim=1), w)
         elif name.endswith("down_proj.bias"):  # added once, after the all-reduce
             assert torch.equal(got[0], w) and not got[1].any()
-        elif "embed" in name:
-            assert all(torch.equal(g, w) for g in got)
-        else:
+        else:  # rows: heads, columns of the MLP, vocabulary
             assert torch.equal(torch.cat(got), w)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -24,7 +23,7 @@ from ..forward_batch import ForwardBatch
 from ..model_config import ModelConfig
 from ..quant_formats import QuantTensor
 from ..quant_linear import QuantLinear, install_quantized
-from ..tensor_parallel import StepSender
+from ..tensor_parallel import StepSender, TPShard, embed_rows, gather_logits, reduce_partial
 from .rotary import RotaryEmbedding, rotate_and_store
 
 
@@ -175,9 +174,8 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # tensor parallel (backend/tensor_parallel.py): this rank's attention and MLP outputs are
-        # partial sums over its heads / columns, completed by an all-reduce over the group
+        # partial sums over its heads / columns, completed by an all-reduce
         self.tp_size = 1
-        self.tp_group: dist.ProcessGroup | None = None
 
     def forward(
         self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None, fb: ForwardBatch
@@ -193,11 +191,7 @@ class LlamaDecoderLayer(nn.Module):
         return self._reduce(self.mlp(h)), residual
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
-        if self.tp_size == 1:
-            return partial
-        full = partial.float() if not partial.is_cuda else partial  # gloo sums float32
-        dist.all_reduce(full, group=self.tp_group)
-        return full.to(partial.dtype)
+        return partial if self.tp_size == 1 else reduce_partial(partial)
 
 
 class LlamaModel(nn.Module):
@@ -221,6 +215,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.tp_driver: StepSender | None = None
+        self.tp: TPShard | None = None  # this rank's share, when the model is split over ranks
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head (again after to_empty/to, which break ties); a
@@ -231,14 +226,17 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits (float32) for the rows fb.logits_indices of the step's tokens."""
-        return linear(self.lm_head, self.hidden_states(fb)).float()
+        logits = linear(self.lm_head, self.hidden_states(fb)).float()
+        return logits if self.tp is None else gather_logits(logits, self.tp)
 
     @torch.inference_mode()
     def hidden_states(self, fb: ForwardBatch) -> torch.Tensor:
         """The final normalized hidden states (model dtype) of the rows fb.logits_indices."""
         if self.tp_driver is not None:  # tensor parallel rank 0: the other ranks run this step too
             self.tp_driver.send_step(fb)
-        h, residual = self.model.embed_tokens(fb.input_ids), None
+        embed = self.model.embed_tokens
+        h = embed(fb.input_ids) if self.tp is None else embed_rows(embed, fb.input_ids, self.tp)
+        residual = None
         with self.model.rotary.step(fb.positions):  # cos/sin gathered once for all layers
             for layer in self.model.layers:
                 h, residual = layer(fb.positions, h, residual, fb)
