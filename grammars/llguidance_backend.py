@@ -11,6 +11,8 @@ import llguidance as llg
 import llguidance.hf
 import torch
 
+from .schema_false_refs import refs_to_false, unsatisfiable_pointer
+
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
@@ -23,6 +25,7 @@ JSON_OPTIONS: JsonCompileOptions = {
     "key_separator": ": ",
 }
 MAX_GRAMMAR_SIZE = 2_000_000
+MAX_FALSE_REFS = 8  # unsatisfiable definitions rewritten to `false` before a schema is refused
 
 
 def stop_mask(vocab_size: int, stop_token_ids: list[int]) -> torch.Tensor:
@@ -164,8 +167,18 @@ class LLGuidanceCompiler:
         """coerce_one_of: a oneOf llguidance cannot prove exclusive is enforced as anyOf."""
         if kind == "json_schema":
             options: JsonCompileOptions = {**JSON_OPTIONS, "coerce_one_of": coerce_one_of}
-            grammar = llg.LLMatcher.grammar_from_json_schema(spec, overrides=options)
-        elif kind == "json":
+            for _ in range(MAX_FALSE_REFS):
+                try:
+                    grammar = llg.LLMatcher.grammar_from_json_schema(spec, overrides=options)
+                    return LLGuidanceCompiled(grammar, self, dropped)
+                except ValueError as e:
+                    where = unsatisfiable_pointer(str(e))
+                    rewritten = refs_to_false(spec, *where) if where else None
+                    if rewritten is None:
+                        raise
+                    spec = rewritten
+            raise ValueError(f"invalid JSON schema: over {MAX_FALSE_REFS} definitions match nothing")
+        if kind == "json":
             grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps({}), overrides=JSON_OPTIONS)
         elif kind == "regex":
             grammar = llg.LLMatcher.grammar_from_regex(spec)
