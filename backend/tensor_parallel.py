@@ -45,9 +45,10 @@ class TPShard:
 
 
 class StepSender(Protocol):
-    """Rank 0's link to the other ranks: called with each forward's batch before it runs."""
+    """Rank 0's link to the other ranks: called with each forward's batch before it runs
+    (logits: the LM head runs too, else the model stops at its hidden states)."""
 
-    def send_step(self, fb: ForwardBatch) -> None: ...
+    def send_step(self, fb: ForwardBatch, logits: bool) -> None: ...
 
 
 def plan_shards(cfg: ModelConfig, size: int) -> list[TPShard]:

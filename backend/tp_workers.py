@@ -81,8 +81,9 @@ class TPDriver:
         )
         self.closed = False
 
-    def send_step(self, fb: ForwardBatch) -> None:
-        """The step's inputs and the table rows it reads, to every worker."""
+    def send_step(self, fb: ForwardBatch, logits: bool) -> None:
+        """The step's inputs and the table rows it reads, to every worker (logits: whether the
+        LM head runs, so every rank joins the same collectives)."""
         self.check_workers()
         seq = dict(zip(fb.req_pool_indices_cpu, fb.seq_lens_cpu))
         table = {r: fb.req_to_token[r, : max(n, 1)].cpu() for r, n in seq.items()}
@@ -92,6 +93,7 @@ class TPDriver:
             "lists": {k: getattr(fb, k) for k in STEP_LISTS},
             "is_decode": fb.is_decode,
             "table": table,
+            "logits": logits,
         }
         dist.broadcast_object_list([msg], src=0)
 
@@ -182,7 +184,11 @@ def worker_main(shard: TPShard, port: int, spec: WorkerSpec) -> None:
             assert msg is not None
             if msg["op"] == "stop":
                 return
-            runner.model(_rebuild(runner, msg))
+            fb = _rebuild(runner, msg)
+            if msg["logits"]:
+                runner.model(fb)
+            else:  # an embeddings request stops at the hidden states
+                runner.model.hidden_states(fb)
     finally:
         dist.destroy_process_group()
 

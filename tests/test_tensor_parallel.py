@@ -153,7 +153,7 @@ def test_tp2_equals_tp1_on_the_default_model(tmp_path, tokenizer):
 
 def test_engine_tp2_generates_what_tp1_does(tmp_path, default_model_dir):
     """The whole engine: batched prefill, decode, the radix cache (the second call reuses the
-    first's prefix) and streaming, on two ranks, give TP=1's greedy tokens."""
+    first's prefix), streaming and embeddings, on two ranks, give TP=1's results."""
     from radixlm.backend.engine import Engine
 
     _, path = _tiny_model("qwen2", tmp_path, default_model_dir)
@@ -167,9 +167,12 @@ def test_engine_tp2_generates_what_tp1_does(tmp_path, default_model_dir):
             again = eng.generate(input_ids=prompts[1] + outs[1][:4], sampling_params=params)
             streamed = list(eng.generate(input_ids=prompts[2], sampling_params=params, stream=True))
             assert eng.get_stats()["cached_prompt_tokens"] >= len(prompts[1])
+            vectors.append(torch.tensor(eng.encode(input_ids=prompts[0])[0]))
             return [*outs, again["output_ids"], streamed[-1]["output_ids"]]
 
+    vectors: list[torch.Tensor] = []
     assert run(tp_size=2) == run()
+    torch.testing.assert_close(vectors[0], vectors[1], rtol=1e-5, atol=1e-6)  # embeddings too
 
 
 def test_engine_tp2_on_the_default_model(tokenizer):

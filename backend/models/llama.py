@@ -226,14 +226,19 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits (float32) for the rows fb.logits_indices of the step's tokens."""
-        logits = linear(self.lm_head, self.hidden_states(fb)).float()
+        if self.tp_driver is not None:  # tensor parallel rank 0: the other ranks run this step too
+            self.tp_driver.send_step(fb, logits=True)
+        logits = linear(self.lm_head, self._hidden_states(fb)).float()
         return logits if self.tp is None else gather_logits(logits, self.tp)
 
     @torch.inference_mode()
     def hidden_states(self, fb: ForwardBatch) -> torch.Tensor:
         """The final normalized hidden states (model dtype) of the rows fb.logits_indices."""
-        if self.tp_driver is not None:  # tensor parallel rank 0: the other ranks run this step too
-            self.tp_driver.send_step(fb)
+        if self.tp_driver is not None:
+            self.tp_driver.send_step(fb, logits=False)
+        return self._hidden_states(fb)
+
+    def _hidden_states(self, fb: ForwardBatch) -> torch.Tensor:
         embed = self.model.embed_tokens
         h = embed(fb.input_ids) if self.tp is None else embed_rows(embed, fb.input_ids, self.tp)
         residual = None
