@@ -7,7 +7,6 @@ collective fail with an error (gloo sees the closed connection), never a silent 
 
 from __future__ import annotations
 
-import logging
 import multiprocessing as mp
 import socket
 from dataclasses import dataclass
@@ -21,8 +20,6 @@ from .forward_batch import ForwardBatch
 from .model_config import ModelConfig
 from .model_runner import ModelRunner
 from .tensor_parallel import TPShard, plan_shards
-
-logger = logging.getLogger(__name__)
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=120)
 STEP_TENSORS = (
