@@ -21,6 +21,7 @@ import numpy as np
 
 from radixlm.grammars import GrammarBackend, allocate_token_bitmask
 from radixlm.grammars.base import GrammarMatcher
+from radixlm.grammars.llguidance_backend import stop_mask
 
 from .sampler import forget_token, record_token
 
@@ -153,7 +154,7 @@ class RequestGrammar:
         self.matcher.fill_next_token_bitmask(bitmask, 0)  # type: ignore[union-attr]
         # word-wise: a string's mask allows most of the vocabulary, far too many ids to list
         words = bitmask.numpy().view(np.uint32)[0]
-        stops = stop_words(words.shape[0], tuple(vocab.eos_ids))
+        stops = stop_words(vocab.vocab_size, tuple(vocab.eos_ids))
         if (words & ~stops).any():
             return None
         allowed = [t for t in sorted(vocab.eos_ids) if words[t // 32] >> np.uint32(t % 32) & 1]
@@ -197,13 +198,9 @@ class RequestGrammar:
 
 
 @functools.lru_cache(maxsize=8)
-def stop_words(num_words: int, stop_ids: tuple[int, ...]) -> np.ndarray:
+def stop_words(vocab_size: int, stop_ids: tuple[int, ...]) -> np.ndarray:
     """The bitmask row (uint32 words) that allows exactly stop_ids."""
-    words = np.zeros(num_words, dtype=np.uint32)
-    for t in stop_ids:
-        if 0 <= t < num_words * 32:
-            words[t // 32] |= np.uint32(1 << (t % 32))
-    return words
+    return stop_mask(vocab_size, list(stop_ids)).numpy().view(np.uint32)
 
 
 def json_schema_error(schema_text: str, output: str) -> str | None:

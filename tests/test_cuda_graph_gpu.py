@@ -160,24 +160,9 @@ def test_real_capture_failure_recovers_then_capture_works():
     """Tiny random model on the GPU: a capture that syncs (.item()) fails inside torch.cuda.graph,
     the runner falls back; the device stays usable, and a clean capture on the same runner then
     replays padded batches like the eager forward."""
-    from test_cuda_graph import TINY
-
     from radixlm.backend.cuda_graph_runner import CudaGraphCapture, CudaGraphRunner
-    from radixlm.backend.model_config import ModelConfig
-    from radixlm.backend.model_runner import ModelRunner
 
-    cfg = ModelConfig.from_hf_dict({**TINY, "hidden_size": 128, "max_position_embeddings": 1024})
-    runner = ModelRunner(
-        cfg,
-        None,
-        torch.device("cuda"),
-        torch.bfloat16,
-        2048,
-        0.95,
-        16,
-        random_weights=True,
-        disable_cuda_graph=True,
-    )
+    runner = _tiny_cuda_runner(torch.bfloat16)
     assert runner.graph_runner is None
     cap = CudaGraphCapture(runner.device)
 
@@ -206,24 +191,9 @@ def test_verify_rows_replay_matches_eager_extend():
     """Float32 tiny model on the GPU (Triton attention, real capture): a verify step's tokens and
     drafts, a forced-token run and a decode, as decode rows through a graph, give the eager
     extend's logits."""
-    from test_cuda_graph import TINY
-
     from radixlm.backend.cuda_graph_runner import CudaGraphCapture, CudaGraphRunner
-    from radixlm.backend.model_config import ModelConfig
-    from radixlm.backend.model_runner import ModelRunner
 
-    cfg = ModelConfig.from_hf_dict({**TINY, "hidden_size": 128, "max_position_embeddings": 1024})
-    runner = ModelRunner(
-        cfg,
-        None,
-        torch.device("cuda"),
-        torch.float32,
-        2048,
-        0.95,
-        16,
-        random_weights=True,
-        disable_cuda_graph=True,
-    )
+    runner = _tiny_cuda_runner(torch.float32)
     graphs = CudaGraphRunner(runner.graph_target(), 8, CudaGraphCapture(runner.device))
     assert graphs.capture_all()
     runner.graph_runner = graphs
@@ -233,3 +203,16 @@ def test_verify_rows_replay_matches_eager_extend():
         f"verify rows vs eager extend: rel err {rel:.2e}, top-1 agree {(got.argmax(-1) == eager.argmax(-1)).tolist()}"
     )
     assert rel < 1e-4
+
+
+def _tiny_cuda_runner(dtype: torch.dtype):
+    """test_cuda_graph's tiny random model (hidden 128) on the GPU, without graphs of its own."""
+    from test_cuda_graph import TINY
+
+    from radixlm.backend.model_config import ModelConfig
+    from radixlm.backend.model_runner import ModelRunner
+
+    cfg = ModelConfig.from_hf_dict({**TINY, "hidden_size": 128, "max_position_embeddings": 1024})
+    return ModelRunner(
+        cfg, None, torch.device("cuda"), dtype, 2048, 0.95, 16, random_weights=True, disable_cuda_graph=True
+    )

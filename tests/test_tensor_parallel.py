@@ -5,12 +5,12 @@ models and on the default model: the same greedy tokens, logits within fp32 tole
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+from server_helpers import free_port
 from test_engine_hf_parity import _tiny_model
 from tp_helpers import greedy_run, make_runner, tp_rank
 
@@ -104,15 +104,9 @@ def test_gguf_blocks_split_on_block_boundaries_only():
         list(shard_weights([(name, k)], ModelConfig.from_hf_dict({**TINY, "intermediate_size": 256}), a))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _tp2(model_dir: Path, quantization: str, prompt: list[int], steps: int, tmp_path: Path) -> dict:
     out = tmp_path / "tp2.pt"
-    args = (2, _free_port(), str(model_dir), quantization, prompt, steps, str(out))
+    args = (2, free_port(), str(model_dir), quantization, prompt, steps, str(out))
     mp.start_processes(tp_rank, args=args, nprocs=2, start_method="spawn", join=True)
     return torch.load(out)
 
