@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import ValidationError
 
 from .schema_policy import compiles
 from .schema_walk import dict_at, list_at, reaching, resolve_pointer, subschemas, walk
@@ -17,6 +21,39 @@ from .schema_walk import dict_at, list_at, reaching, resolve_pointer, subschemas
 _DEFINITIONS = ("/$defs/", "/definitions/")
 _UNIQUE = {"uniqueItems": True}
 _NO_VALUE = object()
+_VERDICT_CLASSES: dict[type, type] = {}
+
+
+def _any_of(validator: Any, any_of: list, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    for index, sub in enumerate(any_of):
+        if next(validator.descend(instance, sub, schema_path=index), None) is None:
+            return
+    yield ValidationError(f"{instance!r} is not valid under any of the given schemas")
+
+
+def _one_of(validator: Any, one_of: list, instance: Any, schema: Any) -> Iterator[ValidationError]:
+    branches = enumerate(one_of)
+    for index, sub in branches:
+        if next(validator.descend(instance, sub, schema_path=index), None) is None:
+            break
+    else:
+        yield ValidationError(f"{instance!r} is not valid under any of the given schemas")
+        return
+    if any(validator.evolve(schema=each).is_valid(instance) for _, each in branches):
+        yield ValidationError(f"{instance!r} is valid under more than one of the given schemas")
+
+
+def verdict_validator(cls: type) -> type:
+    """cls whose anyOf / oneOf stop reading a branch at its first error. jsonschema's own keywords
+    collect every error of each failing branch, which only an error report reads; the verdict
+    (is_valid) is the same, branch by branch, and it is all the value checks and EOS ask for."""
+    fast = _VERDICT_CLASSES.get(cls)
+    if fast is None:
+        own = getattr(cls, "VALIDATORS", {})
+        keywords = {k: f for k, f in (("anyOf", _any_of), ("oneOf", _one_of)) if k in own}
+        fast = jsonschema.validators.extend(cls, keywords) if keywords else cls
+        _VERDICT_CLASSES[cls] = fast
+    return fast
 
 
 class GuardPlan:

@@ -16,7 +16,7 @@ from .guard_mask import TokenFeatures, allowed_ids, prune_open_scalars, refine_m
 from .json_tracker import JsonTracker
 from .llguidance_backend import LLGuidanceCompiled, LLGuidanceCompiler, LLGuidanceMatcher
 from .schema_formats import format_checker
-from .schema_guard import GuardPlan
+from .schema_guard import GuardPlan, verdict_validator
 from .schema_policy import locate
 
 
@@ -113,10 +113,10 @@ class SchemaGrammar:
         return SchemaMatcher(self)
 
     def validator(self) -> Any:
-        """jsonschema's validator of the full schema (formats checked)."""
+        """jsonschema's validator of the full schema (formats checked), for verdicts only."""
         if self._validator is None:
             cls = jsonschema.validators.validator_for(self.full, default=jsonschema.Draft202012Validator)
-            self._validator = cls(self.full, format_checker=format_checker())
+            self._validator = verdict_validator(cls)(self.full, format_checker=format_checker())
         return self._validator
 
     def is_valid(self, data: Any) -> bool:

@@ -173,3 +173,41 @@ def test_tokens_that_are_not_json_are_refused_not_raised(backend: GrammarBackend
     tracker = m._tracker.copy()
     assert not tracker.feed(b"]", b"")
     assert not m._tracker.copy().feed(b'{"\\x": 1}', b"")
+
+
+VERDICT_SCHEMAS: list[tuple[dict, list]] = [
+    (
+        {"oneOf": [{"type": "integer"}, {"minimum": 2}, {"type": "string"}]},
+        [1, 2, 3, 1.5, "a", None, [], {"a": 1}],
+    ),
+    (
+        {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "required": ["a"],
+                    "properties": {"a": {"oneOf": [{"const": 1}, {"enum": [1, 2]}]}},
+                },
+                {
+                    "type": "array",
+                    "items": {"anyOf": [{"type": "string", "pattern": "^x"}, {"type": "null"}]},
+                },
+            ]
+        },
+        [{"a": 1}, {"a": 2}, {"a": 3}, {}, ["xa", None], ["y"], [], 5],
+    ),
+    ({"$defs": {"p": {"oneOf": [{"multipleOf": 2}, {"multipleOf": 3}]}}, "$ref": "#/$defs/p"}, [2, 3, 6, 5]),
+]
+
+
+@pytest.mark.parametrize("draft", [jsonschema.Draft7Validator, jsonschema.Draft202012Validator])
+@pytest.mark.parametrize("schema,values", VERDICT_SCHEMAS)
+def test_verdict_validator_agrees_with_jsonschema(draft, schema, values) -> None:
+    """anyOf / oneOf that stop at a branch's first error give jsonschema's own verdict on every value."""
+    from radixlm.grammars.schema_guard import verdict_validator
+
+    fast, full = verdict_validator(draft)(schema), draft(schema)
+    verdicts = [fast.is_valid(v) for v in values]
+    assert verdicts == [full.is_valid(v) for v in values]
+    assert True in verdicts and False in verdicts  # each case tells valid from invalid
+    assert type(fast) is not draft and verdict_validator(draft) is type(fast)  # extended once, cached
