@@ -72,6 +72,7 @@ class Speculator:
         if not any(budgets) or not self.policy.worth_proposing(batch, budgets):
             return None
         proposals = [self.proposer.propose(req, k) if k else [] for req, k in zip(batch, budgets)]
+        self.policy.proposals_found(any(proposals))
         if not any(proposals):
             return None
         proposals = self.policy.choose(batch, proposals)

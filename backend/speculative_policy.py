@@ -2,7 +2,7 @@
 probability alpha, learned from verify results) and measured step costs (a decode step fitted as
 seconds = a + b * batch; what a verify step adds to it fitted as a + b * drafts per batch-size
 bucket, since verifying has a fixed cost before any draft: on the CPU a step past 8 rows leaves
-the GEMV kernel for the dequantize path). Promises: a step verifies the number of likeliest drafts that
+the GEMV kernel for the dequantize path; an unmeasured bucket borrows a near one's fit). Promises: a step verifies the number of likeliest drafts that
 gives the most expected tokens per second, and only if that beats plain decoding; with too few
 measurements it explores, then decides, and it re-measures after declining for long — only where
 drafts would pay at a fraction of their measured cost, and at growing intervals while re-measuring
@@ -27,6 +27,8 @@ MAX_REEXPLORE_STEPS = 1024  # the interval doubles up to this while re-measuring
 # a cost that drifted less than that cannot change the decision, so measuring it buys nothing.
 REEXPLORE_COST_FRACTION = 0.25
 EXPLORE_DRAFTS = 8  # drafts in a measuring step (a large batch's full verify step is costly)
+BORROW_BUCKETS = 2  # an unmeasured batch size uses the fit of a measured one up to 4x away
+MAX_LEARN_SKIP = 64  # steps: the longest wait between tries for drafts while costs are unknown
 
 
 class LinearCost:
@@ -93,17 +95,29 @@ class StepCosts:
         fit = self.extra.get(bucket(batch))
         return fit.n if fit is not None else 0
 
+    def _fit(self, batch: int) -> LinearCost | None:
+        """batch's verify-cost fit: its bucket's once measured, else the nearest measured bucket
+        within BORROW_BUCKETS (a batch that drains through several buckets would otherwise pay
+        a round of measuring steps in each; the borrowed fit is replaced once its own is ready)."""
+        b = bucket(batch)
+        own = self.extra.get(b)
+        if own is not None and own.ready:
+            return own
+        near = [k for k, fit in self.extra.items() if fit.ready and abs(k - b) <= BORROW_BUCKETS]
+        return self.extra[min(near, key=lambda k: (abs(k - b), -k))] if near else own
+
     def ready(self, batch: int) -> bool:
-        return self.decode.ready and self.samples(batch) >= MIN_SAMPLES
+        fit = self._fit(batch)
+        return self.decode.ready and fit is not None and fit.ready
 
     def fixed(self, batch: int) -> float:
         """a: what verifying costs before any draft (extra(D) = fixed + per_draft * D)."""
-        fit = self.extra.get(bucket(batch))
+        fit = self._fit(batch)
         return 0.0 if fit is None else fit.predict(0.0)
 
     def per_draft(self, batch: int) -> float:
         """b: what each draft adds."""
-        fit = self.extra.get(bucket(batch))
+        fit = self._fit(batch)
         return 0.0 if fit is None else fit.slope
 
     def step(self, batch: int, drafts: int) -> float:
@@ -133,6 +147,9 @@ class SpecPolicy:
         self.hits, self.misses = 1.0, 1.0  # across requests: the prior of a new request
         self.declined = 0  # steps in a row where drafts were possible but plain decode was chosen
         self.reexplore_after = REEXPLORE_STEPS  # declined steps before the next re-measure
+        # while a batch size's costs are unknown, steps tried for drafts that found none in a row,
+        # and the overlapped steps to run before the next try
+        self.fruitless, self.learn_skip = 0, 0
         self._state: weakref.WeakKeyDictionary[Req, Acceptance] = weakref.WeakKeyDictionary()
 
     def state(self, req: Req) -> Acceptance:
@@ -256,11 +273,24 @@ class SpecPolicy:
             keep[i] += 1
         return [p[:k] for p, k in zip(proposals, keep)]
 
+    def proposals_found(self, found: bool) -> None:
+        """After the proposer ran for a step: tries that keep finding no drafts, before costs are
+        known, back off exponentially (expects_speculation), so a batch that rarely has drafts
+        keeps its overlap while the policy waits to measure."""
+        self.fruitless = 0 if found else self.fruitless + 1
+        self.learn_skip = min(2**self.fruitless - 1, MAX_LEARN_SKIP)
+
     def expects_speculation(self, batch_size: int) -> bool:
         """Whether a step of this size is likely to speculate (the scheduler then settles the
-        overlapped step first, since drafts extend the requests' real last tokens)."""
+        overlapped step first, since drafts extend the requests' real last tokens). Before its
+        costs are measured, every step is tried unless recent tries found no drafts at all."""
         costs = self.costs
-        if not self.adaptive or not costs.ready(batch_size):
+        if not self.adaptive:
+            return True
+        if not costs.ready(batch_size):
+            if self.learn_skip > 0:
+                self.learn_skip -= 1
+                return False
             return True
         a = self.alpha
         drafts = batch_size * 2

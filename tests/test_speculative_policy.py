@@ -16,6 +16,7 @@ from radixlm.backend.scheduler_config import SchedulerStats, SpeculativeConfig
 from radixlm.backend.speculative import Speculator
 from radixlm.backend.speculative_policy import (
     EXPLORE_DRAFTS,
+    MAX_LEARN_SKIP,
     MAX_REEXPLORE_STEPS,
     MIN_SAMPLES,
     REEXPLORE_STEPS,
@@ -223,3 +224,38 @@ def test_backed_off_speculator_asks_the_proposer_nothing():
     spec.policy = trained(decode_s=0.05, per_draft_s=0.0005, batch=8, drafts=8)
     plan = spec.draft(batch)
     assert plan is not None and proposer.calls == len(batch)
+
+
+def test_learning_backs_off_while_tries_find_no_drafts():
+    """Before a batch size's verify costs are known, every overlapped step is settled for a try at
+    drafts; tries that find none space out exponentially (up to MAX_LEARN_SKIP plain steps), and
+    a try that finds drafts brings back a try every step."""
+    pol = SpecPolicy(adaptive=True)
+    for _ in range(MIN_SAMPLES):
+        pol.record(False, 64, 0, 0.01)
+    assert not pol.costs.ready(64)
+
+    def settled_in(steps: int) -> int:
+        return sum(pol.expects_speculation(64) for _ in range(steps))
+
+    assert settled_in(5) == 5
+    for fruitless in range(1, 10):
+        pol.proposals_found(False)
+        skip = min(2**fruitless - 1, MAX_LEARN_SKIP)
+        assert [pol.expects_speculation(64) for _ in range(skip + 1)] == [False] * skip + [True]
+    pol.proposals_found(True)
+    assert settled_in(5) == 5
+
+
+def test_unmeasured_batch_size_borrows_the_nearest_measured_fit():
+    """Verify costs measured at 64 serve 32-63 and 16-31 (a draining batch pays no new round of
+    measuring steps), not 8 (too far); a size's own fit replaces the borrowed one once ready."""
+    pol = trained(decode_s=0.01, per_draft_s=0.001, batch=64, drafts=8, fixed_s=0.002)
+    costs = pol.costs
+    assert costs.ready(64) and costs.ready(40) and costs.ready(20)
+    assert costs.fixed(40) == costs.fixed(64) and costs.per_draft(20) == costs.per_draft(64)
+    assert not costs.ready(8) and costs.fixed(8) == 0.0
+    for i in range(MIN_SAMPLES):
+        d = 8 if i % 2 == 0 else 4
+        pol.record(True, 40, d, costs.decode.predict(40) + 0.004 + 0.003 * d)
+    assert abs(costs.per_draft(40) - 0.003) < 1e-6 and abs(costs.per_draft(64) - 0.001) < 1e-6
