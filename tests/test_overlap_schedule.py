@@ -6,6 +6,7 @@ back afterwards; and the launch order that makes it overlap."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -13,6 +14,16 @@ import pytest
 from radixlm.backend.engine import Engine
 
 WORDS = "the cat sat on a mat while birds sang over green hills and rivers ran to the sea".split()
+
+
+SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+        "additionalProperties": False,
+    }
+)
 
 
 def prompts(n: int, seed: int) -> list[str]:
@@ -104,7 +115,7 @@ def test_fresh_state_requests_mixed_in_match(engine, overlap_engine, jump_forwar
 
 
 def _fresh_state_match(engine, overlap_engine):
-    ps = prompts(6, 3)
+    ps = prompts(7, 3)
     qs = [
         {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
         {"max_new_tokens": 12, "temperature": 0, "regex": "[0-9]{3}-[a-z]{2,4}"},
@@ -112,6 +123,7 @@ def _fresh_state_match(engine, overlap_engine):
         {"max_new_tokens": 12, "temperature": 0, "min_new_tokens": 5, "stop": ["."]},
         {"max_new_tokens": 12, "temperature": 0, "repetition_penalty": 1.3, "ignore_eos": True},
         {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True},
+        {"max_new_tokens": 12, "temperature": 0, "json_schema": SCHEMA},  # llguidance's pooled masks
     ]
     engine.flush_cache()
     plain = [summary(o) for o in engine.generate(ps, qs)]
