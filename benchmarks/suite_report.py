@@ -335,8 +335,7 @@ def write_readme(results: list[tuple[str, dict[str, Any]]], readme: Path) -> Non
         f"`python benchmarks/suite.py`): every feature on and off in the same run, on default settings; "
         f"rows marked **no** miss their target.\n\n"
         + table({**base, "ratios": merged}).split("\n\nworkers:")[0]
-        + "\n\n"
-        + "\n".join(notes)
+        + "".join(f"\n\n{n}" if i == 0 else f"\n{n}" for i, n in enumerate(notes))
         + f"\n{README_END}"
     )
     text = readme.read_text()
