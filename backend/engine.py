@@ -34,6 +34,7 @@ from .radix_cache import RadixCache
 from .sampler import Sampler
 from .scheduler import Scheduler
 from .scheduler_config import SchedulerConfig, SpeculativeConfig
+from .speculative_draft import DraftModelProposer, load_draft_runner
 from .tokenizer import load_tokenizer
 from .tp_workers import TPDriver, engine_shards, start_workers
 from .warmup import measure_cascade_costs, warm_request_path, warm_up
@@ -81,6 +82,7 @@ class Engine(EngineRequests):
         speculative_algorithm: str | None = None,
         speculative_num_draft_tokens: int = 4,
         speculative_policy: str = "auto",
+        speculative_draft_model_path: str | None = None,
         tp_size: int = 1,
     ) -> None:
         """overlap_schedule: process step t while step t+1 runs (None: on for CUDA, where it hides
@@ -88,13 +90,17 @@ class Engine(EngineRequests):
         disable_cascade: never use cascade attention for decode batches sharing a long prefix.
         quantization: for GGUF files, "gguf" keeps the weights as GGUF blocks, "dequantize" turns
         them into `dtype` at load, None/"auto" keeps them on the CPU and dequantizes on CUDA.
-        speculative_algorithm: "ngram" speculates (prompt lookup) for requests that do not say
+        speculative_algorithm: "ngram" (prompt lookup) or "draft" (the model at
+        speculative_draft_model_path, same tokenizer) speculates for requests that do not say
         otherwise; speculative_policy "auto" backs off where it does not pay, "always" never does.
         tp_size: tensor parallelism over that many CPU processes (gloo): this process is rank 0 and
         holds the scheduler; the model's heads and MLP columns are split over the ranks."""
         logging.getLogger("radixlm").setLevel(log_level.upper())
         speculative = SpeculativeConfig(
-            speculative_algorithm, speculative_num_draft_tokens, speculative_policy
+            speculative_algorithm,
+            speculative_num_draft_tokens,
+            speculative_policy,
+            speculative_draft_model_path,
         )
         if cuda_graph_max_bs is not None and cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be at least 1, got {cuda_graph_max_bs}")
@@ -155,6 +161,9 @@ class Engine(EngineRequests):
                 speculative=speculative,
             ),
         )
+        if speculative_draft_model_path:
+            draft = load_draft_runner(speculative_draft_model_path, self.runner)
+            self.scheduler.spec.proposers["draft"] = DraftModelProposer(draft)
         self.warmup_stats = warm_up(self.runner, cascade)
         if cascade:
             self.scheduler.cfg.cascade_cost = measure_cascade_costs(self.runner)
@@ -164,9 +173,10 @@ class Engine(EngineRequests):
         self._tok_lock = threading.Lock()
         self._closed = False
         if disable_jump_forward is None:
-            # A jump-forward runs its forced tokens as an eager extend step while plain decode steps
-            # replay CUDA graphs, so with graphs the pass it adds costs more than the passes it
-            # saves (the suite's JSON workload measures both); it is on where every step is eager.
+            # A request that may gain forced tokens is processed before the next step is planned,
+            # so with graphs and overlap its steps lose the overlap, which costs more than the
+            # passes jump-forward saves (the suite's JSON workload measures both); it is on where
+            # every step is eager.
             disable_jump_forward = self.runner.graph_runner is not None
         self.disable_jump_forward = disable_jump_forward  # grammar jump-forward (backend/constrained.py)
         # created on the first constrained request, or by the warm-up thread (which must find this

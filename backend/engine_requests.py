@@ -17,6 +17,7 @@ from .loop_mailbox import LoopMailbox, coalesce_chunks
 from .model_config import ModelConfig
 from .model_runner import ModelRunner
 from .request import Req
+from .scheduler import Scheduler
 from .tokenizer import IncrementalDetokenizer
 
 
@@ -26,6 +27,7 @@ class EngineRequests:
     tokenizer: Any
     model_config: ModelConfig
     runner: ModelRunner
+    scheduler: Scheduler
     eos_token_ids: frozenset[int]
     _inbox: EngineInbox
     _tok_lock: threading.Lock
@@ -66,7 +68,7 @@ class EngineRequests:
         if self._closed:
             raise RuntimeError("engine is shut down")
         with self._tok_lock:
-            return normalize_requests(
+            specs, single = normalize_requests(
                 self.tokenizer,
                 self.model_config,
                 self.runner.allocator.size,
@@ -76,6 +78,14 @@ class EngineRequests:
                 rid,
                 **kw,
             )
+        if "draft" not in self.scheduler.spec.proposers and any(
+            s.params.speculative_algorithm == "draft" for s in specs
+        ):
+            raise ValueError(
+                "speculative_algorithm='draft' needs an engine started with a draft model "
+                "(speculative_draft_model_path)"
+            )
+        return specs, single
 
     def _submit(self, reqs: list[Req]) -> None:
         wait_grammars(reqs)  # the caller waits for its grammars; a bad one raises ValueError here

@@ -18,8 +18,7 @@ FRONTEND_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"
 # Keys whose None is a value of its own (no seed, no constraint), not "not set".
 NONE_MEANS_UNSET_EXCEPT = ("seed", "regex", "json_schema", "ebnf")
 CONSTRAINT_KEYS = ("regex", "json_schema", "ebnf")
-SPECULATIVE_ALGORITHMS = ("ngram", "none")
-SPECULATIVE_UNBUILT = {"draft": "a draft-model proposer is not built yet; use 'ngram'"}
+SPECULATIVE_ALGORITHMS = ("ngram", "draft", "none")
 MAX_DRAFT_TOKENS = 16
 
 
@@ -205,8 +204,6 @@ def _text(name: str, v: Any) -> None:
 
 
 def check_speculative_algorithm(name: str, v: Any) -> None:
-    if v in SPECULATIVE_UNBUILT:
-        raise ValueError(f"{name}={v!r} is refused: {SPECULATIVE_UNBUILT[v]}")
     if v not in SPECULATIVE_ALGORITHMS:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, SPECULATIVE_ALGORITHMS))}, got {v!r}")
 

@@ -17,11 +17,16 @@ class SpeculativeConfig:
     algorithm: str | None = None  # "ngram" for requests that do not say; None: off unless asked
     num_draft_tokens: int = 4  # most draft tokens verified per request per step
     policy: str = "auto"  # "auto": back off on low acceptance or costly verify steps; "always"
+    draft_model_path: str | None = None  # the draft model "draft" requests speculate with
 
     def __post_init__(self) -> None:
         """ValueError before any model work for a switch this build cannot honour."""
         if self.algorithm is not None:
             check_speculative_algorithm("speculative_algorithm", self.algorithm)
+        if self.algorithm == "draft" and not self.draft_model_path:
+            raise ValueError(
+                "speculative_algorithm='draft' needs speculative_draft_model_path (the draft model)"
+            )
         if not 1 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS:
             raise ValueError(
                 f"speculative_num_draft_tokens must be in [1, {MAX_DRAFT_TOKENS}], got {self.num_draft_tokens}"

@@ -39,15 +39,19 @@ class Speculator:
         self.sampler = sampler
         self.stats = stats
         self.context_len = context_len
-        self.proposer: Proposer = NgramProposer()
+        self.proposers: dict[str, Proposer] = {"ngram": NgramProposer()}  # by algorithm
         self.policy = SpecPolicy(adaptive=cfg.policy == "auto")
 
     # ---- which requests speculate ------------------------------------------------------
+    def algorithm(self, req: Req) -> str | None:
+        """The request's proposer name (None: it does not speculate)."""
+        algorithm = req.params.speculative_algorithm or self.cfg.algorithm
+        return algorithm if algorithm in self.proposers else None
+
     def budget(self, req: Req) -> int:
         """Most drafts worth verifying for req now (0: it decodes plainly)."""
         p = req.params
-        algorithm = p.speculative_algorithm or self.cfg.algorithm
-        if algorithm in (None, "none") or req.pending >= 0:
+        if self.algorithm(req) is None or req.pending >= 0:
             return 0
         k = p.speculative_num_draft_tokens or self.cfg.num_draft_tokens
         room_out = p.max_new_tokens - len(req.output_ids) - 1  # a+1 tokens come out of a drafts
@@ -61,8 +65,7 @@ class Speculator:
         return n > 0 and self.policy.expects_speculation(len(reqs))
 
     def _enabled(self, req: Req) -> bool:
-        algorithm = req.params.speculative_algorithm or self.cfg.algorithm
-        return algorithm not in (None, "none")
+        return self.algorithm(req) is not None
 
     # ---- planning ---------------------------------------------------------------------
     def draft(self, batch: list[Req]) -> DraftPlan | None:
@@ -71,7 +74,7 @@ class Speculator:
         budgets = [k if (k := self.budget(req)) > 0 and not self.policy.paused(req) else 0 for req in batch]
         if not any(budgets) or not self.policy.worth_proposing(batch, budgets):
             return None
-        proposals = [self.proposer.propose(req, k) if k else [] for req, k in zip(batch, budgets)]
+        proposals = [self._propose(req, k) if k else [] for req, k in zip(batch, budgets)]
         self.policy.proposals_found(any(proposals))
         if not any(proposals):
             return None
@@ -84,6 +87,10 @@ class Speculator:
             else:
                 masks.append(None)
         return DraftPlan(proposals, masks) if any(proposals) else None
+
+    def _propose(self, req: Req, k: int) -> list[int]:
+        algorithm = self.algorithm(req)
+        return self.proposers[algorithm].propose(req, k) if algorithm is not None else []
 
     def _walk_grammar(self, req: Req, drafts: list[int]) -> tuple[list[int], list[torch.Tensor]]:
         """Cut drafts where the grammar forbids one, or where, after one, it would terminate or
@@ -143,7 +150,8 @@ class Speculator:
         self.policy.record(verify_step, batch, drafts, seconds)
 
     def finished(self, req: Req) -> None:
-        self.proposer.observe_finished(req)
+        for proposer in self.proposers.values():
+            proposer.observe_finished(req)
 
 
 def acceptance_length(extra: dict[str, int]) -> float:

@@ -138,20 +138,22 @@ def install_replay(
     outs = engine.generate(input_ids=ids, sampling_params=[greedy] * len(ids))
     refs = {tuple(i): o["output_ids"] for i, o in zip(ids, outs)}
     spec = engine.scheduler.spec
-    spec.proposer = ReplayProposer(refs, wrong)
+    spec.proposers["ngram"] = ReplayProposer(refs, wrong)
     spec.policy = SpecPolicy(adaptive=False)
     verified = {**greedy, "speculative_algorithm": "ngram"}
     for rounds in range(1, verified_rounds + 1):
         outs = engine.generate(input_ids=ids, sampling_params=[verified] * len(ids))
         again = {tuple(i): o["output_ids"] for i, o in zip(ids, outs)}
-        spec.proposer = ReplayProposer(again, wrong)
+        spec.proposers["ngram"] = ReplayProposer(again, wrong)
         if again == refs:
             return rounds
         refs = again
     return verified_rounds
 
 
-def bench(engine: Engine, workload: str, batch: int, reps: int, replay: float | None) -> dict[str, Any]:
+def bench(
+    engine: Engine, workload: str, batch: int, reps: int, replay: float | None, algorithm: str = "ngram"
+) -> dict[str, Any]:
     rng = random.Random(batch * 7 + len(workload))
     prompts = [WORKLOADS[workload](rng) for _ in range(batch)]
     max_new = MAX_NEW.get(batch, 32)
@@ -160,7 +162,7 @@ def bench(engine: Engine, workload: str, batch: int, reps: int, replay: float | 
         install_replay(engine, prompts, max_new, replay)
     off, on = [], []
     for r in range(reps):
-        order = ("none", "ngram") if r % 2 == 0 else ("ngram", "none")
+        order = ("none", algorithm) if r % 2 == 0 else (algorithm, "none")
         for alg in order:
             (off if alg == "none" else on).append(run_once(engine, prompts, max_new, alg))
     ratios = [b["tok_s"] / a["tok_s"] for a, b in zip(off, on)]
@@ -201,6 +203,8 @@ def main() -> None:
     ap.add_argument("--num-draft-tokens", type=int, default=4)
     ap.add_argument("--policy", default="auto")
     ap.add_argument("--quantization", default=None, help="the engine's (default: GGUF blocks kept on CPU)")
+    ap.add_argument("--algorithm", default="ngram", choices=["ngram", "draft"])
+    ap.add_argument("--draft-model", default=None, help="the draft model for --algorithm draft")
     ap.add_argument(
         "--replay-wrong", type=float, default=None, help="measure the verify machinery (see above)"
     )
@@ -211,22 +215,27 @@ def main() -> None:
         speculative_num_draft_tokens=args.num_draft_tokens,
         speculative_policy=args.policy,
         quantization=args.quantization,
+        speculative_draft_model_path=args.draft_model,
     )
     rows = []
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         for workload in args.workloads.split(","):
             reps = args.reps if batch < 64 else max(1, args.reps - 2)
-            rows.append(bench(engine, workload, batch, reps, args.replay_wrong))
+            rows.append(bench(engine, workload, batch, reps, args.replay_wrong, args.algorithm))
     env["load_average_after"] = __import__("os").getloadavg()
     result = {
         "benchmark": "speculative",
         "environment": env,
         "policy": args.policy,
         "num_draft_tokens": args.num_draft_tokens,
+        "algorithm": args.algorithm,
+        "draft_model": args.draft_model,
+        "quantization": args.quantization,
         "rows": rows,
-        "how": "one engine, per-request speculative_algorithm ngram vs none, timed runs alternating, greedy",
+        "how": f"one engine, per-request speculative_algorithm {args.algorithm} vs none, timed runs alternating, greedy",
     }
     tag = device_tag(env) + ("" if args.replay_wrong is None else f"_replay{args.replay_wrong:g}")
+    tag += "" if args.algorithm == "ngram" else f"_{args.algorithm}"
     out = args.out or Path(__file__).parent / "results" / f"speculative_{tag}.json"
     write_result(out, result)
     engine.shutdown()

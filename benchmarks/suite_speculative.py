@@ -20,14 +20,14 @@ REPLAY_ROUNDS = 24  # speculative runs that may pass before the replayed output 
 def speculative_rows(engine: Engine, b1_new: int, batch: int, batch_new: int, reps: int) -> dict[str, Any]:
     rng = random.Random(0)
     spec = engine.scheduler.spec
-    proposer, policy = spec.proposer, spec.policy
+    proposer, policy = spec.proposers["ngram"], spec.policy
     try:
         one = [spec_bench.code_edit(rng)]
         spec_bench.run_once(engine, one, 4, "none")  # untimed: both modes decode from a cached prompt
         rounds = spec_bench.install_replay(engine, one, b1_new, 0.0, verified_rounds=REPLAY_ROUNDS)
         replay = {**_alternate(engine, one, b1_new, reps), "replay_rounds": rounds}
     finally:
-        spec.proposer, spec.policy = proposer, policy
+        spec.proposers["ngram"], spec.policy = proposer, policy
     many = [spec_bench.code_edit(rng) for _ in range(batch)]
     spec_bench.run_once(engine, many, 4, "none")
     auto = _alternate(engine, many, batch_new, reps)

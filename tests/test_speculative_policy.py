@@ -211,7 +211,7 @@ def test_backed_off_speculator_asks_the_proposer_nothing():
         r.params.speculative_algorithm = "ngram"
         r.params.max_new_tokens = 64
     spec = Speculator(SpeculativeConfig(), None, SchedulerStats(), context_len=4096)  # type: ignore[arg-type]
-    spec.proposer = proposer = CountingProposer()
+    spec.proposers["ngram"] = proposer = CountingProposer()
     spec.policy = trained(decode_s=0.068, per_draft_s=0.015, batch=8, drafts=8)
     for r in batch:
         spec.policy.observe(r, 4, 0)

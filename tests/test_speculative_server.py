@@ -1,8 +1,9 @@
 """Speculation over HTTP: `radixlm serve --speculative-algorithm ngram` speculates for /generate and
 the OpenAI routes (greedy outputs equal to the same request with the per-request field
 `speculative_algorithm: "none"`, the engine's counters show accepted drafts), the field is
-checked like any sampling key ('draft' is a 422 naming the reason), and serve refuses
-`--speculative-algorithm draft` before loading the model."""
+checked like any sampling key ('draft' on a server without a draft model is a 400 naming the
+reason), and serve refuses `--speculative-algorithm draft` without a draft model before loading
+the model."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def test_openai_field(url: str) -> None:
         for alg in ("ngram", "none")
     ]
     assert outs[0] == outs[1]
-    with pytest.raises(openai.UnprocessableEntityError, match="draft-model proposer is not built"):
+    with pytest.raises(openai.BadRequestError, match="needs an engine started with a draft model"):
         client.completions.create(
             model="m", prompt="hi", max_tokens=4, extra_body={"speculative_algorithm": "draft"}
         )
@@ -87,4 +88,4 @@ def test_serve_refuses_draft() -> None:
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
-    assert "draft-model proposer is not built" in proc.stdout + proc.stderr
+    assert "needs speculative_draft_model_path" in proc.stdout + proc.stderr

@@ -177,8 +177,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--speculative-algorithm",
         default=None,
         choices=["ngram", "none", "draft"],
-        help="speculative decoding for requests that do not choose: ngram (prompt lookup); "
-        "a request may still ask with its speculative_algorithm field (default: off)",
+        help="speculative decoding for requests that do not choose: ngram (prompt lookup) or "
+        "draft (needs --speculative-draft-model-path); a request may still ask with its "
+        "speculative_algorithm field (default: off)",
+    )
+    g.add_argument(
+        "--speculative-draft-model-path",
+        default=None,
+        help="a smaller model with the same tokenizer (HF folder or GGUF) whose greedy tokens are "
+        "the drafts of 'draft' requests",
     )
     g.add_argument("--speculative-num-draft-tokens", type=int, default=4, help="drafts verified per step")
     g.add_argument(
@@ -223,6 +230,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "speculative_algorithm",
         "speculative_num_draft_tokens",
         "speculative_policy",
+        "speculative_draft_model_path",
         "tp_size",
     )
     kw = {k: getattr(args, k) for k in keys}
