@@ -17,8 +17,11 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class AddRequest:
-    req: Req
+class AddRequests:
+    """One call's requests, added together: a batch reaches the scheduler whole, so the steps it
+    forms do not depend on how fast the scheduler thread woke up."""
+
+    reqs: list[Req]
 
 
 @dataclass
@@ -37,7 +40,7 @@ class Stop:
     pass
 
 
-Message = AddRequest | AbortRequest | RunCall | Stop
+Message = AddRequests | AbortRequest | RunCall | Stop
 
 
 class EngineInbox:
@@ -57,8 +60,9 @@ class EngineInbox:
         while True:
             if isinstance(msg, Stop):
                 return False
-            if isinstance(msg, AddRequest):
-                scheduler.add_request(msg.req)
+            if isinstance(msg, AddRequests):
+                for req in msg.reqs:
+                    scheduler.add_request(req)
             elif isinstance(msg, AbortRequest):
                 scheduler.abort(msg.rid)
             else:
@@ -78,8 +82,9 @@ class EngineInbox:
                 msg = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(msg, AddRequest):
-                msg.req.finished_reason = {"type": "abort", "message": "engine shut down"}
-                msg.req.sink({"text": "", "output_ids": [], "meta_info": msg.req.meta_info()})
+            if isinstance(msg, AddRequests):
+                for req in msg.reqs:
+                    req.finished_reason = {"type": "abort", "message": "engine shut down"}
+                    req.sink({"text": "", "output_ids": [], "meta_info": req.meta_info()})
             elif isinstance(msg, RunCall):
                 msg.result.set_exception(RuntimeError("engine is shut down"))

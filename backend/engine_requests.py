@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from .constrained import attach_grammars, wait_grammars, wait_grammars_async
-from .engine_inbox import AbortRequest, AddRequest, EngineInbox
+from .engine_inbox import AbortRequest, AddRequests, EngineInbox
 from .engine_inputs import RequestSpec, normalize_requests
 from .loop_mailbox import LoopMailbox, coalesce_chunks
 from .model_config import ModelConfig
@@ -89,8 +89,7 @@ class EngineRequests:
 
     def _submit(self, reqs: list[Req]) -> None:
         wait_grammars(reqs)  # the caller waits for its grammars; a bad one raises ValueError here
-        for r in reqs:
-            self._inbox.put(AddRequest(r))
+        self._inbox.put(AddRequests(reqs))
 
     # ---- public API -------------------------------------------------------------------
     def generate(

@@ -5,6 +5,7 @@ chunked prefill — and every KV slot comes back afterwards."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -73,3 +74,33 @@ def test_chunked_prefill_matches(reference):
         _check_pool_restored(eng)
     finally:
         eng.shutdown()
+
+
+def test_a_generate_call_reaches_the_scheduler_whole(engine):
+    """The requests of one generate() call are added between the same two steps, so the batches
+    they form do not depend on when the scheduler thread woke up (a prefill of only the first
+    few, then the rest, would change every later batch and its rounding)."""
+    sched = engine.scheduler
+    seen: list[int] = []
+    step = sched.step
+
+    def recording_step() -> bool:
+        seen.append(len(sched.waiting) + len(sched.running))
+        return step()
+
+    inbox, put = engine._inbox, engine._inbox.put
+
+    def slow_put(msg: object) -> None:  # a busy caller thread: the scheduler wakes between messages
+        put(msg)  # type: ignore[arg-type]
+        time.sleep(0.005)
+
+    sched.step = recording_step  # type: ignore[method-assign]
+    inbox.put = slow_put  # type: ignore[method-assign]
+    try:
+        engine.flush_cache()
+        for _ in range(5):
+            seen.clear()
+            engine.generate(make_prompts(12, seed=3), [{"max_new_tokens": 2, "temperature": 0}] * 12)
+            assert seen and seen[0] == 12, seen[:4]
+    finally:
+        del sched.step, inbox.put
