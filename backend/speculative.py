@@ -74,7 +74,7 @@ class Speculator:
         budgets = [k if (k := self.budget(req)) > 0 and not self.policy.paused(req) else 0 for req in batch]
         if not any(budgets) or not self.policy.worth_proposing(batch, budgets):
             return None
-        proposals = [self._propose(req, k) if k else [] for req, k in zip(batch, budgets)]
+        proposals = self._propose_all(batch, budgets)
         self.policy.proposals_found(any(proposals))
         if not any(proposals):
             return None
@@ -88,9 +88,25 @@ class Speculator:
                 masks.append(None)
         return DraftPlan(proposals, masks) if any(proposals) else None
 
-    def _propose(self, req: Req, k: int) -> list[int]:
-        algorithm = self.algorithm(req)
-        return self.proposers[algorithm].propose(req, k) if algorithm is not None else []
+    def _propose_all(self, batch: list[Req], budgets: list[int]) -> list[list[int]]:
+        """Each request's proposal from its algorithm's proposer; a proposer with propose_batch
+        (a draft model) answers all of its requests in one call."""
+        out: list[list[int]] = [[] for _ in batch]
+        by_algorithm: dict[str, list[int]] = {}
+        for i, (req, k) in enumerate(zip(batch, budgets)):
+            algorithm = self.algorithm(req) if k else None
+            if algorithm is not None:
+                by_algorithm.setdefault(algorithm, []).append(i)
+        for algorithm, rows in by_algorithm.items():
+            proposer = self.proposers[algorithm]
+            together = getattr(proposer, "propose_batch", None)
+            if together is not None:
+                found = together([batch[i] for i in rows], [budgets[i] for i in rows])
+            else:
+                found = [proposer.propose(batch[i], budgets[i]) for i in rows]
+            for i, proposal in zip(rows, found):
+                out[i] = proposal
+        return out
 
     def _walk_grammar(self, req: Req, drafts: list[int]) -> tuple[list[int], list[torch.Tensor]]:
         """Cut drafts where the grammar forbids one, or where, after one, it would terminate or

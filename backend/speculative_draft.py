@@ -36,30 +36,45 @@ class DraftModelProposer:
         self.runner = runner
         self._held: OrderedDict[str, _DraftKV] = OrderedDict()  # by rid, least recently used first
         self.evictions = 0  # requests whose draft KV was dropped to make room for another's
+        self._reserved = 0  # free slots promised to this call's requests, not yet taken
 
     @property
     def free_slots(self) -> int:
         return self.runner.allocator.available_size()
 
     def propose(self, req: Req, k: int) -> list[int]:
-        """Up to k greedy tokens of the draft model after req.all_ids (empty where its context or
-        KV pool has no room)."""
-        ids = req.all_ids
-        if k <= 0 or not ids or len(ids) + k > self.runner.config.context_len:
-            return []
-        kv = self._state(req.rid)
-        if kv is None:
-            return []
-        self._keep_prefix(kv, ids)
-        new = ids[len(kv.ids) :]
-        if not self._reserve(req.rid, len(new) + k - 1):
-            self.observe_finished(req)
-            return []
-        token = self._forward(kv, new, len(kv.ids))
-        drafts = [token]
-        for _ in range(k - 1):
-            token = self._forward(kv, [token], len(kv.ids))
-            drafts.append(token)
+        return self.propose_batch([req], [k])[0]
+
+    def propose_batch(self, reqs: list[Req], ks: list[int]) -> list[list[int]]:
+        """Up to k greedy tokens of the draft model after each request's tokens (empty where its
+        context or the draft pool has no room; earlier requests of the batch go first): every
+        request's new tokens are read in one forward, then each further draft position is one
+        decode forward for all of them."""
+        drafts: list[list[int]] = [[] for _ in reqs]
+        live: list[tuple[int, _DraftKV, list[int]]] = []  # (index, its KV, tokens still to read)
+        keep = {req.rid for req in reqs}  # room comes from requests outside this batch only
+        self._reserved = 0
+        for i, (req, k) in enumerate(zip(reqs, ks)):
+            ids = req.all_ids
+            if k <= 0 or not ids or len(ids) + k > self.runner.config.context_len:
+                continue
+            kv = self._state(req.rid, keep)
+            if kv is None:
+                continue
+            self._keep_prefix(kv, ids)
+            new = ids[len(kv.ids) :]
+            if self._reserve(len(new) + k - 1, keep):
+                live.append((i, kv, new))
+        if not live:
+            return drafts
+        firsts = self._step([kv for _, kv, _ in live], [new for _, _, new in live])
+        for (i, _, _), token in zip(live, firsts):
+            drafts[i].append(token)
+        for j in range(1, max(ks[i] for i, _, _ in live)):
+            going = [(i, kv) for i, kv, _ in live if ks[i] > j]
+            tokens = self._step([kv for _, kv in going], [[drafts[i][-1]] for i, _ in going])
+            for (i, _), token in zip(going, tokens):
+                drafts[i].append(token)
         return drafts
 
     def observe_finished(self, req: Req) -> None:
@@ -68,13 +83,13 @@ class DraftModelProposer:
             self._release(kv)
 
     # ---- the draft model's KV -----------------------------------------------------------
-    def _state(self, rid: str) -> _DraftKV | None:
+    def _state(self, rid: str, keep: set[str]) -> _DraftKV | None:
         kv = self._held.get(rid)
         if kv is not None:
             self._held.move_to_end(rid)
             return kv
         row = self.runner.req_table.alloc()
-        while row is None and self._evict_one(keep=rid):
+        while row is None and self._evict_one(keep):
             row = self.runner.req_table.alloc()
         if row is None:
             return None
@@ -95,16 +110,18 @@ class DraftModelProposer:
         kv.slots = [flat[:n]] if n else []
         kv.ids = kv.ids[:n]
 
-    def _reserve(self, rid: str, n: int) -> bool:
-        """At least n free slots, evicting other requests' draft KV (least recently used first)."""
-        while self.runner.allocator.available_size() < n:
-            if not self._evict_one(keep=rid):
+    def _reserve(self, n: int, keep: set[str]) -> bool:
+        """n more free slots beyond those already reserved this call, evicting the draft KV of
+        requests not in `keep` (least recently used first)."""
+        while self.runner.allocator.available_size() < self._reserved + n:
+            if not self._evict_one(keep):
                 return False
+        self._reserved += n
         return True
 
-    def _evict_one(self, keep: str) -> bool:
+    def _evict_one(self, keep: set[str]) -> bool:
         for rid in self._held:
-            if rid != keep:
+            if rid not in keep:
                 self._release(self._held.pop(rid))
                 self.evictions += 1
                 return True
@@ -115,17 +132,22 @@ class DraftModelProposer:
             self.runner.allocator.free(torch.cat(kv.slots))
         self.runner.req_table.free(kv.row)
 
-    def _forward(self, kv: _DraftKV, tokens: list[int], start: int) -> int:
-        """Read tokens at positions start.. into kv; the draft model's greedy next token."""
-        slots = self.runner.allocator.alloc(len(tokens))
+    def _step(self, kvs: list[_DraftKV], tokens: list[list[int]]) -> list[int]:
+        """One forward reading tokens[i] into kvs[i] (at its end); each one's greedy next token."""
+        slots = self.runner.allocator.alloc(sum(len(t) for t in tokens))
         assert slots is not None, "reserved before the forward"
-        self.runner.req_table.write(kv.row, start, slots)
-        item = ScheduledItem(kv.row, tokens, start, [len(tokens) - 1])
+        self._reserved -= slots.numel()
+        items, at = [], 0
+        for kv, toks in zip(kvs, tokens):
+            mine = slots[at : at + len(toks)]
+            at += len(toks)
+            self.runner.req_table.write(kv.row, len(kv.ids), mine)
+            items.append(ScheduledItem(kv.row, toks, len(kv.ids), [len(toks) - 1]))
+            kv.ids.extend(toks)
+            kv.slots.append(mine.to("cpu"))
         with torch.inference_mode():
-            logits = self.runner.forward(self.runner.build_batch([item], slots))
-        kv.ids.extend(tokens)
-        kv.slots.append(slots.to("cpu"))
-        return int(logits[-1].argmax())
+            logits = self.runner.forward(self.runner.build_batch(items, slots))
+        return [int(t) for t in logits.argmax(dim=-1).tolist()]
 
 
 def load_draft_runner(path: str, target: ModelRunner) -> ModelRunner:

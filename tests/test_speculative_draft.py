@@ -16,6 +16,8 @@ from test_speculative import CASES, SCHEMA
 from radixlm.backend.engine import Engine
 from radixlm.backend.kv_pool import TokenSlotAllocator
 from radixlm.backend.loader import default_model_path
+from radixlm.backend.request import Req
+from radixlm.backend.sampling_params import SamplingParams
 from radixlm.backend.speculative_draft import DraftModelProposer
 
 
@@ -63,9 +65,6 @@ def test_greedy_outputs_equal_plain_decoding(draft_engine):
 def test_drafts_follow_the_tokens_after_a_rejection(draft_engine):
     """A proposal after tokens other than its drafts keeps only the matching prefix's KV and reads
     the rest: its drafts equal those of a proposer that never saw the rejected ones."""
-    from radixlm.backend.request import Req
-    from radixlm.backend.sampling_params import SamplingParams
-
     tok = draft_engine.tokenizer
     ids = tok.encode(CASES[0][0])
     p = proposer(draft_engine)
@@ -86,8 +85,9 @@ def test_drafts_follow_the_tokens_after_a_rejection(draft_engine):
 
 
 def test_small_draft_pool_evicts_and_still_matches(draft_engine):
-    """With room for one request's draft KV, several requests take turns (least recently used
-    evicted); outputs still equal plain decoding's and everything is released."""
+    """With room for about one request's draft KV, a batch drafts for the requests that fit and
+    the others decode plainly that step; a request outside the batch is evicted (least recently
+    used) to make room. Outputs still equal plain decoding's and everything is released."""
     p = proposer(draft_engine)
     runner = p.runner
     saved, evictions = runner.allocator, p.evictions
@@ -99,7 +99,17 @@ def test_small_draft_pool_evicts_and_still_matches(draft_engine):
         drafted = draft_engine.generate(prompts, [params[1]] * 3)
         assert [o["output_ids"] for o in drafted] == [o["output_ids"] for o in plain]
         assert p.free_slots == 160
-        assert p.evictions > evictions
+
+        ids = [draft_engine.tokenizer.encode(t) for t in prompts[:2]]
+        a, b = (
+            Req(rid=r, input_ids=i, params=SamplingParams(), sink=lambda _: None, detok=None)  # type: ignore[arg-type]
+            for r, i in zip("ab", ids)
+        )
+        assert len(draft_engine._call(lambda: p.propose(a, 4))) == 4
+        assert len(draft_engine._call(lambda: p.propose(b, 4))) == 4  # a's KV made room
+        assert p.evictions == evictions + 1
+        draft_engine._call(lambda: p.observe_finished(b))
+        assert p.free_slots == 160
     finally:
         runner.allocator = saved
 
