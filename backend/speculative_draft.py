@@ -99,10 +99,9 @@ class DraftModelProposer:
     def _keep_prefix(self, kv: _DraftKV, ids: list[int]) -> None:
         """Drop the KV past the longest prefix kv.ids shares with ids, and never keep the last
         token's: its logits are what the next draft needs."""
-        n = 0
-        limit = min(len(kv.ids), len(ids) - 1)
-        while n < limit and kv.ids[n] == ids[n]:
-            n += 1
+        n = min(len(kv.ids), len(ids) - 1)
+        if kv.ids[:n] != ids[:n]:  # compared in C: a rejection changes only the last few tokens
+            n = next(i for i, (a, b) in enumerate(zip(kv.ids, ids)) if a != b)
         if n == len(kv.ids):
             return
         flat = torch.cat(kv.slots) if kv.slots else torch.empty(0, dtype=torch.int64)

@@ -277,7 +277,8 @@ class SpecPolicy:
         """After the proposer ran for a step: tries that keep finding no drafts, before costs are
         known, back off exponentially (expects_speculation), so a batch that rarely has drafts
         keeps its overlap while the policy waits to measure."""
-        self.fruitless = 0 if found else self.fruitless + 1
+        # capped where the skip already is MAX_LEARN_SKIP, so the power stays small
+        self.fruitless = 0 if found else min(self.fruitless + 1, MAX_LEARN_SKIP.bit_length())
         self.learn_skip = min(2**self.fruitless - 1, MAX_LEARN_SKIP)
 
     def expects_speculation(self, batch_size: int) -> bool:
