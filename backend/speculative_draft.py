@@ -176,6 +176,7 @@ def load_draft_runner(path: str, target: ModelRunner) -> ModelRunner:
         fraction,
         None,
         disable_cuda_graph=True,
+        kv_cache_dtype=target.kv_cache_dtype,  # as many tokens as the target's pool, in its dtype
     )
     logger.info("draft model %s: %d KV slots", path, runner.allocator.available_size())
     return runner

@@ -52,6 +52,7 @@ class WorkerSpec:
     kv_tokens: int
     max_running_requests: int
     quantization: str | None
+    kv_cache_dtype: str = "auto"
 
 
 class TPDriver:
@@ -147,6 +148,7 @@ def start_workers(
         runner.kv_pool.size,
         runner.max_running_requests,
         quantization,
+        runner.kv_cache_dtype,
     )
     driver = TPDriver(spec, shards)
     runner.model.tp_driver = driver
@@ -173,6 +175,7 @@ def worker_main(shard: TPShard, port: int, spec: WorkerSpec) -> None:
             spec.max_running_requests,
             quantization=spec.quantization,
             tp=shard,
+            kv_cache_dtype=spec.kv_cache_dtype,
         )
         while True:
             box: list[dict | None] = [None]

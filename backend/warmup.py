@@ -92,7 +92,7 @@ def _attention_variants(runner: ModelRunner, row: int, cascade: bool) -> None:
     c, dev = runner.config, runner.device
     k_buf, v_buf = runner.kv_pool.k_buffers[0], runner.kv_pool.v_buffers[0]
     bs, length = 4, min(4096, c.context_len)
-    q = torch.randn(bs, c.num_heads, c.head_dim, dtype=k_buf.dtype, device=dev)
+    q = torch.randn(bs, c.num_heads, c.head_dim, dtype=runner.dtype, device=dev)
     rows = torch.full((bs,), row, dtype=torch.int64, device=dev)
     seq = torch.full((bs,), length, dtype=torch.int64, device=dev)
     for s in SPLIT_COUNTS[:2]:  # plain decode never exceeds 64 splits
@@ -132,7 +132,7 @@ def measure_cascade_costs(runner: ModelRunner) -> CascadeCostModel | None:
     try:
         runner.req_table.clear_row(row)
         with torch.inference_mode():
-            per_token = KVPool.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, runner.dtype)
+            per_token = KVPool.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, runner.kv_dtype)
             kv_row_s = per_token / copy_bytes_per_s(dev)
             k_buf, v_buf, table = (
                 runner.kv_pool.k_buffers[0],
@@ -140,7 +140,7 @@ def measure_cascade_costs(runner: ModelRunner) -> CascadeCostModel | None:
                 runner.req_table.table,
             )
             bs, length = 8, min(512, c.context_len)
-            q = torch.randn(bs, c.num_heads, c.head_dim, dtype=k_buf.dtype, device=dev)
+            q = torch.randn(bs, c.num_heads, c.head_dim, dtype=runner.dtype, device=dev)
             rows = torch.full((bs,), row, dtype=torch.int64, device=dev)
             seq = torch.full((bs,), length, dtype=torch.int64, device=dev)
             plan = make_cascade_plan([bs], [length // 2], [length] * bs, dev)

@@ -2,8 +2,9 @@
 never a dependency) vs the memory / tensor-core roofline measured in the same run, Hq 32 / Hkv 8 /
 D 128 bf16. Checks every kernel against its torch reference at every shape first. Cold L2
 (rotating buffer sets > 180 MB), launch cost hidden (back-to-back calls between CUDA events).
+Also fp8-KV decode beside FlashInfer bf16 (kernels_fp8.py; the target is 1.8x FlashInfer's bf16 time at B=64 L=4096).
 Writes OUT/kernels_h200.json and OUT/kernels_h200.png (OUT/kernels_h200_<only>.* with --only).
-Usage: python benchmarks/kernels.py OUT [--sweep] [--only cascade]; CPU: --dry-run, --reanalyze, --help."""
+Usage: python benchmarks/kernels.py OUT [--sweep] [--only cascade|fp8]; CPU: --dry-run, --reanalyze, --help."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # kernel_checks, grammar_helpers
 import kernel_checks as checks  # noqa: E402
+import kv_fp8_checks  # noqa: E402
 from kernels_cascade import bench_cascade, dry_run  # noqa: E402
 from kernels_common import (  # noqa: E402
     DEV,
@@ -38,6 +40,7 @@ from kernels_common import (  # noqa: E402
     paged_table,
     time_fn,
 )
+from kernels_fp8 import bench_fp8_decode, fp8_ratios  # noqa: E402
 
 from radixlm.kernels.decode_attention import choose_num_splits, decode_attention  # noqa: E402
 from radixlm.kernels.extend_attention import extend_attention, extend_config  # noqa: E402
@@ -208,7 +211,7 @@ def fi_extend(fi, table, seq, ext, sets, qkv) -> float:
     )
 
 
-def correctness(kinds: tuple[str, ...] = ("decode", "extend", "cascade", "other")) -> list:
+def correctness(kinds: tuple[str, ...] = ("decode", "extend", "cascade", "fp8", "other")) -> list:
     """Every kernel vs its reference at every benchmark shape (bf16) plus ragged, fp32 and other
     head layouts; a check that raises is recorded as a failure, not fatal."""
     c, f32 = checks, torch.float32
@@ -244,6 +247,8 @@ def correctness(kinds: tuple[str, ...] = ("decode", "extend", "cascade", "other"
             ),
         ),
         ("cascade", lambda: c.check_cascade(DEV, f32, [5, 1], [700, 0], [1, 60, 3, 9, 200, 900], HQ, HKV, D)),
+        ("fp8", lambda: kv_fp8_checks.check_decode_fp8(DEV, DT, [4096] * 64, HQ, HKV, D, [None])),
+        ("fp8", lambda: kv_fp8_checks.check_decode_fp8(DEV, DT, [2048] * 128, HQ, HKV, D, [None], unit=True)),
         ("other", lambda: c.check_pointwise(DEV, DT, 300, 4096) + c.check_pointwise(DEV, f32, 33, 576)),
         ("other", lambda: c.check_rotary(DEV, DT, 500, HQ, HKV, D) + c.check_rotary(DEV, f32)),
     ]
@@ -317,7 +322,7 @@ def main(out_dir: str, sweep: bool, only: list[str]) -> None:
     torch.manual_seed(0)
     import triton
 
-    kinds = only or ["decode", "extend", "cascade"]
+    kinds = only or ["decode", "extend", "cascade", "fp8"]
     fi = load_flashinfer()
     res = {
         "gpu": torch.cuda.get_device_name(0),
@@ -352,6 +357,7 @@ def main(out_dir: str, sweep: bool, only: list[str]) -> None:
         "decode": lambda: bench_decode(fi, bw, sweep),
         "extend": lambda: bench_extend(fi, tf, bw, sweep),
         "cascade": lambda: bench_cascade(fi, bw, sweep),
+        "fp8": lambda: bench_fp8_decode(fi, bw, sweep),
     }
     for key in kinds:
         try:
@@ -419,6 +425,7 @@ def summarize(res: dict) -> None:
                 c["plain_us"] / c["cascade_best_us"]
             )
         res["ratios"]["cascade fraction of its roofline"] = c["roofline_cascade_us"] / c["cascade_us"]
+    res["ratios"].update(fp8_ratios(res.get("fp8", [])))
     for k, v in res["ratios"].items():
         log(f"{k:55s} {v:6.2f}")
     log("graph capture failures:", res.get("graph_capture_failures", GRAPH_FAILURES))
@@ -481,7 +488,7 @@ def parse_args(argv: list[str]):
     ap.add_argument(
         "--only",
         default="",
-        help="comma list of decode,extend,cascade: run just those benchmarks "
+        help="comma list of decode,extend,cascade,fp8: run just those benchmarks "
         "(and their correctness checks); writes kernels_h200_<only>.json so a full run is not overwritten",
     )
     ap.add_argument(
@@ -498,8 +505,9 @@ def parse_args(argv: list[str]):
     )
     args = ap.parse_args(argv)
     args.only = [k for k in args.only.split(",") if k]
-    if set(args.only) - {"decode", "extend", "cascade"}:
-        ap.error(f"--only: unknown {sorted(set(args.only) - {'decode', 'extend', 'cascade'})}")
+    kinds = {"decode", "extend", "cascade", "fp8"}
+    if set(args.only) - kinds:
+        ap.error(f"--only: unknown {sorted(set(args.only) - kinds)}")
     return args
 
 

@@ -1,7 +1,8 @@
 """The end-to-end suite: every workload on the engine's DEFAULT settings, each speed feature on
 and off in the same run, first runs included, as ratios (see suite_report.py for the list and
 their targets). Workers run one after another in fresh processes (each gets the whole device):
-the default engine, a radix-off engine, the HF transformers anchor, and the HTTP server.
+the default engine, a radix-off engine, the HF transformers anchor, the HTTP server, and engines
+with quantized weights or an fp8 KV cache (suite_quant.py).
 
     python benchmarks/suite.py --device cuda                  # H200: Llama-3.1-8B shape, random bf16
     python benchmarks/suite.py --small --device cpu           # default model, a few minutes
@@ -42,7 +43,7 @@ FULL: dict[str, Any] = {
     "serving": {"num_requests": 300, "input_len": 512, "output_len": 256, "ratio": 0.5, "rates": ["inf", 16]},
     "programs": {"batch": 16, "kinds": ["few_shot_qa", "tree_of_thought", "json_extraction"], "repeats": 3},
     "speculative": {"b1_new": 128, "batch": 64, "batch_new": 64, "reps": 2},
-    "timeouts": {"engine": 300, "radix_off": 90, "hf": 70, "server": 110},
+    "timeouts": {"engine": 300, "radix_off": 90, "hf": 70, "server": 110, "quant": 300},
 }
 SMALL: dict[str, Any] = {
     "engine": {},
@@ -66,9 +67,9 @@ SMALL: dict[str, Any] = {
     "serving": {"num_requests": 6, "input_len": 32, "output_len": 6, "ratio": 0.5, "rates": ["inf", 4]},
     "programs": {"batch": 2, "kinds": ["few_shot_qa"]},
     "speculative": {"b1_new": 12, "batch": 3, "batch_new": 6, "reps": 1},
-    "timeouts": {"engine": 600, "radix_off": 300, "hf": 300, "server": 300},
+    "timeouts": {"engine": 600, "radix_off": 300, "hf": 300, "server": 300, "quant": 600},
 }
-WORKERS = ("engine", "radix_off", "hf", "server")
+WORKERS = ("engine", "radix_off", "hf", "server", "quant")
 
 
 def engine_kwargs(sizes: dict[str, Any], device: str) -> dict[str, Any]:
@@ -194,6 +195,16 @@ def worker_server(sizes: dict[str, Any], device: str) -> dict[str, Any]:
     return {"serving": suite_serving.server_side(sizes["serving"], engine_kwargs(sizes, device))}
 
 
+def worker_quant(sizes: dict[str, Any], device: str) -> dict[str, Any]:
+    import suite_quant
+
+    return {
+        "quant": suite_quant.quant_rows(
+            sizes, engine_kwargs(sizes, device), lambda o: yield_partial({"quant": o})
+        )
+    }
+
+
 _PARTIAL: dict[str, str] = {}
 
 
@@ -285,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             "radix_off": worker_radix_off,
             "hf": worker_hf,
             "server": worker_server,
+            "quant": worker_quant,
         }
         yield_partial(fn[args.worker](sizes, args.device))
         return 0

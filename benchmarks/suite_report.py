@@ -211,6 +211,32 @@ RATIOS: list[Ratio] = [
         target=0.97,
     ),
     Ratio(
+        "q4_decode_b1",
+        "batch-1 decode tok/s, Q4_0 weights (quantized at load) / bf16",
+        lambda r: (
+            _w(r, "quant", "quant", "q4_0", "decode_b1", "overlap_on", "decode_tok_s")
+            / _w(r, "engine", "decode_b1", "overlap_on", "decode_tok_s")
+        ),
+        target=2.5,
+    ),
+    Ratio(
+        "fp8_b128",
+        "batch of equal requests (H200: 128 x in 512 / out 256), output tok/s, FP8 weights / bf16",
+        lambda r: (
+            _w(r, "quant", "quant", "fp8", "b128", "output_tok_s") / _w(r, "engine", "b128", "output_tok_s")
+        ),
+        target=1.3,
+    ),
+    Ratio(
+        "kv_fp8_mixed",
+        "mixed requests all at once, output tok/s, fp8 KV cache / bf16 KV cache",
+        lambda r: (
+            _w(r, "quant", "quant", "kv_fp8", "mixed", "output_tok_s")
+            / _w(r, "engine", "mixed", "output_tok_s")
+        ),
+        target=1.2,
+    ),
+    Ratio(
         "kernel_compiles",
         "Triton compilations during the default engine's timed runs",
         _compiles,

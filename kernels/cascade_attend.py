@@ -1,6 +1,7 @@
 """The attention step of every cascade tile: attend a tile's query rows to one key range of one
 request's KV row (whole blocks unmasked, then a masked tail) by online softmax, and store the
-partial state (out, lse) in the split buffer for the merge. Device functions only."""
+partial state (out, lse) in the split buffer for the merge. K/V rows are widened to q's dtype as
+loaded (an fp8 pool; its scales are folded outside). Device functions only."""
 
 from __future__ import annotations
 
@@ -41,11 +42,12 @@ def _fold_block(
         slots = tl.load(row_ptr + offs_n)
         kv_mask = mask_d[None, :]  # broadcast over the block's rows
     k = tl.load(K + slots[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+    k = k.to(q.dtype)  # an fp8 pool's rows, widened; a no-op for a pool in q's dtype
     qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
     if MASKED:
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
     v = tl.load(V + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-    return online_update(qk, m_i, l_i, acc, v, DOT_PREC)
+    return online_update(qk, m_i, l_i, acc, v.to(q.dtype), DOT_PREC)
 
 
 @triton.jit

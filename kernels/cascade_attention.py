@@ -5,6 +5,7 @@ request), each request's own tail separately, and the two merged by log-sum-exp.
 Default impl "fused": ONE launch whose programs are the shared-prefix tiles then the own-tail
 tiles (so neither part leaves the GPU idle), writing one split buffer, then one merge launch.
 impl="two_launch" (cascade_two_launch.py): a shared-prefix kernel, split-K decode, then a merge.
+An fp8 pool is read as is: its K scale is folded into q, its V scale into the output.
 Promises: equals plain decode attention over the whole sequence (`cascade_decode_attention_ref`);
 no host sync (grid sizes come from the plan's host ints), so it can be captured in a CUDA graph."""
 
@@ -22,6 +23,7 @@ from .cascade_fused_kernels import _cascade_fused_kernel as _cascade_fused_kerne
 from .cascade_plan import CascadePlan
 from .cascade_two_launch import two_launch
 from .decode_attention import decode_attention_ref
+from .kv_quant import apply_v_scale, fold_k_scale
 from .merge_state import merge_state_ref
 
 # Names imported `as` themselves are re-exported: the fused impl's layout and launches
@@ -83,8 +85,11 @@ def cascade_decode_attention(
     own_block_n: int | None = None,
     shared_waves: float | None = None,
     shared_first: bool | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [B, Hq, D] → out [B, Hq, D]. impl "fused" (default): one launch of shared + own programs,
+    """q [B, Hq, D] → out [B, Hq, D]. k_scale / v_scale [Hkv] fp32: the buffers hold K / scale,
+    V / scale (an fp8 pool); None = 1. impl "fused" (default): one launch of shared + own programs,
     then one merge; knobs default to FUSED_DEFAULTS. impl "two_launch": the shared kernel and the
     split-K decode kernel; fused_merge: both write one split buffer merged by a single kernel,
     otherwise each part is finished separately and joined by `merge_state`."""
@@ -103,15 +108,16 @@ def cascade_decode_attention(
     )
     if not use_triton(q):
         return cascade_decode_attention_ref(
-            q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, plan, sm_scale
+            q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, plan, sm_scale, k_scale, v_scale
         )
+    out = torch.empty_like(q)
+    q = fold_k_scale(q, k_scale)
     sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-    out = torch.empty_like(q)
     if bsz == 0:
         return out
     if impl == "two_launch":
-        return two_launch(
+        out = two_launch(
             q,
             k_buffer,
             v_buffer,
@@ -127,6 +133,7 @@ def cascade_decode_attention(
             sms,
             out,
         )
+        return apply_v_scale(out, v_scale)
     lay = fused_layout(bsz, hq, k_buffer.shape[1], plan, cfg, sms, shared_splits, own_splits)
     mid_o = torch.empty((bsz, hq, lay.s_sh + lay.s_own, d), dtype=torch.float32, device=q.device)
     mid_lse = torch.empty((bsz, hq, lay.s_sh + lay.s_own), dtype=torch.float32, device=q.device)
@@ -145,7 +152,7 @@ def cascade_decode_attention(
         cfg,
     )
     cascade_merge(mid_o, mid_lse, plan, lay.s_sh, out)
-    return out
+    return apply_v_scale(out, v_scale)
 
 
 def cascade_decode_attention_ref(
@@ -157,16 +164,36 @@ def cascade_decode_attention_ref(
     seq_lens: torch.Tensor,
     plan: CascadePlan,
     sm_scale: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Torch: the shared part read through each group's first member's row, the own part through
-    each request's row, joined by merge_state's reference (fp32 until the end)."""
+    each request's row, joined by merge_state's reference (fp32 until the end); K/V dequantized."""
     first = torch.repeat_interleave(plan.group_ptr[:-1], plan.group_ptr.diff())
     qf = q.float()
     zero = torch.zeros_like(plan.shared_lens)
     o_sh, l_sh = decode_attention_ref(
-        qf, k_buffer, v_buffer, req_to_token, req_pool_indices[first], plan.shared_lens, sm_scale, zero
+        qf,
+        k_buffer,
+        v_buffer,
+        req_to_token,
+        req_pool_indices[first],
+        plan.shared_lens,
+        sm_scale,
+        zero,
+        k_scale,
+        v_scale,
     )
     o_own, l_own = decode_attention_ref(
-        qf, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sm_scale, plan.shared_lens
+        qf,
+        k_buffer,
+        v_buffer,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        sm_scale,
+        plan.shared_lens,
+        k_scale,
+        v_scale,
     )
     return merge_state_ref(o_sh, l_sh, o_own, l_own)[0].to(q.dtype)

@@ -1,7 +1,8 @@
 """Cascade decode as two launches and a merge: a shared-prefix kernel over every group's prefix,
 split-K decode over each request's own tail, then one merge of both into the output (or, without
 fused_merge, each part finished separately and joined by merge_state). The fused one-launch impl
-in cascade_attention.py is the default; this one is kept as its yardstick."""
+in cascade_attention.py is the default; this one is kept as its yardstick. K/V rows are widened
+to q's dtype as loaded (an fp8 pool; the caller folds its scales)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 from ._attn_common import finish_state, online_update
 from ._triton import dot_precision, mma, next_pow2, tl, triton
 from .cascade_plan import CascadePlan
-from .decode_attention import choose_num_splits, decode_partial, merge_splits
-from .merge_state import merge_state
+from .decode_attention import choose_num_splits, decode_partial
+from .merge_state import merge_splits, merge_state
 
 
 @triton.jit
@@ -80,12 +81,12 @@ def _shared_prefix_kernel(
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(
             K + slots[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
-        )
+        ).to(q.dtype)
         qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         v = tl.load(
             V + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
-        )
+        ).to(q.dtype)
         m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
 
     out, lse = finish_state(m_i, l_i, acc)

@@ -1,8 +1,10 @@
 """Paged decode attention (one new token per request) over the KV pool, split-K flash-decoding
 with GQA grouping: one program serves all query heads of a KV head, so each K/V row is read once
-and QK^T / PV run on tensor cores; partial (out, lse) per KV split, then a merge kernel.
-Promises: `decode_attention` equals `decode_attention_ref` (softmax over each request's slots
-kv_start..seq_len-1 read through req_to_token, page size 1) and never syncs with the host."""
+and QK^T / PV run on tensor cores; partial (out, lse) per KV split, then a merge kernel. An fp8
+pool is read as is (rows converted to q's dtype); its K scale is folded into q, its V scale into
+the output (kv_quant.py). Promises: `decode_attention` equals `decode_attention_ref` (softmax
+over each request's slots kv_start..seq_len-1 read through req_to_token, page size 1, K/V
+dequantized) and never syncs with the host."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ from typing import Literal, overload
 import torch
 
 from ._attn_common import finish_state, online_update
-from ._triton import dot_precision, mma, next_pow2, split_block, tl, triton, use_triton
+from ._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
+from .kv_quant import apply_v_scale, dequantize_kv, fold_k_scale
+from .merge_state import merge_splits as merge_splits  # re-exported: split-K decode's second stage
 
 
 @triton.jit(do_not_specialize=["num_splits", "split_stride", "split_offset"])
@@ -82,86 +86,18 @@ def _decode_partial_kernel(
         kv_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(
             K + slots[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
-        )
+        ).to(q.dtype)  # an fp8 pool's rows, widened; a no-op for a pool in q's dtype
         qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         v = tl.load(
             V + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
-        )
+        ).to(q.dtype)
         m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
 
     out, lse = finish_state(m_i, l_i, acc)
     base = (b * num_q_heads + heads) * split_stride + split_offset + split
     tl.store(MidO + base[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask_h[:, None] & mask_d[None, :])
     tl.store(MidLse + base, lse, mask=mask_h)
-
-
-@triton.jit(do_not_specialize=["num_splits"])
-def _merge_splits_kernel(
-    MidO,
-    MidLse,
-    Out,
-    OutLse,
-    num_splits,
-    stride_ob,
-    stride_oh,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    WRITE_LSE: tl.constexpr,
-):
-    """One program per (row, head): softmax-weighted sum of the per-split partial outputs."""
-    n = tl.program_id(0)
-    h = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_s = offs_s < num_splits
-    mask_d = offs_d < HEAD_DIM
-    base = (n * tl.num_programs(1) + h) * num_splits
-    lse = tl.load(MidLse + base + offs_s, mask=mask_s, other=float("-inf"))
-    m = tl.max(lse, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse - m_safe)
-    total = tl.sum(w, 0)
-    o = tl.load(
-        MidO + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-        mask=mask_s[:, None] & mask_d[None, :],
-        other=0.0,
-    )
-    out = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-    tl.store(Out + n * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
-    if WRITE_LSE:
-        tl.store(OutLse + n * tl.num_programs(1) + h, tl.where(total > 0, m_safe + tl.log(total), m))
-
-
-def merge_splits(
-    mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor | None = None
-) -> None:
-    """Merge partial states mid_o [N, H, S, D] (fp32), mid_lse [N, H, S] into out [N, H, D]
-    (any float dtype, last dim contiguous) and, if given, out_lse [N, H] fp32."""
-    n, h, s, d = mid_o.shape
-    if n == 0:
-        return
-    _merge_splits_kernel[(n, h)](
-        mid_o,
-        mid_lse,
-        out,
-        out_lse if out_lse is not None else mid_lse,
-        s,
-        out.stride(0),
-        out.stride(1),
-        HEAD_DIM=d,
-        BLOCK_D=next_pow2(d),
-        BLOCK_S=split_block(s),
-        WRITE_LSE=out_lse is not None,
-        num_warps=4 if d >= 128 else 2,
-    )
-
-
-def merge_splits_ref(mid_o: torch.Tensor, mid_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    lse = torch.logsumexp(mid_lse, dim=-1)
-    w = torch.exp(mid_lse - torch.where(torch.isinf(lse), 0.0, lse).unsqueeze(-1))
-    return (mid_o * w.unsqueeze(-1)).sum(-2), lse
 
 
 def choose_num_splits(
@@ -200,6 +136,8 @@ def decode_attention(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 3,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor: ...
 
 
@@ -221,6 +159,8 @@ def decode_attention(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 3,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -240,12 +180,25 @@ def decode_attention(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 3,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """q [B, Hq, D] → out [B, Hq, D] (q's dtype); attends to positions kv_start[b]..seq_lens[b]-1.
-    num_splits (or max_len, host-side, to pick it) fixes the grid: no device→host sync."""
+    num_splits (or max_len, host-side, to pick it) fixes the grid: no device→host sync.
+    k_scale / v_scale [Hkv] fp32: the buffers hold K / scale, V / scale (an fp8 pool); None = 1.
+    The lse is of the dequantized scores, as the reference's."""
     if not use_triton(q):
         o, ref_lse = decode_attention_ref(
-            q, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, sm_scale, kv_start
+            q,
+            k_buffer,
+            v_buffer,
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            sm_scale,
+            kv_start,
+            k_scale,
+            v_scale,
         )
         if out is not None:
             out.copy_(o)
@@ -268,7 +221,7 @@ def decode_attention(
             return out, lse
         return out
     decode_partial(
-        q,
+        fold_k_scale(q, k_scale),
         k_buffer,
         v_buffer,
         req_to_token,
@@ -285,6 +238,7 @@ def decode_attention(
         num_stages,
     )
     merge_splits(mid_o, mid_lse, out, lse)
+    apply_v_scale(out, v_scale)
     if return_lse:
         assert lse is not None
         return out, lse
@@ -367,8 +321,11 @@ def decode_attention_ref(
     seq_lens: torch.Tensor,
     sm_scale: float | None = None,
     kv_start: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain torch, one request at a time, fp32 math → (out [B, Hq, D] in q's dtype, lse [B, Hq])."""
+    """Plain torch, one request at a time, fp32 math (or q's, if float64) → (out [B, Hq, D] in q's
+    dtype, lse [B, Hq]); K/V rows dequantized with k_scale / v_scale [Hkv] (None = 1)."""
     bsz, hq, d = q.shape
     group = hq // k_buffer.shape[1]
     sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
@@ -380,9 +337,10 @@ def decode_attention_ref(
         if hi <= lo:
             continue
         slots = req_to_token[int(req_pool_indices[b]), lo:hi]
-        k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [L, Hq, D]
-        v = v_buffer[slots].float().repeat_interleave(group, dim=1)
-        s = torch.einsum("hd,lhd->hl", q[b].float(), k) * sm_scale
+        math_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        k = dequantize_kv(k_buffer[slots], k_scale, math_dtype).repeat_interleave(group, dim=1)  # [L, Hq, D]
+        v = dequantize_kv(v_buffer[slots], v_scale, math_dtype).repeat_interleave(group, dim=1)
+        s = torch.einsum("hd,lhd->hl", q[b].to(math_dtype), k) * sm_scale
         lse[b] = torch.logsumexp(s, dim=-1)
         out[b] = torch.einsum("hl,lhd->hd", torch.softmax(s, dim=-1), v).to(q.dtype)
     return out, lse

@@ -1,7 +1,10 @@
 """Paged extend (prefill) attention over a ragged batch: each request's new tokens attend to
 its cached prefix (read through req_to_token, page size 1) and causally to themselves (read
-from the new K/V, contiguous). Promises: `extend_attention` equals `extend_attention_ref` for
-any mix of prefix and extend lengths (zeros included), GQA included, with no padding."""
+from the new K/V, contiguous). Cached and new K/V may be fp8 (an fp8 pool, k_scale / v_scale
+per KV head, one scale for both parts): rows are converted to q's dtype as loaded, the K scale is
+folded into q and the V scale into the output. Promises: `extend_attention` equals
+`extend_attention_ref` for any mix of prefix and extend lengths (zeros included), GQA included,
+with no padding."""
 
 from __future__ import annotations
 
@@ -11,10 +14,12 @@ import torch
 
 from ._attn_common import finish_state, online_update
 from ._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
+from .kv_quant import apply_v_scale, dequantize_kv, fold_k_scale
 
 
 @triton.jit
 def _load_rows(ptrs, mask_n, mask_d, MASK_N: tl.constexpr, EVEN_D: tl.constexpr):
+    """K or V rows as stored; callers widen an fp8 pool's rows to q's dtype (a no-op otherwise)."""
     if MASK_N:
         return tl.load(ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)
     elif EVEN_D:
@@ -56,13 +61,13 @@ def _prefix_step(
         slots = tl.load(row_ptr + offs_n)
     k = _load_rows(
         Kbuf + slots[:, None] * stride_bt + kvh * stride_bh + offs_d[None, :], mask_n, mask_d, MASK_N, EVEN_D
-    )
+    ).to(q.dtype)
     qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
     if MASK_N:
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
     v = _load_rows(
         Vbuf + slots[:, None] * stride_ct + kvh * stride_ch + offs_d[None, :], mask_n, mask_d, MASK_N, EVEN_D
-    )
+    ).to(q.dtype)
     return online_update(qk, m_i, l_i, acc, v, DOT_PREC)
 
 
@@ -193,7 +198,7 @@ def _extend_kernel(
             mask_d,
             False,
             EVEN_D,
-        )
+        ).to(q.dtype)
         qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
         v = _load_rows(
             Vnew + (tok0 + offs_n[:, None]) * stride_vt + kvh * stride_vh + offs_d[None, :],
@@ -201,7 +206,7 @@ def _extend_kernel(
             mask_d,
             False,
             EVEN_D,
-        )
+        ).to(q.dtype)
         m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
     diag_end = tl.minimum(last_tok + 1, ext_len)
     for n0 in range(full_end, diag_end, BLOCK_N):
@@ -213,7 +218,7 @@ def _extend_kernel(
             mask_d,
             True,
             EVEN_D,
-        )
+        ).to(q.dtype)
         qk = mma(q, tl.trans(k), DOT_PREC) * qk_scale
         qk = tl.where(mask_n[None, :] & (offs_n[None, :] <= toks[:, None]), qk, float("-inf"))
         v = _load_rows(
@@ -222,7 +227,7 @@ def _extend_kernel(
             mask_d,
             True,
             EVEN_D,
-        )
+        ).to(q.dtype)
         m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
 
     out, _ = finish_state(m_i, l_i, acc)
@@ -261,10 +266,13 @@ def extend_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     pack_gqa: bool = True,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, Hq, D], k_new/v_new [T, Hkv, D] → out [T, Hq, D]. max_extend_len is a host int
     (>= every extend length) that sizes the grid. pack_gqa: a program's rows are the GQA group's
-    query heads of block_m / group tokens (K/V read once per group), else one head's tokens."""
+    query heads of block_m / group tokens (K/V read once per group), else one head's tokens.
+    k_scale / v_scale [Hkv] fp32: cached and new K/V hold K / scale, V / scale; None = 1."""
     if not use_triton(q):
         o = extend_attention_ref(
             q,
@@ -278,6 +286,8 @@ def extend_attention(
             extend_lens,
             extend_start_loc,
             sm_scale,
+            k_scale,
+            v_scale,
         )
         return out.copy_(o) if out is not None else o
     t, hq, d = q.shape
@@ -296,6 +306,7 @@ def extend_attention(
     num_warps, num_stages = num_warps or cfg["num_warps"], num_stages or cfg["num_stages"]
     hpp = hq // hkv if pack_gqa else 1
     grid = (triton.cdiv(max_extend_len * hpp, block_m), hq // hpp, bsz)
+    q = fold_k_scale(q, k_scale)
     _extend_kernel[grid](
         q,
         k_new,
@@ -333,7 +344,7 @@ def extend_attention(
         num_warps=num_warps,
         num_stages=num_stages,
     )
-    return out
+    return apply_v_scale(out, v_scale)
 
 
 def extend_attention_ref(
@@ -348,8 +359,11 @@ def extend_attention_ref(
     extend_lens: torch.Tensor,
     extend_start_loc: torch.Tensor,
     sm_scale: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Plain torch, one request at a time: keys = prefix slots then the new tokens, causal mask."""
+    """Plain torch, one request at a time: keys = prefix slots then the new tokens, causal mask;
+    fp32 math (float64 for a float64 q); K/V dequantized with k_scale / v_scale (None = 1)."""
     t, hq, d = q.shape
     group = hq // k_new.shape[1]
     sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
@@ -359,9 +373,15 @@ def extend_attention_ref(
         if e == 0:
             continue
         slots = req_to_token[int(req_pool_indices[b]), :p]
-        k = torch.cat([k_buffer[slots], k_new[s0 : s0 + e]]).float().repeat_interleave(group, dim=1)
-        v = torch.cat([v_buffer[slots], v_new[s0 : s0 + e]]).float().repeat_interleave(group, dim=1)
-        s = torch.einsum("qhd,khd->hqk", q[s0 : s0 + e].float(), k) * sm_scale
+        md = torch.float64 if q.dtype == torch.float64 else torch.float32
+        k = torch.cat(
+            [dequantize_kv(k_buffer[slots], k_scale, md), dequantize_kv(k_new[s0 : s0 + e], k_scale, md)]
+        )
+        v = torch.cat(
+            [dequantize_kv(v_buffer[slots], v_scale, md), dequantize_kv(v_new[s0 : s0 + e], v_scale, md)]
+        )
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        s = torch.einsum("qhd,khd->hqk", q[s0 : s0 + e].to(md), k) * sm_scale
         causal = (
             torch.arange(p + e, device=q.device)[None, :] <= (p + torch.arange(e, device=q.device))[:, None]
         )

@@ -1,6 +1,7 @@
 """merge_state: combine two partial attention states over disjoint key sets, (out_a, lse_a) and
-(out_b, lse_b), into the state over their union by log-sum-exp weighting. Promises: equals
-`merge_state_ref`; an empty side (lse = -inf) leaves the other unchanged; both empty → 0, -inf."""
+(out_b, lse_b), into the state over their union by log-sum-exp weighting; merge_splits: the same
+over S split states per row (split-K decode's second stage). Promises: equal `merge_state_ref` /
+`merge_splits_ref`; an empty side (lse = -inf) leaves the other unchanged; all empty → 0, -inf."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Literal, overload
 
 import torch
 
-from ._triton import next_pow2, tl, triton, use_triton
+from ._triton import next_pow2, split_block, tl, triton, use_triton
 
 
 @triton.jit
@@ -135,3 +136,71 @@ def merge_state_ref(
     wa = torch.exp(lse_a.float() - safe).unsqueeze(-1)
     wb = torch.exp(lse_b.float() - safe).unsqueeze(-1)
     return out_a.float() * wa + out_b.float() * wb, lse
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _merge_splits_kernel(
+    MidO,
+    MidLse,
+    Out,
+    OutLse,
+    num_splits,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    """One program per (row, head): softmax-weighted sum of the per-split partial outputs."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_s = offs_s < num_splits
+    mask_d = offs_d < HEAD_DIM
+    base = (n * tl.num_programs(1) + h) * num_splits
+    lse = tl.load(MidLse + base + offs_s, mask=mask_s, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse - m_safe)
+    total = tl.sum(w, 0)
+    o = tl.load(
+        MidO + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    out = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(Out + n * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
+    if WRITE_LSE:
+        tl.store(OutLse + n * tl.num_programs(1) + h, tl.where(total > 0, m_safe + tl.log(total), m))
+
+
+def merge_splits(
+    mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor, out_lse: torch.Tensor | None = None
+) -> None:
+    """Merge partial states mid_o [N, H, S, D] (fp32), mid_lse [N, H, S] into out [N, H, D]
+    (any float dtype, last dim contiguous) and, if given, out_lse [N, H] fp32."""
+    n, h, s, d = mid_o.shape
+    if n == 0:
+        return
+    _merge_splits_kernel[(n, h)](
+        mid_o,
+        mid_lse,
+        out,
+        out_lse if out_lse is not None else mid_lse,
+        s,
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=d,
+        BLOCK_D=next_pow2(d),
+        BLOCK_S=split_block(s),
+        WRITE_LSE=out_lse is not None,
+        num_warps=4 if d >= 128 else 2,
+    )
+
+
+def merge_splits_ref(mid_o: torch.Tensor, mid_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    lse = torch.logsumexp(mid_lse, dim=-1)
+    w = torch.exp(mid_lse - torch.where(torch.isinf(lse), 0.0, lse).unsqueeze(-1))
+    return (mid_o * w.unsqueeze(-1)).sum(-2), lse

@@ -1,6 +1,7 @@
-"""GGUF block layouts read in torch: a weight is uint8 raw [rows, blocks * bytes] (one row of
-ggml blocks per output row). Promises: `dequantize_blocks` equals `gguf.quants.dequantize`, and
-the `affine_terms` of a weight sum to it (the form packed 4-bit matmuls take)."""
+"""GGUF block layouts read and written in torch: a weight is uint8 raw [rows, blocks * bytes] (one
+row of ggml blocks per output row). Promises: `dequantize_blocks` equals `gguf.quants.dequantize`,
+`quantize_blocks` equals `gguf.quants.quantize` byte for byte (Q4_0, Q4_1, Q8_0), and the
+`affine_terms` of a weight sum to it (the form packed 4-bit matmuls take)."""
 
 from __future__ import annotations
 
@@ -132,3 +133,49 @@ def dequantize_blocks(raw: torch.Tensor, qtype: str) -> torch.Tensor:
         w = term if w is None else w + term
     assert w is not None
     return w
+
+
+QUANTIZABLE = ("Q4_0", "Q4_1", "Q8_0")
+
+
+def _round_away(x: torch.Tensor) -> torch.Tensor:
+    """C's roundf (halves away from zero), which ggml's Q8_0 uses; torch.round rounds to even."""
+    return torch.sign(x) * torch.floor(x.abs() + 0.5)
+
+
+def _inverse(d: torch.Tensor) -> torch.Tensor:
+    return torch.where(d == 0, torch.zeros_like(d), 1.0 / d)
+
+
+def quantize_blocks(w: torch.Tensor, qtype: str) -> torch.Tensor:
+    """float weight [rows, cols] (cols a multiple of 32) → raw uint8 [rows, cols / 32 * bytes] on
+    w's device, the bytes ggml's reference quantizer writes (computed in float32 as it does)."""
+    if qtype not in QUANTIZABLE:
+        raise ValueError(f"quantize_blocks writes {', '.join(QUANTIZABLE)}, got {qtype}")
+    if w.dim() != 2 or w.shape[1] % 32:
+        raise ValueError(
+            f"quantize_blocks needs [rows, cols] with cols a multiple of 32, got {tuple(w.shape)}"
+        )
+    rows = w.shape[0]
+    x = w.float().reshape(rows, -1, 32)
+    if qtype == "Q8_0":
+        d = x.abs().amax(dim=-1, keepdim=True) / 127
+        q = _round_away(x * _inverse(d)).to(torch.int8).view(torch.uint8)
+        return torch.cat([_half_bytes(d), q], dim=-1).reshape(rows, -1)
+    if qtype == "Q4_0":
+        peak = torch.gather(x, -1, x.abs().argmax(dim=-1, keepdim=True))  # signed value of max |x|
+        d = peak / -8
+        q = torch.trunc(x * _inverse(d) + 8.5).clamp(0, 15).to(torch.uint8)
+        head = [_half_bytes(d)]
+    else:
+        lo, hi = x.amin(dim=-1, keepdim=True), x.amax(dim=-1, keepdim=True)
+        d = (hi - lo) / 15
+        q = torch.trunc((x - lo) * _inverse(d) + 0.5).clamp(0, 15).to(torch.uint8)
+        head = [_half_bytes(d), _half_bytes(lo)]
+    packed = q[..., :16] | (q[..., 16:] << 4)
+    return torch.cat([*head, packed], dim=-1).reshape(rows, -1)
+
+
+def _half_bytes(v: torch.Tensor) -> torch.Tensor:
+    """float32 [..., 1] → its fp16's two little-endian bytes [..., 2]."""
+    return v.to(torch.float16).view(torch.uint8)

@@ -1,139 +1,382 @@
-"""Decode GEMV over GGUF blocks: y [M, N] = x [M, K] @ W^T for W kept as Q4_0 / Q4_1 / Q8_0
-blocks (uint8 raw [N, K / 32 * bytes]), dequantized inside the loop so each weight byte is read
-once; fp32 accumulation, y in x's dtype. Promises: `quant_gemv` equals `quant_gemv_ref`, the
-fp32 matmul with `quant_blocks.dequantize_blocks` (itself equal to gguf's dequantization)."""
+"""Matmul over GGUF blocks on the GPU: y [M, N] = x [M, K] @ W^T for W kept as Q4_0 / Q4_1 / Q8_0,
+repacked once by `repack` into arrays the kernels read with wide loads (quants, fp16 scales and
+offsets), dequantized inside the loop so each weight byte is read once. Decode rows run on CUDA
+cores (kind "fma"), more rows dequantize tiles into tensor-core dots (kind "dot"); fp32
+accumulation, y in x's dtype. Promises: `quant_matmul` equals `quant_matmul_ref`, the fp32
+matmul with `quant_blocks.dequantize_blocks` (itself equal to gguf's dequantization), to the
+rounding of the dot's operand dtype."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ._triton import tl, triton, use_triton
+from ._triton import dot_precision, mma, tl, triton, use_triton
 from .quant_blocks import BLOCKS, dequantize_blocks
 
 GEMV_FORMATS = ("Q4_0", "Q4_1", "Q8_0")
-MAX_M = 8
 _KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
 
 
-@triton.jit
-def _half_at(ptr):
-    """The little-endian fp16 at byte pointer ptr, as fp32."""
-    lo = tl.load(ptr).to(tl.uint16)
-    hi = tl.load(ptr + 1).to(tl.uint16)
-    return (lo | (hi << 8)).to(tl.float16, bitcast=True).to(tl.float32)
+@dataclass(frozen=True)
+class GpuBlocks:
+    """A [rows, cols] GGUF weight as arrays: qs uint8 [rows, cols / 2] (Q4: block b's 16 bytes at
+    16b, low nibbles values 0-15, high 16-31) or [rows, cols] (Q8_0: the int8 values' bytes);
+    d fp16 [rows, cols / 32]; m fp16 [rows, cols / 32] for Q4_1 (the block's minimum), else None."""
+
+    qtype: str
+    qs: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor | None
+    cols: int
+
+    @property
+    def rows(self) -> int:
+        return self.qs.shape[0]
+
+
+def repack(raw: torch.Tensor, qtype: str) -> GpuBlocks:
+    """raw uint8 [rows, blocks * bytes] (ggml's layout) → GpuBlocks on raw's device."""
+    if qtype not in GEMV_FORMATS:
+        raise ValueError(f"quant_matmul serves {', '.join(GEMV_FORMATS)}, got {qtype}")
+    nbytes, _ = BLOCKS[qtype]
+    if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] % nbytes:
+        raise ValueError(f"{qtype} raw must be uint8 [rows, blocks * {nbytes}], got {tuple(raw.shape)}")
+    rows, nb = raw.shape[0], raw.shape[1] // nbytes
+    b = raw.reshape(rows, nb, nbytes)
+    halves = b[..., :4].contiguous().view(torch.float16)  # [rows, nb, 2]: d, then Q4_1's m
+    head = 4 if qtype == "Q4_1" else 2
+    qs = b[..., head:].contiguous().reshape(rows, -1)
+    m = halves[..., 1].contiguous() if qtype == "Q4_1" else None
+    return GpuBlocks(qtype, qs, halves[..., 0].contiguous(), m, nb * 32)
+
+
+@dataclass(frozen=True)
+class QuantMatmulConfig:
+    """kind "acc": one row of x, products summed elementwise and reduced once at the end; "fma":
+    each program owns block_n weight rows and streams them over K, a static loop over x's rows
+    (M <= 8); "dot": block_m x block_n tiles, weights dequantized per K tile into tensor-core
+    dots. block_k counts values (a multiple of 32); magic: quants become floats by exponent
+    bits instead of int-to-float conversions."""
+
+    kind: str = "fma"
+    block_n: int = 4
+    block_k: int = 1024
+    num_warps: int = 4
+    block_m: int = 16
+    num_stages: int = 1
+    magic: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("acc", "fma", "dot"):
+            raise ValueError(f"quant_matmul kind must be 'acc', 'fma' or 'dot', got {self.kind!r}")
+        if self.block_k < 32 or self.block_k & (self.block_k - 1):
+            raise ValueError(f"quant_matmul block_k must be a power of two >= 32, got {self.block_k}")
+
+    def label(self) -> str:
+        return (
+            f"{self.kind} m{self.block_m} n{self.block_n} k{self.block_k} w{self.num_warps} "
+            f"s{self.num_stages}{' magic' if self.magic else ''}"
+        )
+
+
+FMA_MAX_M = 8
+# per row count (the smallest key >= M applies; larger M take DOT): CUDA cores while the FMAs
+# per weight byte are few, tensor cores above. benchmarks/quant_gpu.py measures the choices.
+DEFAULTS: dict[int, QuantMatmulConfig] = {
+    1: QuantMatmulConfig("acc", 2, 2048, 4),
+    2: QuantMatmulConfig("fma", 2, 2048, 4),
+    8: QuantMatmulConfig("dot", 64, 128, 4, 16, 3),
+    16: QuantMatmulConfig("dot", 32, 128, 4, 16, 3),
+    128: QuantMatmulConfig("dot", 64, 128, 4, 64, 4),
+}
+DOT = QuantMatmulConfig("dot", 128, 64, 8, 128, 3)
+
+
+def default_config(m: int) -> QuantMatmulConfig:
+    return next((DEFAULTS[k] for k in sorted(DEFAULTS) if k >= m), DOT)
 
 
 @triton.jit
-def _quant_gemv_kernel(
+def _as_float(bits, bias: tl.constexpr):
+    """Small non-negative ints (< 2^23, as int32) to float32 minus bias, without a conversion
+    instruction: OR-ing in 2^23's exponent gives the float 2^23 + v exactly."""
+    return (bits | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + bias)
+
+
+@triton.jit
+def _block_values(QS, rows_c, blk, NB, KIND: tl.constexpr, MAGIC: tl.constexpr):
+    """The quants of blocks blk of rows rows_c as float32 [BN, BB, 16] pairs (values 0-15 and
+    16-31 of each block), Q4_0's -8 included."""
+    QB: tl.constexpr = 32 if KIND == 2 else 16
+    j = tl.arange(0, 16)
+    q_ptr = QS + rows_c[:, None, None] * (NB * QB) + blk[None, :, None] * QB + j[None, None, :]
+    if KIND == 2:
+        if MAGIC:
+            q0 = _as_float(tl.load(q_ptr).to(tl.int32) & 0xFF ^ 0x80, 128.0)
+            q1 = _as_float(tl.load(q_ptr + 16).to(tl.int32) & 0xFF ^ 0x80, 128.0)
+        else:
+            q0 = tl.load(q_ptr).to(tl.int8, bitcast=True).to(tl.float32)
+            q1 = tl.load(q_ptr + 16).to(tl.int8, bitcast=True).to(tl.float32)
+    else:
+        qb = tl.load(q_ptr)
+        if MAGIC:
+            qi = qb.to(tl.int32)
+            q0 = _as_float(qi & 0x0F, 8.0 if KIND == 0 else 0.0)
+            q1 = _as_float(qi >> 4, 8.0 if KIND == 0 else 0.0)
+        else:
+            q0 = (qb & 0x0F).to(tl.float32)
+            q1 = (qb >> 4).to(tl.float32)
+            if KIND == 0:
+                q0 -= 8.0
+                q1 -= 8.0
+    return q0, q1
+
+
+@triton.jit
+def _block_scales(D, MN, rows_c, b0, bb, NB, KIND: tl.constexpr, EVEN_B: tl.constexpr):
+    """Blocks b0 + bb of rows rows_c: their index (clamped to the last block), scale d and, for
+    Q4_1, offset m, both float32 [BN, BB] and zero past the last block."""
+    blk = tl.minimum(b0 + bb, NB - 1) if not EVEN_B else b0 + bb
+    d = tl.load(D + rows_c[:, None] * NB + blk[None, :]).to(tl.float32)
+    if not EVEN_B:
+        d = tl.where((b0 + bb)[None, :] < NB, d, 0.0)
+    mn = d
+    if KIND == 1:
+        mn = tl.load(MN + rows_c[:, None] * NB + blk[None, :]).to(tl.float32)
+        if not EVEN_B:
+            mn = tl.where((b0 + bb)[None, :] < NB, mn, 0.0)
+    return blk, d, mn
+
+
+@triton.jit
+def _gemv1_kernel(
     X,
-    W,
+    QS,
+    D,
+    MN,
+    Y,
+    N,
+    NB,
+    KIND: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    EVEN_B: tl.constexpr,
+    MAGIC: tl.constexpr,
+):
+    """One row of x: products accumulate elementwise over [BN, BB, 16] and are reduced once at
+    the end (a reduction per block would cost more than the block's FMAs)."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_c = tl.minimum(rows, N - 1).to(tl.int64)  # rows past N re-read row N-1; never stored
+    bb = tl.arange(0, BLOCK_B)
+    j = tl.arange(0, 16)
+    acc = tl.zeros((BLOCK_N, BLOCK_B, 16), dtype=tl.float32)
+    for b0 in range(0, NB, BLOCK_B):
+        blk, d, mn = _block_scales(D, MN, rows_c, b0, bb, NB, KIND, EVEN_B)  # [BN, BB]
+        q0, q1 = _block_values(QS, rows_c, blk, NB, KIND, MAGIC)
+        x_ptr = X + blk[:, None] * 32 + j[None, :]
+        x0 = tl.load(x_ptr).to(tl.float32)[None, :, :]
+        x1 = tl.load(x_ptr + 16).to(tl.float32)[None, :, :]
+        if KIND == 1:
+            acc += (q0 * d[:, :, None] + mn[:, :, None]) * x0 + (q1 * d[:, :, None] + mn[:, :, None]) * x1
+        else:
+            acc += (q0 * x0 + q1 * x1) * d[:, :, None]
+    y = tl.sum(tl.sum(acc, axis=2), axis=1)
+    tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rows < N)
+
+
+@triton.jit
+def _fma_kernel(
+    X,
+    QS,
+    D,
+    MN,
     Y,
     N,
     NB,
     stride_xm,
-    stride_wn,
     stride_ym,
     KIND: tl.constexpr,
-    BYTES: tl.constexpr,
     M: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    EVEN_B: tl.constexpr,
+    MAGIC: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    # rows past N re-read row N-1 (loads stay unmasked on rows); their outputs are never stored
-    row_ptr = W + tl.minimum(rows, N - 1).to(tl.int64)[:, None, None] * stride_wn
+    rows_c = tl.minimum(rows, N - 1).to(tl.int64)  # rows past N re-read row N-1; never stored
     bb = tl.arange(0, BLOCK_B)
     j = tl.arange(0, 16)
     m_idx = tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for b0 in range(0, NB, BLOCK_B):
-        blk = b0 + bb
-        bmask = blk < NB
-        blk_ptr = row_ptr + tl.minimum(blk, NB - 1)[None, :, None] * BYTES  # [BN, BB, 1]
-        d = tl.where(bmask[None, :], tl.sum(_half_at(blk_ptr), axis=2), 0.0)  # [BN, BB]
-        if KIND == 2:  # Q8_0: d, then 32 int8 values
-            lo = tl.load(blk_ptr + 2 + j[None, None, :]).to(tl.int8, bitcast=True).to(tl.float32)
-            hi = tl.load(blk_ptr + 18 + j[None, None, :]).to(tl.int8, bitcast=True).to(tl.float32)
-        else:  # Q4_0: d, 16 bytes; Q4_1: d, m, 16 bytes. Low nibbles are values 0-15.
-            qs = tl.load(blk_ptr + (2 if KIND == 0 else 4) + j[None, None, :])
-            lo = (qs & 0x0F).to(tl.float32)
-            hi = (qs >> 4).to(tl.float32)
-        if KIND == 1:
-            mn = tl.where(bmask[None, :], tl.sum(_half_at(blk_ptr + 2), axis=2), 0.0)
-        for m in tl.static_range(M):
-            x_ptr = X + m * stride_xm + tl.minimum(blk, NB - 1)[:, None] * 32 + j[None, :]
-            xlo = tl.load(x_ptr).to(tl.float32)  # [BB, 16]
-            xhi = tl.load(x_ptr + 16).to(tl.float32)
-            dots = tl.sum(lo * xlo[None, :, :] + hi * xhi[None, :, :], axis=2)  # [BN, BB]
-            if KIND == 0:
-                dots -= 8.0 * tl.sum(xlo + xhi, axis=1)[None, :]
-            part = d * dots
+        blk, d, mn = _block_scales(D, MN, rows_c, b0, bb, NB, KIND, EVEN_B)  # [BN, BB]
+        q0, q1 = _block_values(QS, rows_c, blk, NB, KIND, MAGIC)
+        for mi in tl.static_range(M):
+            x_ptr = X + mi * stride_xm + blk[:, None] * 32 + j[None, :]
+            x0 = tl.load(x_ptr).to(tl.float32)  # [BB, 16]
+            x1 = tl.load(x_ptr + 16).to(tl.float32)
+            part = d * tl.sum(q0 * x0[None, :, :] + q1 * x1[None, :, :], axis=2)  # [BN, BB]
             if KIND == 1:
-                part += mn * tl.sum(xlo + xhi, axis=1)[None, :]
-            acc += tl.where(m_idx[:, None] == m, tl.sum(part, axis=1)[None, :], 0.0)
+                part += mn * tl.sum(x0 + x1, axis=1)[None, :]
+            acc += tl.where(m_idx[:, None] == mi, tl.sum(part, axis=1)[None, :], 0.0)
     mask = (m_idx[:, None] < M) & (rows[None, :] < N)
     tl.store(Y + m_idx[:, None] * stride_ym + rows[None, :], acc.to(Y.dtype.element_ty), mask=mask)
 
 
-def _validate(x: torch.Tensor, raw: torch.Tensor, qtype: str, cols: int) -> None:
-    if qtype not in GEMV_FORMATS:
-        raise ValueError(f"quant_gemv serves {', '.join(GEMV_FORMATS)}, got {qtype}")
-    nbytes, nvalues = BLOCKS[qtype]
-    if x.dim() != 2 or x.shape[1] != cols or cols % nvalues:
-        raise ValueError(
-            f"quant_gemv needs x [M, {cols}] with K a multiple of {nvalues}, got {tuple(x.shape)}"
-        )
-    if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] != cols // nvalues * nbytes:
-        raise ValueError(
-            f"quant_gemv: raw must be uint8 [N, {cols // nvalues * nbytes}], got {tuple(raw.shape)}"
-        )
-    if not 1 <= x.shape[0] <= MAX_M:
-        raise ValueError(f"quant_gemv serves 1..{MAX_M} rows, got M={x.shape[0]}")
+@triton.jit
+def _dot_kernel(
+    X,
+    QS,
+    D,
+    MN,
+    Y,
+    M,
+    N,
+    NB,
+    stride_xm,
+    stride_ym,
+    KIND: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    EVEN_B: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    QB: tl.constexpr = 32 if KIND == 2 else 16
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_c = tl.minimum(rows, N - 1).to(tl.int64)
+    m_c = tl.minimum(offs_m, M - 1).to(tl.int64)
+    kk = tl.arange(0, BLOCK_B * QB)  # quant bytes of BLOCK_B blocks, along K
+    kb = kk // QB  # block of each byte
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for b0 in range(0, NB, BLOCK_B):
+        blk = tl.minimum(b0 + kb, NB - 1) if not EVEN_B else b0 + kb  # [BB * QB]
+        d = tl.load(D + rows_c[None, :] * NB + blk[:, None]).to(tl.float32)  # [BB*QB, BN]
+        if not EVEN_B:
+            d = tl.where((b0 + kb)[:, None] < NB, d, 0.0)
+        q_ptr = QS + rows_c[None, :] * (NB * QB) + (blk * QB + kk % QB)[:, None]
+        x_ptr = X + m_c[:, None] * stride_xm + (blk * 32 + kk % QB)[None, :]
+        if KIND == 2:
+            w = (_as_float(tl.load(q_ptr).to(tl.int32) & 0xFF ^ 0x80, 128.0) * d).to(X.dtype.element_ty)
+            acc += mma(tl.load(x_ptr), w, DOT_PREC)
+        else:
+            qb = tl.load(q_ptr).to(tl.int32)
+            if KIND == 0:
+                w_lo = (_as_float(qb & 0x0F, 8.0) * d).to(X.dtype.element_ty)
+                w_hi = (_as_float(qb >> 4, 8.0) * d).to(X.dtype.element_ty)
+            else:
+                lo = _as_float(qb & 0x0F, 0.0)
+                hi = _as_float(qb >> 4, 0.0)
+                mn = tl.load(MN + rows_c[None, :] * NB + blk[:, None]).to(tl.float32)
+                if not EVEN_B:
+                    mn = tl.where((b0 + kb)[:, None] < NB, mn, 0.0)
+                w_lo = (lo * d + mn).to(X.dtype.element_ty)
+                w_hi = (hi * d + mn).to(X.dtype.element_ty)
+            acc += mma(tl.load(x_ptr), w_lo, DOT_PREC)
+            acc += mma(tl.load(x_ptr + 16), w_hi, DOT_PREC)
+    mask = (offs_m[:, None] < M) & (rows[None, :] < N)
+    tl.store(Y + offs_m[:, None] * stride_ym + rows[None, :], acc.to(Y.dtype.element_ty), mask=mask)
 
 
-def quant_gemv(
-    x: torch.Tensor,
-    raw: torch.Tensor,
-    qtype: str,
-    cols: int,
-    block_n: int = 16,
-    block_b: int = 8,
-    num_warps: int = 4,
-) -> torch.Tensor:
-    """y [M, N] = x @ dequantize(raw)^T, one launch; the torch reference where Triton is off."""
-    _validate(x, raw, qtype, cols)
+def _validate(x: torch.Tensor, w: GpuBlocks) -> None:
+    if x.dim() != 2 or x.shape[1] != w.cols:
+        raise ValueError(f"quant_matmul needs x [M, {w.cols}], got {tuple(x.shape)}")
+    if x.shape[0] < 1:
+        raise ValueError("quant_matmul needs at least one row of x")
+
+
+def quant_matmul(x: torch.Tensor, w: GpuBlocks, config: QuantMatmulConfig | None = None) -> torch.Tensor:
+    """y [M, N] = x @ dequantize(w)^T, one launch; the torch reference where Triton is off."""
+    _validate(x, w)
+    m, n, nb = x.shape[0], w.rows, w.cols // 32
+    cfg = config or default_config(m)
+    if cfg.kind == "fma" and m > FMA_MAX_M:
+        raise ValueError(f"quant_matmul kind 'fma' serves 1..{FMA_MAX_M} rows, got M={m}")
+    if cfg.kind == "acc" and m != 1:
+        raise ValueError(f"quant_matmul kind 'acc' serves one row, got M={m}")
     if not use_triton(x):
-        return quant_gemv_ref(x, raw, qtype)
+        return quant_matmul_ref(x, w)
     x = x.contiguous()
-    raw = raw.contiguous()
-    m, n = x.shape[0], raw.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(n, block_n),)
-    _quant_gemv_kernel[grid](
-        x,
-        raw,
-        y,
-        n,
-        cols // 32,
-        x.stride(0),
-        raw.stride(0),
-        y.stride(0),
-        KIND=_KIND[qtype],
-        BYTES=BLOCKS[qtype][0],
-        M=m,
-        BLOCK_M=max(2, triton.next_power_of_2(m)),
-        BLOCK_N=block_n,
-        BLOCK_B=block_b,
-        num_warps=num_warps,
-    )
+    block_b = min(cfg.block_k // 32, triton.next_power_of_2(nb))
+    args = (w.qs, w.d, w.m if w.m is not None else w.d, y)
+    common = dict(KIND=_KIND[w.qtype], BLOCK_N=cfg.block_n, BLOCK_B=block_b, EVEN_B=nb % block_b == 0)
+    if cfg.kind == "acc":
+        _gemv1_kernel[(triton.cdiv(n, cfg.block_n),)](
+            x, *args, n, nb, MAGIC=cfg.magic, num_warps=cfg.num_warps, **common
+        )
+    elif cfg.kind == "fma":
+        _fma_kernel[(triton.cdiv(n, cfg.block_n),)](
+            x,
+            *args,
+            n,
+            nb,
+            x.stride(0),
+            y.stride(0),
+            M=m,
+            BLOCK_M=max(2, triton.next_power_of_2(m)),
+            MAGIC=cfg.magic,
+            num_warps=cfg.num_warps,
+            **common,
+        )
+    else:
+        _dot_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))](
+            x,
+            *args,
+            m,
+            n,
+            nb,
+            x.stride(0),
+            y.stride(0),
+            BLOCK_M=cfg.block_m,
+            DOT_PREC=dot_precision(x.dtype),
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+            **common,
+        )
     return y
 
 
-def quant_gemv_ref(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:
-    """fp32 F.linear with the dequantized blocks, cast to x's dtype."""
+def dequantize(w: GpuBlocks) -> torch.Tensor:
+    """float32 [rows, cols] from the repacked arrays, equal to `dequantize_blocks` of the raw."""
+    rows, nb = w.rows, w.cols // 32
+    d = w.d.float().reshape(rows, nb, 1)
+    if w.qtype == "Q8_0":
+        return (d * w.qs.view(torch.int8).float().reshape(rows, nb, 32)).reshape(rows, -1)
+    qb = w.qs.reshape(rows, nb, 16)
+    q = torch.cat([qb & 0x0F, qb >> 4], dim=-1).float()
+    if w.qtype == "Q4_0":
+        return (d * q + (-8 * d)).reshape(rows, -1)
+    assert w.m is not None
+    return (d * q + w.m.float().reshape(rows, nb, 1)).reshape(rows, -1)
+
+
+def quant_matmul_ref(x: torch.Tensor, w: GpuBlocks) -> torch.Tensor:
+    """fp32 F.linear with the dequantized weight, cast to x's dtype."""
+    return F.linear(x.float(), dequantize(w)).to(x.dtype)
+
+
+def quant_matmul_raw_ref(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:
+    """The same from ggml's own block bytes (`dequantize_blocks`): the independent reference."""
     return F.linear(x.float(), dequantize_blocks(raw, qtype)).to(x.dtype)
 
 
-__all__ = ["GEMV_FORMATS", "MAX_M", "quant_gemv", "quant_gemv_ref"]
+__all__ = [
+    "DEFAULTS",
+    "DOT",
+    "FMA_MAX_M",
+    "GEMV_FORMATS",
+    "GpuBlocks",
+    "QuantMatmulConfig",
+    "default_config",
+    "dequantize",
+    "quant_matmul",
+    "quant_matmul_raw_ref",
+    "quant_matmul_ref",
+    "repack",
+]

@@ -1,14 +1,17 @@
 """Rotary position embedding, HF rotate-half (neox) style, from a cos/sin cache indexed by
 position: x' = x * cos + rotate_half(x) * sin, for q and k in one launch; for decode the same
-launch can write the rotated k and the raw v straight into the KV pool (`rotary_and_store`),
-saving the separate store kernel. Promises: equals `rotary_ref` (fp32 math, one rounding) and
-HF's apply_rotary_pos_emb to rounding; the pool rows written equal `kv_store_ref`'s."""
+launch can write the rotated k and the raw v straight into the KV pool (`rotary_and_store`,
+quantizing for an fp8 pool), saving the separate store kernel. Promises: equals `rotary_ref`
+(fp32 math, one rounding) and HF's apply_rotary_pos_emb to rounding; the pool rows written equal
+`kv_store_ref`'s applied to the rotated k (rounded to k's dtype) and v."""
 
 from __future__ import annotations
 
 import torch
 
 from ._triton import next_pow2, tl, triton, use_triton
+from .kv_quant import is_fp8
+from .kv_store import kv_store_ref, quantize_rows
 
 
 def build_cos_sin_cache(inv_freq: torch.Tensor, max_position: int) -> torch.Tensor:
@@ -33,10 +36,14 @@ def _rotate_heads(
     n_heads,
     cos,
     sin,
+    Scale,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
+    """QUANT: Y is an fp8 pool buffer; the rotated rows (rounded to X's dtype first, as the
+    unfused rope-then-store path would hold them) are quantized with Scale[head]."""
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
     for h0 in range(0, n_heads, BLOCK_H):
@@ -46,8 +53,14 @@ def _rotate_heads(
         x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
         dst = Y + out_row * stride_yt + hh[:, None] * stride_yh + offs_d[None, :]
-        tl.store(dst, (x1 * cos - x2 * sin).to(Y.dtype.element_ty), mask=mask)
-        tl.store(dst + HALF, (x2 * cos + x1 * sin).to(Y.dtype.element_ty), mask=mask)
+        y1 = x1 * cos - x2 * sin
+        y2 = x2 * cos + x1 * sin
+        if QUANT:
+            s = tl.load(Scale + hh, mask=hh < n_heads, other=1.0)[:, None]
+            y1 = quantize_rows(y1.to(X.dtype.element_ty), s, True, Y)
+            y2 = quantize_rows(y2.to(X.dtype.element_ty), s, True, Y)
+        tl.store(dst, y1.to(Y.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF, y2.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -61,9 +74,11 @@ def _copy_v_row(
     stride_bt,
     stride_bh,
     n_heads,
+    Scale,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -71,9 +86,12 @@ def _copy_v_row(
         hh = h0 + offs_h
         mask = (hh[:, None] < n_heads) & (offs_d[None, :] < HEAD_DIM)
         v = tl.load(V + tok * stride_vt + hh[:, None] * stride_vh + offs_d[None, :], mask=mask)
+        s = 1.0
+        if QUANT:
+            s = tl.load(Scale + hh, mask=hh < n_heads, other=1.0)[:, None]
         tl.store(
             Vbuf + slot * stride_bt + hh[:, None] * stride_bh + offs_d[None, :],
-            v.to(Vbuf.dtype.element_ty),
+            quantize_rows(v, s, QUANT, Vbuf),
             mask=mask,
         )
 
@@ -104,12 +122,16 @@ def _rotary_kernel(
     stride_vh,
     stride_bt,
     stride_bh,
+    KScale,
+    VScale,
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     STORE_KV: tl.constexpr,
+    QUANT: tl.constexpr,
 ):
-    """STORE_KV: Ko is the pool's K buffer and k's output row is Loc[tok]; v is copied to Vbuf."""
+    """STORE_KV: Ko is the pool's K buffer and k's output row is Loc[tok]; v is copied to Vbuf.
+    QUANT: the pool is fp8, quantized with KScale / VScale per KV head."""
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + tok)
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -128,9 +150,11 @@ def _rotary_kernel(
         n_q_heads,
         cos,
         sin,
+        KScale,
         HALF,
         BLOCK_H,
         BLOCK_HALF,
+        False,
     )
     k_row = tok
     if STORE_KV:
@@ -145,9 +169,11 @@ def _rotary_kernel(
             stride_bt,
             stride_bh,
             n_k_heads,
+            VScale,
             2 * HALF,
             BLOCK_H,
             2 * BLOCK_HALF,
+            QUANT,
         )
     _rotate_heads(
         K,
@@ -161,9 +187,11 @@ def _rotary_kernel(
         n_k_heads,
         cos,
         sin,
+        KScale,
         HALF,
         BLOCK_H,
         BLOCK_HALF,
+        QUANT,
     )
 
 
@@ -183,11 +211,14 @@ def _launch(
     positions: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
+    """scales: (K, V) per-KV-head scales when storing into an fp8 pool."""
     if q.stride(2) != 1 or k.stride(2) != 1:
         q, k = q.contiguous(), k.contiguous()
     cache = cos_sin_cache if cos_sin_cache.dtype == torch.float32 else cos_sin_cache.float()
     v, v_buf, loc = store if store is not None else (k, ko, positions)  # unused when not storing
+    k_scale, v_scale = scales if scales is not None else (cache, cache)  # unused unless QUANT
     if q.shape[0]:
         half = q.shape[2] // 2
         _rotary_kernel[(q.shape[0],)](
@@ -215,10 +246,13 @@ def _launch(
             v.stride(1),
             v_buf.stride(0),
             v_buf.stride(1),
+            k_scale,
+            v_scale,
             HALF=half,
             BLOCK_H=min(16, next_pow2(max(q.shape[1], k.shape[1]))),
             BLOCK_HALF=next_pow2(half),
             STORE_KV=store is not None,
+            QUANT=scales is not None,
             num_warps=4,
         )
 
@@ -247,19 +281,26 @@ def rotary_and_store(
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
     loc: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rotate q and k; write rotated k into k_buffer[loc] and v into v_buffer[loc] (buffers
-    [S, Hkv, D], last dim contiguous); return rotated q. One launch."""
+    [S, Hkv, D], last dim contiguous; fp8 buffers quantized with k_scale / v_scale [Hkv] fp32,
+    None = all 1); return rotated q. One launch."""
     _check(q, k, cos_sin_cache)
     if k_buffer.shape[1:] != k.shape[1:] or v.shape != k.shape or v_buffer.stride() != k_buffer.stride():
         raise ValueError(f"pool rows {tuple(k_buffer.shape[1:])} must match k/v {tuple(k.shape[1:])}")
     if not use_triton(q):
         qr, kr = rotary_ref(q, k, positions, cos_sin_cache)
-        k_buffer[loc], v_buffer[loc] = kr.to(k_buffer.dtype), v.to(v_buffer.dtype)
+        kv_store_ref(k_buffer, v_buffer, loc, kr, v, k_scale, v_scale)
         return qr
+    scales = None
+    if is_fp8(k_buffer.dtype):
+        ones = torch.ones(k_buffer.shape[1], dtype=torch.float32, device=k_buffer.device)
+        scales = (k_scale if k_scale is not None else ones, v_scale if v_scale is not None else ones)
     qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     v = v if v.stride(2) == 1 else v.contiguous()
-    _launch(q, k, qo, k_buffer, positions, cos_sin_cache, (v, v_buffer, loc))
+    _launch(q, k, qo, k_buffer, positions, cos_sin_cache, (v, v_buffer, loc), scales)
     return qo
 
 

@@ -86,81 +86,36 @@ def _checks(group: str) -> list:
 
 
 def _backend_records(dtype) -> list:
-    """TritonAttentionBackend over a forked workload (request 0's first 6 tokens shared by 1 and 2):
-    extend, mixed extend, then decode steps plain and through a cascade plan. Reference: attention
-    over each request's own K/V history kept outside the pool."""
+    """TritonAttentionBackend over the forked workload (tests/forked_steps.py): extend, mixed
+    extend, then decode steps plain and through a cascade plan. Reference: attention over each
+    request's own K/V history kept outside the pool."""
     import torch
+    from forked_steps import FORK_LEN, causal_ref, forked_steps
     from kernel_checks import BOUND, DTYPE_NAME, rel_err
 
     from radixlm.backend.attention_triton import TritonAttentionBackend
-    from radixlm.backend.cascade_groups import make_cascade_plan
-    from radixlm.backend.forward_batch import ForwardBatch
-    from radixlm.backend.kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator
+    from radixlm.backend.kv_pool import KVPool
 
     hq, hkv, d = 8, 2, 32
     dev = os.environ.get("KERNEL_TEST_DEVICE", "cpu")  # the GPU run sets cuda
-    pool, alloc, table = (
-        KVPool(1, 100, hkv, d, dtype, dev),
-        TokenSlotAllocator(100),
-        ReqToTokenTable(4, 32, dev),
-    )
-    backend = TritonAttentionBackend()
-    rows = [table.alloc() for _ in range(3)]
+    pool = KVPool(1, 100, hkv, d, dtype, dev)
     hist: list[list] = [[], [], []]  # per request: (k, v) rows so far
     recs = []
-    steps = [
-        ([0], [6], None),
-        ([0, 1, 2], [1, 3, 2], None),
-        ([0, 1, 2], [1, 1, 1], None),
-        ([0, 1, 2], [1, 1, 1], "cascade"),
-    ]
-    for i, (reqs, ext, mode) in enumerate(steps):
-        if i == 1:  # fork: requests 1 and 2 start from request 0's first 6 slots
-            for r in (1, 2):
-                table.table[rows[r], :6] = table.table[rows[0], :6]
-                hist[r] = list(hist[0][:6])
-        prefix = [len(hist[r]) for r in reqs]
-        t = sum(ext)
-        slots = alloc.alloc(t).to(dev)
-        starts = [sum(ext[:j]) for j in range(len(ext))]
-        for r, p, e, s0 in zip(reqs, prefix, ext, starts):
-            table.write(rows[r], p, slots[s0 : s0 + e])
+    for st in forked_steps(pool, TritonAttentionBackend(), dev):
+        if st.index == 1:
+            hist[1], hist[2] = list(hist[0][:FORK_LEN]), list(hist[0][:FORK_LEN])
+        t = st.tokens
         q, k, v = (torch.randn(t, h, d, dtype=dtype, device=dev) for h in (hq, hkv, hkv))
-        seq = [p + e for p, e in zip(prefix, ext)]
-        as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=dev)  # noqa: E731
-        fb = ForwardBatch(
-            input_ids=as_t([0] * t),
-            positions=as_t([i for p, e in zip(prefix, ext) for i in range(p, p + e)]),
-            out_cache_loc=slots,
-            req_pool_indices=as_t([rows[r] for r in reqs]),
-            seq_lens=as_t(seq),
-            prefix_lens=as_t(prefix),
-            extend_lens=as_t(ext),
-            extend_start_loc=as_t(starts),
-            seq_lens_cpu=seq,
-            prefix_lens_cpu=prefix,
-            extend_lens_cpu=ext,
-            req_pool_indices_cpu=[rows[r] for r in reqs],
-            extend_start_loc_cpu=starts,
-            logits_indices=as_t(starts),
-            req_to_token=table.table,
-            kv_pool=pool,
-            attn_backend=backend,
-            is_decode=all(e == 1 for e in ext),
-        )
-        if mode == "cascade":
-            fb.cascade_plan = make_cascade_plan([3], [6], seq, dev)
-        out = backend.forward(q, k, v, 0, fb)
+        out = st.fb.attn_backend.forward(q, k, v, 0, st.fb)
         ref = torch.empty(t, hq, d, dtype=torch.float64)
-        for r, p, e, s0 in zip(reqs, prefix, ext, starts):
+        for r, p, e, s0 in zip(st.reqs, st.prefix, st.ext, st.starts):
             hist[r] += [(k[s0 + j].cpu(), v[s0 + j].cpu()) for j in range(e)]
-            kk = torch.stack([x for x, _ in hist[r]]).double().repeat_interleave(hq // hkv, 1)
-            vv = torch.stack([y for _, y in hist[r]]).double().repeat_interleave(hq // hkv, 1)
-            s = torch.einsum("qhd,khd->hqk", q[s0 : s0 + e].double().cpu(), kk) / d**0.5
-            s = s.masked_fill(torch.arange(p + e)[None, :] > (p + torch.arange(e))[:, None], float("-inf"))
-            ref[s0 : s0 + e] = torch.einsum("hqk,khd->qhd", s.softmax(-1), vv)
-        tag = f"backend {DTYPE_NAME[dtype]} step {i} ({mode or ('decode' if fb.is_decode else 'extend')})"
+            kk = torch.stack([x for x, _ in hist[r]]).double()
+            vv = torch.stack([y for _, y in hist[r]]).double()
+            ref[s0 : s0 + e] = causal_ref(q[s0 : s0 + e], kk, vv, p)
+        tag = f"backend {DTYPE_NAME[dtype]} {st.label()}"
         recs.append((tag, rel_err(out.view(t, hq, d), ref), BOUND[dtype]))
+        slots = st.slots
         stored = (pool.k_buffers[0][slots] - k).abs().max() + (pool.v_buffers[0][slots] - v).abs().max()
         recs.append((tag + " KV stored", float(stored), 0.0))
     return recs

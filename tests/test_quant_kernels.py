@@ -1,7 +1,9 @@
-"""The dequantize-in-the-loop decode GEMV (`radixlm.kernels.quant_gemv`) against gguf's own
+"""The GPU matmul over GGUF blocks (`radixlm.kernels.quant_gemv`) against gguf's own
 dequantization: weights quantized by `gguf.quants.quantize`, dequantized by
-`gguf.quants.dequantize`, a float64 matmul as the reference. Small odd shapes under
-TRITON_INTERPRET=1 in a subprocess (the interpreter must be on before the kernels are defined)."""
+`gguf.quants.dequantize`, a float64 matmul as the reference. Both kernel kinds (CUDA-core "fma"
+for decode rows, tensor-core "dot" for more) on small odd shapes under TRITON_INTERPRET=1 in a
+subprocess (the interpreter must be on before the kernels are defined), and at Llama-3.1-8B
+shapes in bf16 on a GPU."""
 
 from __future__ import annotations
 
@@ -18,67 +20,122 @@ import torch
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 
-# (format, M, N, K, block_n, block_b): N not a multiple of block_n; K / 32 not a multiple of block_b
+# (format, M, N, K, kind, block_m, block_n, block_k[, magic]): N not a multiple of block_n, K / 32
+# not a multiple of block_k / 32, M not a multiple of block_m
 CASES = [
-    ("Q4_0", 1, 37, 96, 16, 2),
-    ("Q4_1", 3, 20, 288, 8, 4),
-    ("Q4_1", 1, 64, 64, 16, 8),
-    ("Q8_0", 8, 19, 160, 8, 4),
-    ("Q8_0", 2, 16, 32, 4, 1),
+    ("Q4_0", 1, 37, 96, "fma", 16, 16, 64),
+    ("Q4_1", 3, 20, 288, "fma", 16, 8, 128),
+    ("Q4_1", 1, 64, 64, "fma", 16, 16, 256),
+    ("Q8_0", 8, 19, 160, "fma", 16, 8, 128),
+    ("Q8_0", 2, 16, 32, "fma", 16, 4, 32),
+    ("Q4_0", 5, 40, 160, "dot", 16, 16, 64),
+    ("Q4_1", 17, 33, 96, "dot", 16, 32, 64),
+    ("Q8_0", 20, 24, 224, "dot", 16, 16, 128),
+    ("Q4_0", 1, 37, 96, "acc", 16, 16, 64),
+    ("Q4_1", 1, 20, 288, "acc", 16, 8, 128, True),
+    ("Q8_0", 1, 19, 160, "acc", 16, 4, 64, True),
+    ("Q4_0", 3, 21, 160, "fma", 16, 8, 64, True),
+    ("Q8_0", 2, 9, 96, "fma", 16, 4, 64, True),
 ]
 
 
-def run_case(qtype: str, m: int, n: int, k: int, block_n: int, block_b: int, device: str) -> dict:
-    from radixlm.kernels.quant_gemv import quant_gemv
+def run_case(
+    qtype: str,
+    m: int,
+    n: int,
+    k: int,
+    kind: str,
+    bm: int,
+    bn: int,
+    bk: int,
+    magic: bool = False,
+    *,
+    device: str,
+    dtype: str,
+) -> dict:
+    from radixlm.kernels.quant_gemv import QuantMatmulConfig, quant_matmul, quant_matmul_ref, repack
 
     rng = np.random.default_rng(m * 1000 + n)
     raw = gguf.quants.quantize(
         rng.standard_normal((n, k)).astype(np.float32), gguf.GGMLQuantizationType[qtype]
     )
     w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])
-    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
-    y = quant_gemv(x.to(device), torch.from_numpy(raw).to(device), qtype, k, block_n=block_n, block_b=block_b)
-    ref = x.double() @ torch.from_numpy(w).double().T
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(device, getattr(torch, dtype))
+    blocks = repack(torch.from_numpy(raw).to(device), qtype)
+    y = quant_matmul(x, blocks, QuantMatmulConfig(kind, bn, bk, 4, bm, 1, magic))
+    ref = x.double().cpu() @ torch.from_numpy(w).double().T
     err = ((y.cpu().double() - ref).norm() / ref.norm()).item()
-    return {"err": err, "shape": list(y.shape), "finite": bool(torch.isfinite(y).all())}
+    own = ((quant_matmul_ref(x, blocks).cpu().double() - ref).norm() / ref.norm()).item()
+    return {"err": err, "ref_err": own, "shape": list(y.shape), "finite": bool(torch.isfinite(y).all())}
 
 
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="CPU check under the interpreter; the GPU runs it compiled"
 )
-def test_quant_gemv_matches_gguf_under_interpreter() -> None:
+def test_quant_matmul_matches_gguf_under_interpreter() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(results) == len(CASES)
     for case, r in zip(CASES, results):
         assert r["finite"] and r["shape"] == [case[1], case[2]], (case, r)
-        assert r["err"] < 1e-5, (case, r)
+        assert r["err"] < 1e-5 and r["ref_err"] < 1e-6, (case, r)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_quant_gemv_matches_gguf_on_gpu() -> None:
-    for case in CASES + [("Q4_1", 1, 4096, 4096, 16, 8), ("Q8_0", 4, 14336, 4096, 16, 8)]:
-        r = run_case(*case, device="cuda")
+def test_quant_matmul_matches_gguf_on_gpu() -> None:
+    from radixlm.kernels.quant_gemv import default_config
+
+    for case in CASES:
+        r = run_case(*case, device="cuda", dtype="float32")
         assert r["finite"] and r["err"] < 1e-5, (case, r)
+    # Llama-3.1-8B shapes in bf16 with each M's default config: bf16 operands, so ~1e-2
+    for qtype, n, k in [("Q4_0", 6144, 4096), ("Q4_1", 4096, 14336), ("Q8_0", 28672, 4096)]:
+        for m in (1, 2, 4, 8, 16, 128):
+            cfg = default_config(m)
+            r = run_case(
+                qtype,
+                m,
+                n,
+                k,
+                cfg.kind,
+                cfg.block_m,
+                cfg.block_n,
+                cfg.block_k,
+                cfg.magic,
+                device="cuda",
+                dtype="bfloat16",
+            )
+            assert r["finite"] and r["err"] < 2e-2, (qtype, m, r)
 
 
-def test_quant_gemv_refuses_bad_input() -> None:
-    from radixlm.kernels.quant_gemv import quant_gemv
+def test_repack_and_refusals() -> None:
+    from radixlm.kernels.quant_blocks import dequantize_blocks
+    from radixlm.kernels.quant_gemv import QuantMatmulConfig, dequantize, quant_matmul, repack
 
-    raw = torch.zeros(4, 40, dtype=torch.uint8)  # two Q4_1 blocks per row: K = 64
-    for x, qtype, k in [
-        (torch.randn(1, 64), "Q6_K", 64),
-        (torch.randn(1, 32), "Q4_1", 32),
-        (torch.randn(9, 64), "Q4_1", 64),
-        (torch.randn(1, 60), "Q4_1", 60),
-    ]:
-        with pytest.raises(ValueError):
-            quant_gemv(x, raw, qtype, k)
+    rng = np.random.default_rng(3)
+    for qtype in ("Q4_0", "Q4_1", "Q8_0"):
+        raw = torch.from_numpy(
+            gguf.quants.quantize(
+                rng.standard_normal((6, 96)).astype(np.float32), gguf.GGMLQuantizationType[qtype]
+            )
+        )
+        assert torch.equal(dequantize(repack(raw, qtype)), dequantize_blocks(raw, qtype))
+    blocks = repack(torch.zeros(4, 40, dtype=torch.uint8), "Q4_1")  # two Q4_1 blocks per row: K = 64
+    with pytest.raises(ValueError, match="Q6_K"):
+        repack(torch.zeros(4, 210, dtype=torch.uint8), "Q6_K")
+    with pytest.raises(ValueError, match="x \\[M, 64\\]"):
+        quant_matmul(torch.randn(1, 32), blocks)
+    with pytest.raises(ValueError, match="fma"):
+        quant_matmul(torch.randn(9, 64), blocks, QuantMatmulConfig("fma"))
+    with pytest.raises(ValueError, match="one row"):
+        quant_matmul(torch.randn(2, 64), blocks, QuantMatmulConfig("acc"))
+    with pytest.raises(ValueError, match="block_k"):
+        QuantMatmulConfig("dot", block_k=48)
 
 
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    print(json.dumps([run_case(*c, device="cpu") for c in CASES]))
+    print(json.dumps([run_case(*c, device="cpu", dtype="float32") for c in CASES]))

@@ -30,6 +30,9 @@ CPU_RATIOS = {
     "b128_vs_hf",
     "mixed_out_tok_s",
     "kernel_compiles",
+    "q4_decode_b1",
+    "fp8_b128",
+    "kv_fp8_mixed",
 }
 
 
@@ -49,7 +52,9 @@ def test_small_suite_runs_every_worker(tmp_path: Path) -> None:
         "radix_off": "ok",
         "hf": "ok",
         "server": "ok",
+        "quant": "ok",
     }
+    assert not [k for k, v in result["workers"]["quant"]["quant"].items() if "error" in json.dumps(v)]
     assert CPU_RATIOS <= set(result["ratios"]), sorted(CPU_RATIOS - set(result["ratios"]))
     assert result["ratios"]["json_valid"]["value"] == 1.0  # every finished constrained output validates
     spec = result["workers"]["engine"]["speculative"]

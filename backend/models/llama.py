@@ -20,6 +20,7 @@ from radixlm.kernels.silu_and_mul import silu_mul
 
 from ..attention import TorchAttentionBackend
 from ..forward_batch import ForwardBatch
+from ..fp8_linear import Fp8Linear
 from ..model_config import ModelConfig
 from ..quant_formats import QuantTensor
 from ..quant_linear import QuantLinear, install_quantized
@@ -52,11 +53,12 @@ class RMSNorm(nn.Module):
         return self.forward(residual), residual
 
 
-def linear(layer: nn.Linear | QuantLinear, x: torch.Tensor) -> torch.Tensor:
+def linear(layer: nn.Linear | QuantLinear | Fp8Linear, x: torch.Tensor) -> torch.Tensor:
     """layer(x); one row on CUDA goes to radixlm.kernels.gemv, which streams the weight once
     and beats cuBLAS for a single row; from a few rows up cuBLAS is faster, so it keeps those
-    (figures: benchmarks/results/gemv_h200.json). GGUF blocks run QuantLinear's own paths."""
-    if isinstance(layer, QuantLinear):
+    (figures: benchmarks/results/gemv_h200.json). GGUF blocks and FP8 weights run their
+    layer's own paths."""
+    if isinstance(layer, (QuantLinear, Fp8Linear)):
         return layer(x)
     if x.shape[0] == 1 and use_gemv(x, layer.weight):
         return gemv(x, layer.weight, layer.bias)
@@ -70,7 +72,7 @@ def _few_f32_rows(*ts: torch.Tensor) -> bool:
     )
 
 
-def native(layer: nn.Linear | QuantLinear, x: torch.Tensor) -> torch.Tensor:
+def native(layer: nn.Linear | QuantLinear | Fp8Linear, x: torch.Tensor) -> torch.Tensor:
     """layer(x) on the CPU, in the packed matmul's own dtype where it has one (the caller's next
     op promotes or casts: a residual add in float32, the next matmul's bf16 input)."""
     return layer.forward_native(x) if isinstance(layer, QuantLinear) else layer(x)
@@ -117,6 +119,7 @@ class LlamaAttention(nn.Module):
                 pool.k_buffers[self.layer_id],
                 pool.v_buffers[self.layer_id],
                 fb.out_cache_loc,
+                *pool.store_scales(self.layer_id),
             )
             return linear(self.o_proj, backend.forward(q, None, None, self.layer_id, fb))
         q, k = self.rope(positions, q, k)
@@ -125,7 +128,8 @@ class LlamaAttention(nn.Module):
     def _fused_cpu(self, fb: ForwardBatch, qkv: torch.Tensor) -> bool:
         """One request's few new tokens (a decode token, or a verify step's token and drafts) on
         the CPU with a float32 pool the torch backend reads: rope, KV store and attention run as
-        one C call (radixlm.kernels.cpu_decode), each token as decode would run it."""
+        one C call (radixlm.kernels.cpu_decode), each token as decode would run it. An fp8 pool
+        fails the float32 check and takes the torch backend, which quantizes and dequantizes."""
         return (
             fb.batch_size == 1
             and not qkv.is_cuda

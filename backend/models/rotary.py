@@ -124,9 +124,12 @@ def rotate_and_store(
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
     loc: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Decode on CUDA: rotated q; rotated k and v written into the pool rows loc (one launch)."""
-    return rotary_and_store(q, k, v, positions, rope.cos_sin, k_buffer, v_buffer, loc)
+    """Decode on CUDA: rotated q; rotated k and v written into the pool rows loc (one launch;
+    an fp8 pool's rows quantized with k_scale / v_scale)."""
+    return rotary_and_store(q, k, v, positions, rope.cos_sin, k_buffer, v_buffer, loc, k_scale, v_scale)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:

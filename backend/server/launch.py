@@ -129,6 +129,10 @@ class ServerThread:
 # ---------------------------------------------------------------- command-line options
 
 
+# kv_pool.KV_CACHE_DTYPES, spelled out so the CLI starts without importing torch (a test pins them equal)
+KV_CACHE_DTYPE_CHOICES = ("auto", "fp8_e4m3")
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model-path", default=None, help="HF folder or GGUF file (default: SmolLM2-135M GGUF)")
@@ -140,6 +144,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="GGUF weights: kept as blocks (gguf), dequantized to --dtype at load (dequantize), or "
         "auto: kept on the CPU, dequantized on CUDA",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPE_CHOICES,
+        default="auto",
+        help="KV cache storage: auto (the model dtype) or fp8_e4m3 (per-head scales; ~2x the tokens)",
     )
     g.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens")
     g.add_argument("--mem-fraction-static", type=float, default=0.85)
@@ -215,6 +225,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "device",
         "dtype",
         "quantization",
+        "kv_cache_dtype",
         "max_total_tokens",
         "mem_fraction_static",
         "chunked_prefill_size",

@@ -1,0 +1,173 @@
+"""GPU matmul over GGUF blocks (radixlm.kernels.quant_gemv) at the Llama-3.1-8B linear shapes,
+beside bf16 (cuBLAS F.linear, and radixlm's own GEMV for one row) in the same run: time per call
+with launch cost hidden (CUDA graphs of 40 calls), weights rotated over copies larger than L2,
+the bytes moved per second, and a sweep of kernel configs per row count with the fastest named.
+
+    python benchmarks/quant_gpu.py --out benchmarks/results/quant_gpu_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_env import environment, write_result  # noqa: E402
+from kernels_common import L2_BYTES, time_fn  # noqa: E402
+
+from radixlm.kernels.gemv import gemv  # noqa: E402
+from radixlm.kernels.quant_blocks import quantize_blocks  # noqa: E402
+from radixlm.kernels.quant_gemv import (
+    DEFAULTS,
+    QuantMatmulConfig,
+    default_config,
+    dequantize,
+    quant_matmul,
+    repack,
+)  # noqa: E402
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+ACC = [
+    QuantMatmulConfig("acc", n, k, w, magic=magic)
+    for n, k, w in [
+        (2, 1024, 4),
+        (4, 1024, 4),
+        (4, 512, 4),
+        (8, 512, 4),
+        (2, 2048, 4),
+        (4, 2048, 8),
+        (8, 1024, 8),
+        (16, 256, 4),
+    ]
+    for magic in (False, True)
+]
+FMA = [
+    QuantMatmulConfig("fma", n, k, w, magic=magic)
+    for n, k, w, magic in [
+        (2, 1024, 4, False),
+        (4, 1024, 4, False),
+        (8, 512, 4, False),
+        (2, 2048, 4, False),
+        (4, 512, 2, False),
+        (4, 1024, 4, True),
+        (8, 512, 4, True),
+    ]
+]
+DOT = [
+    QuantMatmulConfig("dot", n, k, w, m, s)
+    for m, n, k, w, s in [
+        (16, 32, 128, 4, 3),
+        (16, 64, 128, 4, 3),
+        (16, 64, 256, 4, 3),
+        (16, 128, 128, 8, 3),
+        (32, 64, 128, 4, 3),
+        (64, 64, 64, 4, 3),
+        (64, 128, 64, 8, 3),
+        (128, 128, 64, 8, 3),
+        (64, 64, 128, 4, 4),
+    ]
+]
+
+
+def nbytes(*ts: torch.Tensor | None) -> int:
+    return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+def bench_shape(name: str, n: int, k: int, ms: list[int], qtype: str, sweep: bool) -> dict[str, Any]:
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    q = repack(quantize_blocks(w, qtype), qtype)
+    copies = max(2, int(2 * L2_BYTES // nbytes(q.qs, q.d, q.m)) + 1)
+    qs = [repack(quantize_blocks(w.roll(i, 0), qtype), qtype) for i in range(copies)]
+    ws = [w.roll(i, 0).contiguous() for i in range(max(2, int(2 * L2_BYTES // nbytes(w)) + 1))]
+    out: dict[str, Any] = {"n": n, "k": k, "qtype": qtype, "weight_bytes": nbytes(q.qs, q.d, q.m), "by_m": {}}
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        bf16 = time_fn([lambda ww=ww, x=x: F.linear(x, ww) for ww in ws], label=f"{name} bf16")
+        row: dict[str, Any] = {"cublas_us": bf16 * 1e6}
+        if m >= 512:  # the prefill alternative: dequantize to bf16, then cuBLAS
+            row["dequant_cublas_us"] = (
+                time_fn([lambda qq=qq, x=x: F.linear(x, dequantize(qq).to(x.dtype)) for qq in qs[:2]], reps=8)
+                * 1e6
+            )
+        if m <= 8:
+            row["gemv_us"] = (
+                time_fn([lambda ww=ww, x=x: gemv(x, ww) for ww in ws], label=f"{name} gemv") * 1e6
+            )
+        cfgs = [default_config(m)]
+        if sweep:
+            cfgs += [c for c in (ACC if m == 1 else []) + (FMA if m <= 8 else []) + DOT if c != cfgs[0]]
+        times = {}
+        for c in cfgs:
+            try:
+                times[c.label()] = (
+                    time_fn([lambda qq=qq, c=c, x=x: quant_matmul(x, qq, c) for qq in qs], label=c.label())
+                    * 1e6
+                )
+            except Exception as e:  # a config that does not compile here (shared memory) is skipped
+                times[c.label()] = None
+                print(f"  {c.label()}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+        ok = {k2: v for k2, v in times.items() if v is not None}
+        best = min(ok, key=ok.__getitem__)
+        row.update(
+            default=cfgs[0].label(),
+            default_us=times[cfgs[0].label()],
+            best=best,
+            best_us=ok[best],
+            best_tb_s=out["weight_bytes"] / ok[best] / 1e6,
+            vs_bf16_best=min(bf16 * 1e6, row.get("gemv_us", float("inf"))) / ok[best],
+            configs=times,
+        )
+        out["by_m"][m] = row
+        print(
+            f"{name} {qtype} M={m}: bf16 {row['cublas_us']:.1f} us, gemv {row.get('gemv_us', 0):.1f}, "
+            f"default {row['default_us']} ({row['default']}), best {ok[best]:.1f} ({best}) "
+            f"{row['best_tb_s']:.2f} TB/s",
+            flush=True,
+        )
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=None)
+    p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--ms", default="1,2,8,16,128,2048")
+    args = p.parse_args()
+    t0 = time.perf_counter()
+    ms = [int(x) for x in args.ms.split(",")]
+    res: dict[str, Any] = {
+        "benchmark": "quant_gpu",
+        "env": environment(),
+        "defaults": {str(k): v.label() for k, v in DEFAULTS.items()},
+    }
+    res["shapes"] = {
+        f"{name} Q4_0": bench_shape(name, n, k, ms, "Q4_0", not args.no_sweep)
+        for name, (n, k) in SHAPES.items()
+    }
+    res["shapes"]["gate_up Q4_1"] = bench_shape("gate_up", 28672, 4096, [1, 16], "Q4_1", False)
+    res["shapes"]["gate_up Q8_0"] = bench_shape("gate_up", 28672, 4096, [1, 16], "Q8_0", False)
+    res["shapes"]["lm_head Q8_0"] = bench_shape("lm_head", 128256, 4096, [1, 128], "Q8_0", False)
+    # per M: the config with the least summed time over the layer shapes (the defaults to use)
+    suggested = {}
+    for m in ms:
+        totals: dict[str, float] = {}
+        for name in SHAPES:
+            for label, us in res["shapes"][f"{name} Q4_0"]["by_m"][m]["configs"].items():
+                totals[label] = totals.get(label, 0.0) + (us if us is not None else float("inf"))
+        suggested[m] = min(totals, key=totals.__getitem__)
+    res["suggested_by_m"] = suggested
+    res["elapsed_s"] = time.perf_counter() - t0
+    print(json.dumps(suggested, indent=1))
+    if args.out:
+        write_result(Path(args.out), res)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""The suite's quantization rows: engines on the suite's model shape with weights quantized at
+load ("q4_0", "fp8") and with an fp8 KV cache (on the CPU: the default model's fp32 export), each running the default engine's own workload
+(batch-1 decode, the b128 batch, the mixed requests) so suite_report divides by the bf16 figures
+of the same suite run."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# (label, Engine keyword arguments, the workloads it runs)
+VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
+    ("q4_0", {"quantization": "q4_0"}, ("decode_b1", "b128")),
+    ("fp8", {"quantization": "fp8"}, ("decode_b1", "b128")),
+    ("kv_fp8", {"kv_cache_dtype": "fp8_e4m3"}, ("b128", "mixed")),
+]
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights a decode step streams: parameters, buffers and the GPU block arrays
+    of quantized layers (held outside both)."""
+    seen: set[int] = set()
+    total = 0
+    tensors = [*model.parameters(), *model.buffers()]
+    for mod in model.modules():
+        blocks = getattr(mod, "blocks", None)
+        if blocks is not None and hasattr(blocks, "qs"):
+            tensors += [t for t in (blocks.qs, blocks.d, blocks.m) if t is not None]
+    for t in tensors:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def quant_rows(sizes: dict[str, Any], engine_kwargs: dict[str, Any], partial: Callable[[dict], None]) -> dict:
+    import suite_workloads as w
+
+    from radixlm.backend.engine import Engine
+
+    runs: dict[str, Callable[[Any], dict[str, Any]]] = {
+        "decode_b1": lambda e: w.decode_b1(e, **sizes["decode_b1"]),
+        "b128": lambda e: w.batch_throughput(e, **sizes["b128"]),
+        "mixed": lambda e: w.batch_throughput(e, **sizes["mixed"]),
+    }
+    if "model_shape" not in engine_kwargs and "model_path" not in engine_kwargs:
+        # the default model is a GGUF file, already quantized: its fp32 export is the float model
+        from pathlib import Path
+
+        from radixlm.backend.gguf_loader import export_hf_folder
+        from radixlm.backend.loader import default_model_path
+
+        engine_kwargs = {**engine_kwargs, "model_path": str(export_hf_folder(Path(default_model_path())))}
+    out: dict[str, Any] = {}
+    for label, kwargs, workloads in VARIANTS:
+        res: dict[str, Any] = {}
+        out[label] = res
+        try:
+            t0 = time.perf_counter()
+            engine = Engine(**engine_kwargs, **kwargs)
+        except Exception as e:
+            traceback.print_exc()
+            res["error"] = f"{type(e).__name__}: {e}"
+            partial(out)
+            continue
+        res["engine_start_s"] = time.perf_counter() - t0
+        res["kv_slots"] = engine.runner.allocator.size
+        model = engine.runner.model
+        res["weight_bytes"] = weight_bytes(model)
+        # what a decode step reads: everything but the embedding table (one row per token)
+        res["streamed_bytes"] = res["weight_bytes"] - weight_bytes(model.model.embed_tokens)
+        try:
+            for name in workloads:
+                t = time.perf_counter()
+                try:
+                    res[name] = runs[name](engine)
+                    if name == "decode_b1" and res[name].get("copy_bytes_per_s"):
+                        roof = res[name]["copy_bytes_per_s"] / res["streamed_bytes"]
+                        res[name]["roofline_tok_s"] = roof  # decode_b1's own counts parameters only
+                        res[name]["fraction_of_roofline"] = res[name]["overlap_on"]["decode_tok_s"] / roof
+                except Exception as e:  # one broken workload must not hide the others
+                    traceback.print_exc()
+                    res[name] = {"error": f"{type(e).__name__}: {e}"}
+                print(f"[quant] {label} {name} done in {time.perf_counter() - t:.1f} s", flush=True)
+                partial(out)
+        finally:
+            engine.shutdown()
+    return out
