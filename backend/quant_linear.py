@@ -3,7 +3,7 @@ QuantLinear computes x @ W^T (+ bias) for W = the dequantized blocks, to the pre
 path: on the CPU the C block kernel (radixlm.kernels.quant_gemv_cpu) for Q4_0/Q4_1/Q8_0, torch's
 packed int4 matmul for other formats that are sums of 4-bit affine terms (or where no C
 compiler is found), a dense dequantized copy where no such path exists; on CUDA
-radixlm.kernels.quant_gemv for Q4_0/Q4_1/Q8_0, a dense copy for the K-quants."""
+radixlm.kernels.quant_gemv for Q4_0/Q4_1/Q8_0/Q4_K, a dense copy for Q5_K and Q6_K."""
 
 from __future__ import annotations
 

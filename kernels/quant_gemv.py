@@ -1,7 +1,7 @@
-"""Matmul over GGUF blocks on the GPU: y [M, N] = x [M, K] @ W^T for W kept as Q4_0 / Q4_1 / Q8_0,
+"""Matmul over GGUF blocks on the GPU: y [M, N] = x [M, K] @ W^T for W kept as Q4_0 / Q4_1 / Q8_0 / Q4_K,
 repacked once by `repack` into arrays the kernels read with wide loads (quants, fp16 scales and
 offsets), dequantized inside the loop so each weight byte is read once. Decode rows run on CUDA
-cores (kind "fma"), more rows dequantize tiles into tensor-core dots (kind "dot"); fp32
+cores (kinds "acc" and "fma"), more rows dequantize tiles into tensor-core dots (kind "dot"); fp32
 accumulation, y in x's dtype. Promises: `quant_matmul` equals `quant_matmul_ref`, the fp32
 matmul with `quant_blocks.dequantize_blocks` (itself equal to gguf's dequantization), to the
 rounding of the dot's operand dtype."""
@@ -14,17 +14,20 @@ import torch
 import torch.nn.functional as F
 
 from ._triton import dot_precision, mma, tl, triton, use_triton
-from .quant_blocks import BLOCKS, dequantize_blocks
+from .quant_blocks import BLOCKS, affine_terms, dequantize_blocks
 
-GEMV_FORMATS = ("Q4_0", "Q4_1", "Q8_0")
-_KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
+GEMV_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
+# kernel arithmetic per format: Q4_K's sub-blocks of 32 are Q4_1's affine form with fp32 scales
+_KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q4_K": 1}
 
 
 @dataclass(frozen=True)
 class GpuBlocks:
     """A [rows, cols] GGUF weight as arrays: qs uint8 [rows, cols / 2] (Q4: block b's 16 bytes at
     16b, low nibbles values 0-15, high 16-31) or [rows, cols] (Q8_0: the int8 values' bytes);
-    d fp16 [rows, cols / 32]; m fp16 [rows, cols / 32] for Q4_1 (the block's minimum), else None."""
+    d fp16 [rows, cols / 32]; m fp16 [rows, cols / 32] for Q4_1 (the block's minimum), else None.
+    Q4_K keeps that Q4 layout per 32 values with fp32 d (super-block scale x 6-bit sub-scale) and
+    m (-dmin x 6-bit sub-min), the products its own dequantization forms."""
 
     qtype: str
     qs: torch.Tensor
@@ -45,6 +48,11 @@ def repack(raw: torch.Tensor, qtype: str) -> GpuBlocks:
     if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] % nbytes:
         raise ValueError(f"{qtype} raw must be uint8 [rows, blocks * {nbytes}], got {tuple(raw.shape)}")
     rows, nb = raw.shape[0], raw.shape[1] // nbytes
+    if qtype == "Q4_K":  # d * sub-scale and -dmin * sub-min per 32 values, the nibbles re-paired
+        g = affine_terms(raw, qtype)[0]
+        q = g.q.reshape(rows, -1, 32)
+        qs = (q[..., :16] | (q[..., 16:] << 4)).reshape(rows, -1)
+        return GpuBlocks(qtype, qs.contiguous(), g.scale.contiguous(), g.offset.contiguous(), g.q.shape[1])
     b = raw.reshape(rows, nb, nbytes)
     halves = b[..., :4].contiguous().view(torch.float16)  # [rows, nb, 2]: d, then Q4_1's m
     head = 4 if qtype == "Q4_1" else 2

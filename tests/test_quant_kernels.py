@@ -36,7 +36,22 @@ CASES = [
     ("Q8_0", 1, 19, 160, "acc", 16, 4, 64, True),
     ("Q4_0", 3, 21, 160, "fma", 16, 8, 64, True),
     ("Q8_0", 2, 9, 96, "fma", 16, 4, 64, True),
+    ("Q4_K", 1, 13, 512, "acc", 16, 4, 128),
+    ("Q4_K", 3, 10, 768, "fma", 16, 4, 512, True),
+    ("Q4_K", 18, 24, 256, "dot", 16, 16, 64),
 ]
+
+
+def _raw(qtype: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Blocks gguf's quantizer writes; for Q4_K, which it cannot write, random bytes with small
+    finite fp16 d and dmin (every sub-scale, sub-min and quant pattern)."""
+    if qtype != "Q4_K":
+        return gguf.quants.quantize(
+            rng.standard_normal((n, k)).astype(np.float32), gguf.GGMLQuantizationType[qtype]
+        )
+    raw = rng.integers(0, 256, (n, k // 256, 144), dtype=np.uint8)
+    raw[..., 0:4] = (rng.standard_normal((n, k // 256, 2)) * 0.02).astype(np.float16).view(np.uint8)
+    return raw.reshape(n, -1)
 
 
 def run_case(
@@ -56,9 +71,7 @@ def run_case(
     from radixlm.kernels.quant_gemv import QuantMatmulConfig, quant_matmul, quant_matmul_ref, repack
 
     rng = np.random.default_rng(m * 1000 + n)
-    raw = gguf.quants.quantize(
-        rng.standard_normal((n, k)).astype(np.float32), gguf.GGMLQuantizationType[qtype]
-    )
+    raw = _raw(qtype, n, k, rng)
     w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])
     x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).to(device, getattr(torch, dtype))
     blocks = repack(torch.from_numpy(raw).to(device), qtype)
@@ -92,7 +105,12 @@ def test_quant_matmul_matches_gguf_on_gpu() -> None:
         r = run_case(*case, device="cuda", dtype="float32")
         assert r["finite"] and r["err"] < 1e-5, (case, r)
     # Llama-3.1-8B shapes in bf16 with each M's default config: bf16 operands, so ~1e-2
-    for qtype, n, k in [("Q4_0", 6144, 4096), ("Q4_1", 4096, 14336), ("Q8_0", 28672, 4096)]:
+    for qtype, n, k in [
+        ("Q4_0", 6144, 4096),
+        ("Q4_1", 4096, 14336),
+        ("Q8_0", 28672, 4096),
+        ("Q4_K", 4096, 4096),
+    ]:
         for m in (1, 2, 4, 8, 16, 128):
             cfg = default_config(m)
             r = run_case(
@@ -116,16 +134,14 @@ def test_repack_and_refusals() -> None:
     from radixlm.kernels.quant_gemv import QuantMatmulConfig, dequantize, quant_matmul, repack
 
     rng = np.random.default_rng(3)
-    for qtype in ("Q4_0", "Q4_1", "Q8_0"):
-        raw = torch.from_numpy(
-            gguf.quants.quantize(
-                rng.standard_normal((6, 96)).astype(np.float32), gguf.GGMLQuantizationType[qtype]
-            )
-        )
-        assert torch.equal(dequantize(repack(raw, qtype)), dequantize_blocks(raw, qtype))
+    for qtype in ("Q4_0", "Q4_1", "Q8_0", "Q4_K"):
+        raw = torch.from_numpy(_raw(qtype, 6, 512, rng))
+        assert torch.equal(dequantize(repack(raw, qtype)), dequantize_blocks(raw, qtype)), qtype
     blocks = repack(torch.zeros(4, 40, dtype=torch.uint8), "Q4_1")  # two Q4_1 blocks per row: K = 64
     with pytest.raises(ValueError, match="Q6_K"):
         repack(torch.zeros(4, 210, dtype=torch.uint8), "Q6_K")
+    with pytest.raises(ValueError, match="Q4_K raw"):
+        repack(torch.zeros(4, 150, dtype=torch.uint8), "Q4_K")
     with pytest.raises(ValueError, match="x \\[M, 64\\]"):
         quant_matmul(torch.randn(1, 32), blocks)
     with pytest.raises(ValueError, match="fma"):
