@@ -8,6 +8,7 @@ only show the path runs and stays a language model). Bad combinations are refuse
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -99,3 +100,15 @@ def test_engine_quantizes_float_weights(
         assert 0.99 < ratio < max_ppl_ratio, f"perplexity ratio {ratio:.4f}"
     finally:
         eng.shutdown()
+
+
+def test_serve_cli_offers_every_quantization() -> None:
+    from radixlm.backend.loader import QUANTIZATIONS
+    from radixlm.backend.server.launch import QUANTIZATION_CHOICES, add_engine_args, engine_kwargs
+
+    assert QUANTIZATION_CHOICES == QUANTIZATIONS
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    assert engine_kwargs(p.parse_args(["--quantization", "q4_0"]))["quantization"] == "q4_0"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--quantization", "int3"])

@@ -129,8 +129,10 @@ class ServerThread:
 # ---------------------------------------------------------------- command-line options
 
 
-# kv_pool.KV_CACHE_DTYPES, spelled out so the CLI starts without importing torch (a test pins them equal)
+# kv_pool.KV_CACHE_DTYPES and loader.QUANTIZATIONS, spelled out so the CLI starts without importing
+# torch (tests pin them equal)
 KV_CACHE_DTYPE_CHOICES = ("auto", "fp8_e4m3")
+QUANTIZATION_CHOICES = ("auto", "gguf", "dequantize", "fp8", "q4_0", "q4_1", "q8_0")
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -140,10 +142,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default=None)
     g.add_argument(
         "--quantization",
-        choices=("auto", "gguf", "dequantize"),
+        choices=QUANTIZATION_CHOICES,
         default=None,
         help="GGUF weights: kept as blocks (gguf), dequantized to --dtype at load (dequantize), or "
-        "auto: kept on the CPU, dequantized on CUDA",
+        "auto: kept on the CPU, dequantized on CUDA; float weights: quantized at load to GGUF "
+        "blocks (q4_0, q4_1, q8_0) or e4m3 with per-row scales (fp8)",
     )
     g.add_argument(
         "--kv-cache-dtype",
