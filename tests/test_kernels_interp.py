@@ -5,13 +5,10 @@ one subprocess (this file run as a script) and each pytest case asserts on its s
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import subprocess
-import sys
-import time
 
 import pytest
+from interp_runner import assert_records, main, run_script
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 
@@ -121,39 +118,14 @@ def _backend_records(dtype) -> list:
     return recs
 
 
-def _main() -> None:
-    import torch
-
-    torch.manual_seed(int(os.environ.get("KERNEL_TEST_SEED", "0")))
-    results = {}
-    for group in sys.argv[1:] or GROUPS:
-        t0 = time.perf_counter()
-        try:
-            results[group] = [list(r) for r in _checks(group)]
-        except Exception as exc:  # reported per group, so one broken kernel does not hide the rest
-            results[group] = f"{type(exc).__name__}: {exc}"
-        print(f"{group}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    print("RESULTS " + json.dumps(results))
-
-
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = dict(
-        os.environ, TRITON_INTERPRET="1", KERNEL_TEST_SEED=str(int.from_bytes(os.urandom(2), "little"))
-    )
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")]
-    assert lines, f"checker crashed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
-    return json.loads(lines[-1][len("RESULTS ") :]) | {"_seed": env["KERNEL_TEST_SEED"]}
+    return run_script(__file__)
 
 
 @pytest.mark.parametrize("group", GROUPS)
 def test_kernel_matches_reference(results: dict, group: str) -> None:
-    recs = results[group]
-    assert not isinstance(recs, str), f"{group} raised: {recs}"
-    assert recs, f"{group} produced no checks"
-    bad = [(label, err, bound) for label, err, bound in recs if not err <= bound]
-    assert not bad, f"seed {results['_seed']}: failed {bad}"
+    assert_records(results[group], results["_seed"], group)
 
 
 def test_cascade_plan_rejects_bad_input() -> None:
@@ -202,4 +174,4 @@ def test_cascade_config_rejects_unknown_knobs() -> None:
 
 
 if __name__ == "__main__":
-    _main()
+    main(_checks, GROUPS)

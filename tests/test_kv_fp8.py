@@ -6,15 +6,13 @@ full-precision engine."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import subprocess
 import sys
-import time
 
 import kv_fp8_checks
 import pytest
 import torch
+from interp_runner import assert_records, main, run_script
 
 GROUPS = ["store", "decode", "extend", "cascade", "backend"]
 CASCADE_SMALL = [
@@ -63,41 +61,16 @@ def _checks(group: str) -> list:
     raise KeyError(group)
 
 
-def _main() -> None:
-    torch.manual_seed(int(os.environ.get("KERNEL_TEST_SEED", "0")))
-    results = {}
-    for group in sys.argv[1:] or GROUPS:
-        t0 = time.perf_counter()
-        try:
-            results[group] = [list(r) for r in _checks(group)]
-        except Exception as exc:  # reported per group, so one broken kernel does not hide the rest
-            results[group] = f"{type(exc).__name__}: {exc}"
-        print(f"{group}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    print("RESULTS " + json.dumps(results))
-
-
-def _assert_records(recs: list, seed: str = "") -> None:
-    assert not isinstance(recs, str), f"raised: {recs}"
-    assert recs, "no checks ran"
-    bad = [(label, err, bound) for label, err, bound in recs if not err <= bound]
-    assert not bad, f"seed {seed}: failed {bad}"
-
-
 @pytest.fixture(scope="module")
 def interp_results() -> dict:
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton not installed")
-    seed = str(int.from_bytes(os.urandom(2), "little"))
-    env = dict(os.environ, TRITON_INTERPRET="1", KERNEL_TEST_SEED=seed)
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULTS ")]
-    assert lines, f"checker crashed (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
-    return json.loads(lines[-1][len("RESULTS ") :]) | {"_seed": seed}
+    return run_script(__file__)
 
 
 @pytest.mark.parametrize("group", GROUPS)
 def test_triton_kernels_read_and_write_fp8_pool(interp_results: dict, group: str) -> None:
-    _assert_records(interp_results[group], interp_results["_seed"])
+    assert_records(interp_results[group], interp_results["_seed"], group)
 
 
 @pytest.mark.parametrize("group", ["store", "decode", "extend", "cascade"])
@@ -106,7 +79,7 @@ def test_torch_reference_paths_handle_fp8_pool(group: str) -> None:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         pytest.skip("the interpreter is on: this test is for the torch paths")
     torch.manual_seed(1)
-    _assert_records(_checks(group))
+    assert_records(_checks(group), what=group)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -114,7 +87,7 @@ def test_torch_attention_backend_reads_fp8_pool(dtype: torch.dtype) -> None:
     import kv_fp8_checks as c
 
     torch.manual_seed(2)
-    _assert_records(
+    assert_records(
         c.check_backend_fp8("cpu", dtype, "torch") + c.check_backend_fp8("cpu", dtype, "torch", True)
     )
 
@@ -298,4 +271,4 @@ def test_engine_fp8_greedy_decode_tracks_full_precision(fp8_engine, full_greedy,
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(__file__))
-    _main()
+    main(_checks, GROUPS)
