@@ -29,10 +29,10 @@ from bench_env import device_tag, environment, write_result  # noqa: E402
 
 from radixlm.backend.fp8_linear import GEMV_MAX_M, Fp8Linear, fp8_linear_ref, scaled_mm_rowwise  # noqa: E402
 from radixlm.kernels.fp8_gemv import MAX_M as GEMV_ROWS  # noqa: E402
-from radixlm.kernels.fp8_gemv import Fp8GemvConfig, fp8_gemv, fp8_gemv_ref  # noqa: E402
+from radixlm.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref  # noqa: E402
 from radixlm.kernels.fp8_quant import quantize_rows, quantize_rows_ref  # noqa: E402
 from radixlm.kernels.gemv import MAX_M as BF16_GEMV_ROWS  # noqa: E402
-from radixlm.kernels.gemv import gemv  # noqa: E402
+from radixlm.kernels.gemv import GemvConfig, gemv  # noqa: E402
 
 # (name, N, K, calls per decode step of llama-3.1-8b); the LM head stays bf16, so it is not here
 SHAPES = [
@@ -42,12 +42,12 @@ SHAPES = [
     ("down", 4096, 14336, 32),
 ]
 GEMV_SWEEP = [
-    Fp8GemvConfig(2, 4096, 4),
-    Fp8GemvConfig(4, 2048, 4),
-    Fp8GemvConfig(8, 1024, 4),
-    Fp8GemvConfig(4, 4096, 8),
-    Fp8GemvConfig(8, 2048, 8),
-    Fp8GemvConfig(16, 1024, 8),
+    GemvConfig("fma", 2, 4096, 4, 3),
+    GemvConfig("fma", 4, 2048, 4, 3),
+    GemvConfig("fma", 8, 1024, 4, 3),
+    GemvConfig("fma", 4, 4096, 8, 3),
+    GemvConfig("fma", 8, 2048, 8, 3),
+    GemvConfig("fma", 16, 1024, 8, 3),
 ]
 L2_BYTES = 60e6
 BF16 = torch.bfloat16

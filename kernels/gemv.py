@@ -66,6 +66,7 @@ def default_config(m: int) -> GemvConfig:
 def _gemv_fma_kernel(
     X,
     W,
+    WS,
     B,
     Y,
     N,
@@ -79,6 +80,7 @@ def _gemv_fma_kernel(
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # rows past N re-read row N-1 (loads stay unmasked); their outputs are never stored
@@ -99,6 +101,8 @@ def _gemv_fma_kernel(
             part = tl.sum(w * xm[None, :], axis=1)
             acc += tl.where(m_idx[:, None] == m, part[None, :], 0.0)
         w_ptrs += BLOCK_K
+    if HAS_SCALE:  # a quantized weight's per-row scale, applied once per output
+        acc *= tl.load(WS + rows, mask=rows < N, other=0.0)[None, :]
     _store(acc, B, Y, rows, m_idx, N, stride_ym, M, HAS_BIAS)
 
 
@@ -191,8 +195,22 @@ def gemv(
     _validate(x, weight, bias)
     if not use_triton(x):
         return gemv_ref(x, weight, bias)
+    return launch_gemv(x, weight, bias, config or default_config(x.shape[0]), out)
+
+
+def launch_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cfg: GemvConfig,
+    out: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The launch behind `gemv`, for validated inputs; scale [N] fp32 (kind "fma" only) multiplies
+    each output column: a quantized weight (e.g. e4m3) with one scale per row, read as it is."""
+    if scale is not None and cfg.kind != "fma":
+        raise ValueError("gemv: a per-row weight scale needs kind 'fma'")
     m, k = x.shape
-    cfg = config or default_config(m)
     n = weight.shape[0]
     if x.stride(1) != 1:
         x = x.contiguous()
@@ -212,7 +230,7 @@ def gemv(
         num_stages=cfg.num_stages,
     )
     grid = (triton.cdiv(n, cfg.block_n),)
-    b = bias if bias is not None else y
+    b = bias.contiguous() if bias is not None else y
     if cfg.kind == "dot":
         _gemv_dot_kernel[grid](
             x,
@@ -232,6 +250,7 @@ def gemv(
         _gemv_fma_kernel[grid](
             x,
             weight,
+            scale.reshape(-1).contiguous() if scale is not None else y,
             b,
             y,
             n,
@@ -240,6 +259,7 @@ def gemv(
             weight.stride(0),
             y.stride(0),
             BLOCK_M=max(2, next_pow2(m)),
+            HAS_SCALE=scale is not None,
             **common,
         )
     return y
@@ -251,4 +271,14 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     return F.linear(x.float(), weight.float(), b).to(x.dtype)
 
 
-__all__ = ["GemvConfig", "DEFAULT", "DEFAULTS", "default_config", "MAX_M", "gemv", "gemv_ref", "use_gemv"]
+__all__ = [
+    "GemvConfig",
+    "DEFAULT",
+    "DEFAULTS",
+    "default_config",
+    "MAX_M",
+    "gemv",
+    "gemv_ref",
+    "launch_gemv",
+    "use_gemv",
+]

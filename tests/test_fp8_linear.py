@@ -191,8 +191,9 @@ def test_quantize_weight_chunks_match_one_pass(monkeypatch: pytest.MonkeyPatch) 
 
 
 def _interp_records() -> list[tuple[str, float, float]]:
-    from radixlm.kernels.fp8_gemv import Fp8GemvConfig, fp8_gemv, fp8_gemv_ref
+    from radixlm.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
     from radixlm.kernels.fp8_quant import quantize_rows
+    from radixlm.kernels.gemv import GemvConfig
 
     recs: list[tuple[str, float, float]] = []
     every = torch.arange(256, dtype=torch.uint8).view(E4M3).float()
@@ -216,9 +217,9 @@ def _interp_records() -> list[tuple[str, float, float]]:
         recs.append((f"quant {label}: bytes/scales differing", float(mismatched), 0.0))
     for m, n, k, dtype, bias, cfg in [
         (1, 37, 96, torch.float32, False, None),
-        (3, 64, 100, torch.float32, True, Fp8GemvConfig(8, 32, 4)),
-        (8, 20, 64, torch.bfloat16, True, Fp8GemvConfig(2, 64, 4)),
-        (2, 16, 48, torch.float16, False, Fp8GemvConfig(4, 16, 2)),
+        (3, 64, 100, torch.float32, True, GemvConfig("fma", 8, 32, 4)),
+        (8, 20, 64, torch.bfloat16, True, GemvConfig("fma", 2, 64, 4)),
+        (2, 16, 48, torch.float16, False, GemvConfig("fma", 4, 16, 2)),
     ]:
         x = torch.randn(m, k).to(dtype)
         w = torch.randn(n, k).to(E4M3)
