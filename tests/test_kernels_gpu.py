@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from gpu_helpers import assert_sync_free_graph_replay
 
 pytestmark = [
     pytest.mark.gpu,
@@ -85,22 +86,4 @@ def test_cascade_is_sync_free_and_graph_capturable(impl: str) -> None:
     plan = make_cascade_plan(groups, shared, seq, "cuda")
     q = torch.randn(len(seq), 32, 128, dtype=B16, device="cuda")
     run = lambda: cascade_decode_attention(q, kb, vb, table, rows, lens, plan, impl=impl)  # noqa: E731
-    run()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        run()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = run()
-    q.copy_(torch.randn_like(q))
-    g.replay()
-    torch.cuda.synchronize()
-    assert checks.rel_err(out, run()) == 0.0
+    assert_sync_free_graph_replay(run, q)

@@ -11,6 +11,7 @@ import importlib.util
 import kv_fp8_checks
 import pytest
 import torch
+from gpu_helpers import assert_sync_free_graph_replay
 
 pytestmark = [
     pytest.mark.gpu,
@@ -85,25 +86,7 @@ def test_fp8_decode_is_sync_free_and_graph_capturable(kind: str) -> None:
             return cascade_decode_attention(q, k8, v8, table, rows, lens, plan, k_scale=ks, v_scale=vs)
         return decode_attention(q, k8, v8, table, rows, lens, num_splits=4, k_scale=ks, v_scale=vs)
 
-    run()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        run()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = run()
-    q.copy_(torch.randn_like(q))
-    g.replay()
-    torch.cuda.synchronize()
-    assert checks.rel_err(out, run()) == 0.0
+    assert_sync_free_graph_replay(run, q)
 
 
 PROMPTS = kv_fp8_checks.PROMPTS[:6]
