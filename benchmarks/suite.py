@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -106,13 +105,7 @@ def worker_engine(sizes: dict[str, Any], device: str) -> dict[str, Any]:
         for name, fn in steps:
             if only and name not in only.split(","):
                 continue
-            t = time.perf_counter()
-            try:
-                out[name] = fn()
-            except Exception as e:  # one broken workload must not hide the others' results
-                traceback.print_exc()
-                out[name] = {"error": f"{type(e).__name__}: {e}"}
-            print(f"[engine] {name} done in {time.perf_counter() - t:.1f} s", flush=True)
+            w.run_step(out, name, fn, "engine")
             yield_partial(out)
     finally:
         engine.shutdown()

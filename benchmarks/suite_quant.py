@@ -75,18 +75,12 @@ def quant_rows(sizes: dict[str, Any], engine_kwargs: dict[str, Any], partial: Ca
         res["streamed_bytes"] = res["weight_bytes"] - weight_bytes(model.model.embed_tokens)
         try:
             for name in workloads:
-                t = time.perf_counter()
-                try:
-                    res[name] = runs[name](engine)
-                    if name == "decode_b1" and res[name].get("copy_bytes_per_s"):
-                        roof = res[name]["copy_bytes_per_s"] / res["streamed_bytes"]
-                        res[name]["roofline_tok_s"] = roof  # decode_b1's own counts parameters only
-                        res[name]["fraction_of_roofline"] = res[name]["overlap_on"]["decode_tok_s"] / roof
-                except Exception as e:  # one broken workload must not hide the others
-                    traceback.print_exc()
-                    res[name] = {"error": f"{type(e).__name__}: {e}"}
-                print(f"[quant] {label} {name} done in {time.perf_counter() - t:.1f} s", flush=True)
+                w.run_step(res, name, lambda name=name, engine=engine: runs[name](engine), f"quant {label}")
                 partial(out)
+            b1 = res.get("decode_b1", {})
+            if b1.get("copy_bytes_per_s"):  # decode_b1's own roofline counts parameters only
+                b1["roofline_tok_s"] = b1["copy_bytes_per_s"] / res["streamed_bytes"]
+                b1["fraction_of_roofline"] = b1["overlap_on"]["decode_tok_s"] / b1["roofline_tok_s"]
         finally:
             engine.shutdown()
     return out

@@ -9,6 +9,8 @@ import json
 import random
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,18 @@ from offline_throughput import make_workload  # noqa: E402
 from radixlm.backend.cascade_cost import copy_bytes_per_s  # noqa: E402
 from radixlm.backend.engine import Engine  # noqa: E402
 from radixlm.kernels import compiled_kernel_count, compiled_kernel_variants  # noqa: E402
+
+
+def run_step(out: dict[str, Any], name: str, fn: Callable[[], Any], tag: str) -> None:
+    """out[name] = fn(), timed and printed; an exception is recorded there instead (one broken
+    workload must not hide the others' results)."""
+    t = time.perf_counter()
+    try:
+        out[name] = fn()
+    except Exception as e:
+        traceback.print_exc()
+        out[name] = {"error": f"{type(e).__name__}: {e}"}
+    print(f"[{tag}] {name} done in {time.perf_counter() - t:.1f} s", flush=True)
 
 
 def sync(engine: Engine) -> None:
