@@ -43,10 +43,15 @@ class NgramIndex:
         if len(ids) < len(old) or (old and ids[len(old) - 1] != old[-1]):
             self.ids, self.ends = [], {}
             old = self.ids
-        # n-grams ending before the last token; the suffix is indexed once a token follows it
-        for end in range(max(len(old), 1), len(ids)):
-            for n in range(self.min_n, min(self.max_n, end) + 1):
-                self.ends[tuple(ids[end - n : end])] = end
+        # n-grams ending before the last token (the suffix is indexed once a token follows it),
+        # built by zip and dict.update: a prompt of thousands of tokens is indexed at C speed, and
+        # later ends overwrite earlier ones, so each n-gram maps to its latest occurrence
+        last = len(ids)
+        for n in range(self.min_n, self.max_n + 1):
+            first = max(len(old), n)
+            if first < last:
+                grams = zip(*(ids[first - n + j : last - n + j] for j in range(n)))
+                self.ends.update(zip(grams, range(first, last)))
         self.ids = ids
 
     def lookup(self, k: int) -> list[int]:
