@@ -1,9 +1,11 @@
 """FP8 (e4m3) weights for float checkpoints: Fp8Linear holds W [N, K] as float8_e4m3fn with one
 float32 scale per output row (W ≈ weight * weight_scale[:, None]) and the bias in the model dtype.
 On CUDA sm_89+ a call quantizes the activations per row (radixlm.kernels.fp8_quant, one launch) and
-runs torch._scaled_mm with row-wise scales; up to GEMV_MAX_M rows it reads the fp8 weight through a
-weight-only GEMV instead (radixlm.kernels.fp8_gemv). Elsewhere the weight is dequantized per call
-(correct, not fast). No path syncs with the host, so all are CUDA-graph safe."""
+runs torch._scaled_mm: with row-wise scales where that kernel's output tiles fill the GPU, else with
+unit scales (cuBLASLt, which splits K when the output is small) and the row x column scales applied
+by one epilogue launch. Up to GEMV_MAX_M rows it reads the fp8 weight through a weight-only GEMV
+instead (radixlm.kernels.fp8_gemv). Elsewhere the weight is dequantized per call (correct, not
+fast). No path syncs with the host, so all are CUDA-graph safe."""
 
 from __future__ import annotations
 
@@ -16,7 +18,14 @@ from torch import nn
 from radixlm.kernels._triton import HAS_TRITON
 from radixlm.kernels.fp8_gemv import MAX_M as GEMV_ROWS_SERVED
 from radixlm.kernels.fp8_gemv import fp8_gemv
-from radixlm.kernels.fp8_quant import FP8_DTYPE, FP8_MAX, quantize_rows, quantize_rows_ref, scale_of
+from radixlm.kernels.fp8_quant import (
+    FP8_DTYPE,
+    FP8_MAX,
+    quantize_rows,
+    quantize_rows_ref,
+    scale_of,
+    scale_outer,
+)
 
 # rows up to this go to the weight-only GEMV; more rows to _scaled_mm. One row is where the bf16
 # GEMV beats cuBLAS (benchmarks/results/gemv_h200.json); benchmarks/fp8_linear.py measures both
@@ -26,6 +35,13 @@ GEMV_MAX_M = 1
 # on Hopper; its rounding stays well below e4m3's own (tests/test_fp8_linear_gpu.py bounds both)
 FAST_ACCUM = True
 SCALED_MM_ALIGN = 16  # _scaled_mm wants K and N multiples of 16 (16-byte rows of e4m3)
+# The row-wise _scaled_mm runs one CTA per 128 x 128 output tile and does not split K, so a small
+# output leaves SMs idle: at M = 128 on the H200 it takes 36.4 us for the 8B shape's down
+# projection (32 tiles) where unit scales + epilogue take 22.8, and 34.6 us for gate_up (224
+# tiles) where they take 46.5 (benchmarks/fp8_linear.py). The row-wise call is taken when its
+# tiles number at least ROWWISE_MIN_FILL of the SMs.
+ROWWISE_TILE = 128
+ROWWISE_MIN_FILL = 0.5
 ROW_CHUNK = 4096  # weight rows quantized per step: the float32 copy stays small
 
 
@@ -44,6 +60,17 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             q[r0 : r0 + ROW_CHUNK] = (rows / s).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
             scale[r0 : r0 + ROW_CHUNK] = s.squeeze(1)
     return q, scale
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def rowwise_fills(m: int, n: int, sm_count: int) -> bool:
+    """Whether the row-wise _scaled_mm's output tiles for [m, n] keep enough SMs busy."""
+    tiles = -(-m // ROWWISE_TILE) * -(-n // ROWWISE_TILE)
+    return tiles >= ROWWISE_MIN_FILL * sm_count
 
 
 @functools.cache
@@ -89,15 +116,19 @@ class Fp8Linear(nn.Module):
 
     def path(self, x: torch.Tensor) -> str:
         """Which computation forward(x) runs: "gemv" (weight-only, few rows), "scaled_mm"
-        (activations quantized per row) or "dequant" (weight dequantized per call). Host metadata."""
+        (activations quantized per row, row-wise scales), "scaled_mm_unit" (the same operands,
+        unit scales and an epilogue) or "dequant" (weight dequantized per call). Host metadata."""
         rows = x.numel() // max(1, self.in_features)
         if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16, torch.float32)):
             return "dequant"
-        if not _fp8_device(x.device.index if x.device.index is not None else torch.cuda.current_device()):
+        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        if not _fp8_device(index):
             return "dequant"
         if 1 <= rows <= min(GEMV_MAX_M, GEMV_ROWS_SERVED):
             return "gemv"
-        return "scaled_mm" if self.mm_aligned and rows > 0 else "dequant"
+        if not (self.mm_aligned and rows > 0):
+            return "dequant"
+        return "scaled_mm" if rowwise_fills(rows, self.out_features, _sm_count(index)) else "scaled_mm_unit"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
@@ -110,6 +141,9 @@ class Fp8Linear(nn.Module):
 
         elif kind == "scaled_mm":
             y = self._scaled_mm(x2)
+        elif kind == "scaled_mm_unit":
+            xq, xs = quantize_rows(x2)
+            y = scaled_mm_unit(xq, xs, self.weight, self.weight_scale, self.bias, x2.dtype)
         else:
             y = self.dequantized_forward(x2)
         return y.reshape(*lead, self.out_features)
@@ -162,6 +196,29 @@ def scaled_mm_rowwise(
     return y
 
 
+@functools.cache
+def _unit_scale(device: torch.device) -> torch.Tensor:
+    return torch.ones((), dtype=torch.float32, device=device)
+
+
+def scaled_mm_unit(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    wq: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """What scaled_mm_rowwise computes, as torch._scaled_mm with unit tensor-wise scales into
+    float32 (cuBLASLt's fp8 GEMM, fast accumulation) followed by one launch that multiplies row i,
+    column j by x_scale[i] * w_scale[j] and adds the bias."""
+    one = _unit_scale(xq.device)
+    acc = torch._scaled_mm(
+        xq, wq.t(), scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=FAST_ACCUM
+    )
+    return scale_outer(acc, x_scale, w_scale, bias, out_dtype)
+
+
 def fp8_linear_ref(layer: Fp8Linear, x: torch.Tensor) -> torch.Tensor:
     """What the "scaled_mm" path computes, in fp32 torch: x quantized per row like
     radixlm.kernels.fp8_quant, both operands dequantized, F.linear, + bias (float32 result)."""
@@ -173,4 +230,13 @@ def fp8_linear_ref(layer: Fp8Linear, x: torch.Tensor) -> torch.Tensor:
     return y.reshape(*x.shape[:-1], layer.out_features)
 
 
-__all__ = ["FAST_ACCUM", "GEMV_MAX_M", "Fp8Linear", "fp8_linear_ref", "quantize_weight", "scaled_mm_rowwise"]
+__all__ = [
+    "FAST_ACCUM",
+    "GEMV_MAX_M",
+    "Fp8Linear",
+    "fp8_linear_ref",
+    "quantize_weight",
+    "rowwise_fills",
+    "scaled_mm_rowwise",
+    "scaled_mm_unit",
+]

@@ -1,7 +1,7 @@
 """FP8 weight linears vs bf16 at the Llama-3.1-8B decoder shapes (qkv, o_proj, gate_up, down), M rows
 in 1/8/64/128/256: bf16 cuBLAS (F.linear) and, for few rows, radixlm's bf16 GEMV, against
-Fp8Linear's default path, the scaled_mm path forced (per-row activation quantization + _scaled_mm,
-fast and exact accumulation), the quantization kernel alone, and the weight-only fp8 GEMV over a
+Fp8Linear's default path, each scaled_mm call forced (per-row activation quantization + _scaled_mm
+with row-wise scales, fast and exact accumulation; or unit scales + the epilogue), the quantization kernel alone, and the weight-only fp8 GEMV over a
 small config sweep. Cold L2 (weight copies rotated, > 180 MB per impl), launch cost hidden (CUDA
 graph of back-to-back calls, kernels_common.time_fn); every impl is checked against an fp32
 reference over its own operands before it is timed. Prints a table and the summed linear time per
@@ -27,7 +27,13 @@ from torch import nn  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_env import device_tag, environment, write_result  # noqa: E402
 
-from radixlm.backend.fp8_linear import GEMV_MAX_M, Fp8Linear, fp8_linear_ref, scaled_mm_rowwise  # noqa: E402
+from radixlm.backend.fp8_linear import (  # noqa: E402
+    GEMV_MAX_M,
+    Fp8Linear,
+    fp8_linear_ref,
+    scaled_mm_rowwise,
+    scaled_mm_unit,
+)
 from radixlm.kernels.fp8_gemv import MAX_M as GEMV_ROWS  # noqa: E402
 from radixlm.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref  # noqa: E402
 from radixlm.kernels.fp8_quant import quantize_rows, quantize_rows_ref  # noqa: E402
@@ -114,7 +120,9 @@ def bench_shape(
     if m <= BF16_GEMV_ROWS:
         add("bf16", "radixlm gemv", lambda i: gemv(xs[i], w_of(i)), vs_bf16)
     path = layers[0].path(xs[0])
-    same_ref = fp8_linear_ref(layers[0], xs[0]) if path == "scaled_mm" else F.linear(xs[0].float(), deq)
+    same_ref = (
+        fp8_linear_ref(layers[0], xs[0]) if path.startswith("scaled_mm") else F.linear(xs[0].float(), deq)
+    )
     add("fp8", f"Fp8Linear default ({path})", lambda i: f_of(i)(xs[i]), same_ref)
 
     def scaled(i: int, fast: bool) -> torch.Tensor:
@@ -122,7 +130,13 @@ def bench_shape(
         xq, xs_ = quantize_rows(xs[i])
         return scaled_mm_rowwise(xq, xs_, layer.weight, layer.weight_scale, None, BF16, fast)
 
+    def unit(i: int) -> torch.Tensor:
+        layer = f_of(i)
+        xq, xs_ = quantize_rows(xs[i])
+        return scaled_mm_unit(xq, xs_, layer.weight, layer.weight_scale, None, BF16)
+
     mm_ref = fp8_linear_ref(layers[0], xs[0])
+    add("fp8", "scaled_mm unit scales + epilogue", unit, mm_ref)
     add("fp8", "scaled_mm fast-accum", lambda i: scaled(i, True), mm_ref)
     add("fp8", "scaled_mm exact-accum", lambda i: scaled(i, False), mm_ref)
     add(

@@ -1,6 +1,8 @@
 """Dynamic per-row (per-token) FP8 e4m3 quantization in one launch: each program reads one row,
-takes its amax, and writes the row as e4m3 with one float32 scale (x ≈ q * scale). Promises:
-`quantize_rows` equals `quantize_rows_ref` bit for bit (on CUDA and under the interpreter)."""
+takes its amax, and writes the row as e4m3 with one float32 scale (x ≈ q * scale); and the
+epilogue of an fp8 GEMM run with unit scales (acc * row_scale * col_scale + bias, in one launch).
+Promises: `quantize_rows` equals `quantize_rows_ref` bit for bit (on CUDA and under the
+interpreter); `scale_outer` equals `scale_outer_ref` up to the rounding of its output dtype."""
 
 from __future__ import annotations
 
@@ -129,6 +131,69 @@ def quantize_rows(x: torch.Tensor, block_k: int | None = None) -> tuple[torch.Te
     return q, scale
 
 
+def scale_outer_ref(
+    acc: torch.Tensor,
+    row_scale: torch.Tensor,
+    col_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """acc [M, N] * row_scale [M, 1] * col_scale [N] (+ bias [N]) in float32, cast to out_dtype."""
+    y = acc.float() * row_scale.float().view(-1, 1) * col_scale.float().view(1, -1)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype)
+
+
+@triton.jit
+def _scale_outer_kernel(A, RS, CS, B, OUT, N, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    m = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    y = tl.load(A + m * N + offs, mask=mask, other=0.0).to(tl.float32) * tl.load(RS + m)
+    y = y * tl.load(CS + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        y += tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(OUT + m * N + offs, y.to(OUT.dtype.element_ty), mask=mask)
+
+
+SCALE_BLOCK = 1024
+
+
+def scale_outer(
+    acc: torch.Tensor,
+    row_scale: torch.Tensor,
+    col_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """scale_outer_ref in one Triton launch (CUDA, or the interpreter); elsewhere the reference.
+    acc [M, N] contiguous, row_scale M float32 values, col_scale N float32 values. No host sync."""
+    if acc.dim() != 2 or row_scale.numel() != acc.shape[0] or col_scale.numel() != acc.shape[1]:
+        raise ValueError(
+            f"scale_outer needs acc [M, N], M row scales and N column scales, got {tuple(acc.shape)}, "
+            f"{row_scale.numel()} and {col_scale.numel()}"
+        )
+    if not use_triton(acc):
+        return scale_outer_ref(acc, row_scale, col_scale, bias, out_dtype)
+    m, n = acc.shape
+    acc = acc.contiguous()
+    out = torch.empty(m, n, dtype=out_dtype, device=acc.device)
+    if m == 0:
+        return out
+    _scale_outer_kernel[(m, triton.cdiv(n, SCALE_BLOCK))](
+        acc,
+        row_scale.contiguous(),
+        col_scale.contiguous(),
+        bias if bias is not None else acc,
+        out,
+        n,
+        HAS_BIAS=bias is not None,
+        BLOCK=SCALE_BLOCK,
+    )
+    return out
+
+
 __all__ = [
     "AMAX_EPS",
     "FP8_DTYPE",
@@ -136,4 +201,6 @@ __all__ = [
     "quantize_rows",
     "quantize_rows_ref",
     "scale_of",
+    "scale_outer",
+    "scale_outer_ref",
 ]

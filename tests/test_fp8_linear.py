@@ -1,9 +1,9 @@
 """Fp8Linear (radixlm.backend.fp8_linear) and its kernels on the CPU: stored e4m3 weights and row
 scales against an independent per-row computation, the forward against fp32 F.linear with the
 dequantized weight (tight) and the original weight (loose), bias / 3-D input / zero rows, the
-_scaled_mm call convention (torch's CPU _scaled_mm) against its fp32 reference, the model's
-linear() dispatch, and the Triton kernels (fp8_quant, fp8_gemv) under TRITON_INTERPRET=1 against
-their torch references (one subprocess: the interpreter must be on before kernels are defined)."""
+_scaled_mm call convention (torch's CPU _scaled_mm) against its fp32 reference, which of the
+two _scaled_mm calls a shape takes, the model's linear() dispatch, and the Triton kernels
+(fp8_quant with its GEMM epilogue, fp8_gemv) under TRITON_INTERPRET=1 against their torch references (one subprocess: the interpreter must be on before kernels are defined)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.backend.fp8_linear import Fp8Linear, fp8_linear_ref, quantize_weight, scaled_mm_rowwise
+from radixlm.backend.fp8_linear import (
+    Fp8Linear,
+    fp8_linear_ref,
+    quantize_weight,
+    rowwise_fills,
+    scaled_mm_rowwise,
+    scaled_mm_unit,
+)
 from radixlm.backend.models.llama import linear, native
 from radixlm.kernels.fp8_quant import quantize_rows_ref
 
@@ -145,20 +152,33 @@ def _cpu_scaled_mm_works() -> bool:
     [(torch.bfloat16, False), (torch.bfloat16, True), (torch.float32, True), (torch.float16, False)],
 )
 def test_scaled_mm_call_matches_reference(dtype: torch.dtype, bias: bool) -> None:
-    """The CUDA path's exact call (row-wise scales [M, 1] and [1, N], the weight's transpose),
-    run by torch's CPU _scaled_mm: equal to dequantize-then-F.linear up to bf16 output rounding."""
+    """The CUDA paths' exact calls (row-wise scales [M, 1] and [1, N], the weight's transpose; or
+    unit scales into float32 and the epilogue), run by torch's CPU _scaled_mm: equal to
+    dequantize-then-F.linear up to bf16 output rounding."""
     lin = _layer(64, 96, bias=bias)
     with torch.no_grad():  # rows 1e-5..1e1: every output stays inside float16's range
         lin.weight.mul_(1e-2)
     fp8 = Fp8Linear.from_linear(lin.to(dtype))
     x = (torch.randn(5, 96) * torch.logspace(-2, 1, 5)[:, None]).to(dtype)
     xq, xs = quantize_rows_ref(x)
-    y = scaled_mm_rowwise(xq, xs, fp8.weight, fp8.weight_scale, fp8.bias, dtype)
-    assert y.dtype == dtype
     ref = fp8_linear_ref(fp8, x)
-    assert _rel(y, ref) < 8e-3
-    # per output row too: a swapped scale (x's per column, w's per row) would fail here
-    assert max(_rel(y[i], ref[i]) for i in range(5)) < 8e-3
+    for call in (scaled_mm_rowwise, scaled_mm_unit):  # row-wise scales; unit scales + epilogue
+        y = call(xq, xs, fp8.weight, fp8.weight_scale, fp8.bias, dtype)
+        assert y.dtype == dtype
+        assert _rel(y, ref) < 8e-3, call.__name__
+        # per output row too: a swapped scale (x's per column, w's per row) would fail here
+        assert max(_rel(y[i], ref[i]) for i in range(5)) < 8e-3, call.__name__
+
+
+def test_rowwise_scaled_mm_only_where_its_tiles_fill_the_gpu() -> None:
+    """The H200's 132 SMs at the 8B shapes: row-wise for gate_up (N = 28672) from one row on, and
+    for qkv once two row tiles make 96 tiles; unit scales for o_proj and down (N = 4096) up to
+    256 rows, and for everything at few rows."""
+    assert rowwise_fills(1, 28672, 132) and rowwise_fills(128, 28672, 132)
+    assert not rowwise_fills(128, 6144, 132) and rowwise_fills(256, 6144, 132)
+    assert not rowwise_fills(256, 4096, 132) and rowwise_fills(384, 4096, 132)
+    assert not rowwise_fills(8, 4096, 132) and not rowwise_fills(8, 6144, 132)
+    assert rowwise_fills(8192, 4096, 132)  # prefill
 
 
 def test_model_linear_dispatch_runs_the_fp8_layer() -> None:
@@ -192,7 +212,7 @@ def test_quantize_weight_chunks_match_one_pass(monkeypatch: pytest.MonkeyPatch) 
 
 def _interp_records() -> list[tuple[str, float, float]]:
     from radixlm.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
-    from radixlm.kernels.fp8_quant import quantize_rows
+    from radixlm.kernels.fp8_quant import quantize_rows, scale_outer, scale_outer_ref
     from radixlm.kernels.gemv import GemvConfig
 
     recs: list[tuple[str, float, float]] = []
@@ -229,6 +249,15 @@ def _interp_records() -> list[tuple[str, float, float]]:
         recs.append(
             (f"gemv M={m} N={n} K={k} {dtype} bias={bias}", err, 1e-5 if dtype == torch.float32 else 1e-2)
         )
+    for m, n, dtype, bias in [(3, 40, torch.bfloat16, True), (1, 2100, torch.float32, False)]:
+        acc = torch.randn(m, n) * 1e4
+        rs, cs = torch.rand(m, 1) * 1e-3, torch.rand(n) * 1e-2
+        b = torch.randn(n).to(dtype) if bias else None
+        err = _rel(scale_outer(acc, rs, cs, b, dtype).float(), scale_outer_ref(acc, rs, cs, b, dtype).float())
+        # float32 exact; bf16 within one ulp (the interpreter's float32 -> bf16 cast truncates)
+        recs.append(
+            (f"scale_outer M={m} N={n} {dtype} bias={bias}", err, 0.0 if dtype == torch.float32 else 8e-3)
+        )
     return recs
 
 
@@ -244,7 +273,7 @@ def interp_records() -> list:
 
 
 def test_triton_kernels_match_references_in_interpreter(interp_records: list) -> None:
-    assert len(interp_records) == 10
+    assert len(interp_records) == 12
     bad = [(label, err, bound) for label, err, bound in interp_records if not err <= bound]
     assert not bad, bad
 

@@ -1,6 +1,7 @@
 """Fp8Linear's CUDA paths (sm_89+) at the Llama-3.1-8B linear shapes: the per-row quantization
-kernel bit-equal to its torch reference, the "scaled_mm" path (torch._scaled_mm, row-wise scales)
-and the weight-only fp8 GEMV against fp32 references over the same fp8 operands, both against the
+kernel bit-equal to its torch reference, the "scaled_mm" paths (torch._scaled_mm with row-wise
+scales, or unit scales and the epilogue; each shape takes the one its SM fill picks) and the
+weight-only fp8 GEMV against fp32 references over the same fp8 operands, both against the
 original bf16 weight (loosely: e4m3 rounding), bias handling, and CUDA-graph capture and replay.
 Skips without such a GPU."""
 
@@ -11,7 +12,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.backend.fp8_linear import GEMV_MAX_M, Fp8Linear, fp8_linear_ref, scaled_mm_rowwise
+from radixlm.backend.fp8_linear import (
+    GEMV_MAX_M,
+    Fp8Linear,
+    fp8_linear_ref,
+    rowwise_fills,
+    scaled_mm_rowwise,
+    scaled_mm_unit,
+)
 from radixlm.kernels.fp8_gemv import MAX_M as GEMV_ROWS
 from radixlm.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
 from radixlm.kernels.fp8_quant import quantize_rows, quantize_rows_ref
@@ -62,21 +70,24 @@ def test_forward_at_8b_shapes(layers: tuple[nn.Linear, Fp8Linear], m: int) -> No
     torch.cuda.synchronize()
     assert y.shape == (m, fp8.out_features) and y.dtype == BF16 and bool(torch.isfinite(y).all())
     path = fp8.path(x)
-    assert path == ("gemv" if m <= GEMV_MAX_M else "scaled_mm")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    mm = "scaled_mm" if rowwise_fills(m, fp8.out_features, sms) else "scaled_mm_unit"
+    assert path == ("gemv" if m <= GEMV_MAX_M else mm)
     deq = fp8.weight.float() * fp8.weight_scale[:, None]
-    ref = fp8_linear_ref(fp8, x) if path == "scaled_mm" else F.linear(x.float(), deq)
+    ref = fp8_linear_ref(fp8, x) if path.startswith("scaled_mm") else F.linear(x.float(), deq)
     assert _rel(y, ref) < SAME_OPERANDS, path
     assert _rel(y, F.linear(x.float(), lin.weight.float())) < VS_BF16, path
 
 
 @pytest.mark.parametrize("m", ROWS)
 def test_scaled_mm_path_at_every_row_count(layers: tuple[nn.Linear, Fp8Linear], m: int) -> None:
-    """The scaled_mm path also where forward() would take the GEMV (GEMV_MAX_M may move)."""
+    """Both scaled_mm calls at every row count, whichever forward() would take."""
     _, fp8 = layers
     x = _x(m, fp8.in_features)
     xq, xs = quantize_rows(x)
-    y = scaled_mm_rowwise(xq, xs, fp8.weight, fp8.weight_scale, None, BF16)
-    assert _rel(y, fp8_linear_ref(fp8, x)) < SAME_OPERANDS
+    for call in (scaled_mm_rowwise, scaled_mm_unit):
+        y = call(xq, xs, fp8.weight, fp8.weight_scale, None, BF16)
+        assert _rel(y, fp8_linear_ref(fp8, x)) < SAME_OPERANDS, call.__name__
 
 
 @pytest.mark.parametrize("m", [1, 2, 4, 7, 8])
@@ -110,7 +121,9 @@ def test_bias_and_input_dtypes(m: int, dtype: torch.dtype) -> None:
     x = torch.randn(2, m, 1024, device="cuda", dtype=dtype)
     y = fp8(x)
     assert y.shape == (2, m, 512) and y.dtype == dtype
-    ref = fp8_linear_ref(fp8, x) if fp8.path(x) == "scaled_mm" else fp8.dequantized_forward(x.float())
+    ref = (
+        fp8_linear_ref(fp8, x) if fp8.path(x).startswith("scaled_mm") else fp8.dequantized_forward(x.float())
+    )
     assert _rel(y, ref) < SAME_OPERANDS
 
 
