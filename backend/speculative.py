@@ -74,7 +74,7 @@ class Speculator:
         budgets = [k if (k := self.budget(req)) > 0 and not self.policy.paused(req) else 0 for req in batch]
         if not any(budgets) or not self.policy.worth_proposing(batch, budgets):
             return None
-        proposals = self._propose_all(batch, budgets)
+        proposals = self._propose_all(batch, budgets, self.policy.proposal_limit(len(batch)))
         self.policy.proposals_found(any(proposals))
         if not any(proposals):
             return None
@@ -88,24 +88,33 @@ class Speculator:
                 masks.append(None)
         return DraftPlan(proposals, masks) if any(proposals) else None
 
-    def _propose_all(self, batch: list[Req], budgets: list[int]) -> list[list[int]]:
+    def _propose_all(self, batch: list[Req], budgets: list[int], limit: int | None = None) -> list[list[int]]:
         """Each request's proposal from its algorithm's proposer; a proposer with propose_batch
-        (a draft model) answers all of its requests in one call."""
+        (a draft model) answers all of its requests in one call. With a limit, requests are asked
+        in order until that many drafts are found (a batch proposer is given the first `limit`)."""
         out: list[list[int]] = [[] for _ in batch]
         by_algorithm: dict[str, list[int]] = {}
         for i, (req, k) in enumerate(zip(batch, budgets)):
             algorithm = self.algorithm(req) if k else None
             if algorithm is not None:
                 by_algorithm.setdefault(algorithm, []).append(i)
+        found_total = 0
         for algorithm, rows in by_algorithm.items():
+            if limit is not None and found_total >= limit:
+                break
             proposer = self.proposers[algorithm]
             together = getattr(proposer, "propose_batch", None)
             if together is not None:
-                found = together([batch[i] for i in rows], [budgets[i] for i in rows])
-            else:
-                found = [proposer.propose(batch[i], budgets[i]) for i in rows]
-            for i, proposal in zip(rows, found):
-                out[i] = proposal
+                rows = rows if limit is None else rows[:limit]
+                for i, proposal in zip(rows, together([batch[i] for i in rows], [budgets[i] for i in rows])):
+                    out[i] = proposal
+                    found_total += len(proposal)
+                continue
+            for i in rows:
+                out[i] = proposer.propose(batch[i], budgets[i])
+                found_total += len(out[i])
+                if limit is not None and found_total >= limit:
+                    break
         return out
 
     def _walk_grammar(self, req: Req, drafts: list[int]) -> tuple[list[int], list[torch.Tensor]]:

@@ -8,7 +8,8 @@ measurements it explores, then decides, and it re-measures after declining for l
 drafts would pay at a fraction of their measured cost, and at growing intervals while re-measuring
 keeps confirming the decline (a measuring step beside a large batch can cost several plain steps).
 worth_proposing tells the speculator, before any proposal is made, when no proposal within the
-budgets could be chosen, so a backed-off step does no proposer work."""
+budgets could be chosen, so a backed-off step does no proposer work; proposal_limit, how many drafts
+a measuring step will keep, so the proposer stops once it found that many."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ from dataclasses import dataclass
 
 from .request import Req
 
-MIN_SAMPLES = 3  # step timings of a kind before its cost is trusted
+MIN_SAMPLES = 3  # plain decode step timings before their cost is trusted
+# verify-cost samples of a batch bucket before its fit is trusted: measuring steps alternate full and
+# half draft counts, so two give the fixed and the per-draft part; each costs a settled, unoverlapped
+# step (at B=64 on an H200 about two plain steps), so a third would cost more than it refines
+VERIFY_MIN_SAMPLES = 2
 DECAY = 0.95  # weight of older observations (costs drift with lengths and load)
 LOW_ALPHA = 0.2  # below this a request pauses speculation for a while
 MAX_COOLDOWN = 64  # steps
@@ -35,8 +40,8 @@ class LinearCost:
     """seconds ≈ a + b * x, by weighted least squares with forgetting (b ≥ 0; with one x seen so
     far, the mean)."""
 
-    def __init__(self) -> None:
-        self.n = 0
+    def __init__(self, min_samples: int = MIN_SAMPLES) -> None:
+        self.n, self.min_samples = 0, min_samples
         self.w = self.sx = self.sy = self.sxx = self.sxy = 0.0
 
     def add(self, x: float, seconds: float) -> None:
@@ -47,7 +52,7 @@ class LinearCost:
 
     @property
     def ready(self) -> bool:
-        return self.n >= MIN_SAMPLES
+        return self.n >= self.min_samples
 
     @property
     def slope(self) -> float:
@@ -87,7 +92,7 @@ class StepCosts:
         if not verify:
             self.decode.add(batch, seconds)
         elif drafts > 0 and self.decode.ready:
-            fit = self.extra.setdefault(bucket(batch), LinearCost())
+            fit = self.extra.setdefault(bucket(batch), LinearCost(VERIFY_MIN_SAMPLES))
             fit.add(drafts, max(seconds - self.decode.predict(batch), 0.0))
 
     def samples(self, batch: int) -> int:
@@ -272,6 +277,14 @@ class SpecPolicy:
         for _, i in gains[:n]:
             keep[i] += 1
         return [p[:k] for p, k in zip(proposals, keep)]
+
+    def proposal_limit(self, batch_size: int) -> int | None:
+        """Most drafts this step can verify when known before proposing: a measuring step's count
+        while the batch size's costs are unknown (the proposer need not index every request's
+        prompt for it); None otherwise."""
+        if self.adaptive and self.costs.decode.ready and not self.costs.ready(batch_size):
+            return EXPLORE_DRAFTS
+        return None
 
     def proposals_found(self, found: bool) -> None:
         """After the proposer ran for a step: tries that keep finding no drafts, before costs are

@@ -20,6 +20,7 @@ from radixlm.backend.speculative_policy import (
     MAX_REEXPLORE_STEPS,
     MIN_SAMPLES,
     REEXPLORE_STEPS,
+    VERIFY_MIN_SAMPLES,
     SpecPolicy,
 )
 
@@ -81,12 +82,14 @@ def test_measuring_steps_alternate_full_and_half_draft_counts():
     for _ in range(MIN_SAMPLES):
         pol.record(False, 8, 0, 0.1)
     counts = []
-    for _ in range(MIN_SAMPLES):
+    for _ in range(VERIFY_MIN_SAMPLES):
+        assert pol.proposal_limit(8) == EXPLORE_DRAFTS  # the proposer may stop at that many
         n = sum(len(p) for p in pol.choose(batch, props))
         counts.append(n)
         pol.record(True, 8, n, 0.1 + 0.01 * n)
-    assert counts == [EXPLORE_DRAFTS, EXPLORE_DRAFTS // 2, EXPLORE_DRAFTS]
+    assert counts == [EXPLORE_DRAFTS, EXPLORE_DRAFTS // 2]  # two counts: fixed and per-draft parts
     assert pol.costs.ready(8) and not pol.costs.ready(1)
+    assert pol.proposal_limit(8) is None and abs(pol.costs.per_draft(8) - 0.01) < 1e-9
 
 
 def test_batch_one_high_acceptance_keeps_drafts():
@@ -224,6 +227,22 @@ def test_backed_off_speculator_asks_the_proposer_nothing():
     spec.policy = trained(decode_s=0.05, per_draft_s=0.0005, batch=8, drafts=8)
     plan = spec.draft(batch)
     assert plan is not None and proposer.calls == len(batch)
+
+
+def test_measuring_step_asks_the_proposer_only_for_the_drafts_it_verifies():
+    """While a batch size's costs are unknown, a step verifies EXPLORE_DRAFTS drafts: requests are
+    asked in order until that many are found, not every request's prompt indexed."""
+    batch = reqs(64)
+    for r in batch:
+        r.params.speculative_algorithm = "ngram"
+        r.params.max_new_tokens = 64
+    spec = Speculator(SpeculativeConfig(), None, SchedulerStats(), context_len=4096)  # type: ignore[arg-type]
+    spec.proposers["ngram"] = proposer = CountingProposer()
+    for _ in range(MIN_SAMPLES):
+        spec.policy.record(False, 64, 0, 0.05)
+    plan = spec.draft(batch)
+    assert plan is not None and sum(map(len, plan.drafts)) == EXPLORE_DRAFTS
+    assert proposer.calls == -(-EXPLORE_DRAFTS // 4)  # four drafts a request
 
 
 def test_learning_backs_off_while_tries_find_no_drafts():
