@@ -1,10 +1,11 @@
 """Paged decode attention (one new token per request) over the KV pool, split-K flash-decoding
 with GQA grouping: one program serves all query heads of a KV head, so each K/V row is read once
 and QK^T / PV run on tensor cores; partial (out, lse) per KV split, then a merge kernel. An fp8
-pool is read as is (rows converted to q's dtype); its K scale is folded into q, its V scale into
-the output (kv_quant.py). Promises: `decode_attention` equals `decode_attention_ref` (softmax
-over each request's slots kv_start..seq_len-1 read through req_to_token, page size 1, K/V
-dequantized) and never syncs with the host."""
+pool is read as is, its rows widened to float16 in the kernel (the dots then run in float16, q
+scaled into it); its K scale is folded into q, its V scale into the output (kv_quant.py).
+Promises: `decode_attention` equals `decode_attention_ref` (softmax over each request's slots
+kv_start..seq_len-1 read through req_to_token, page size 1, K/V dequantized) and never syncs
+with the host."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def _decode_partial_kernel(
     BLOCK_D: tl.constexpr,
     HAS_START: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    WIDEN_F16: tl.constexpr,
 ):
     b = tl.program_id(0)
     hb = tl.program_id(1)
@@ -76,6 +78,9 @@ def _decode_partial_kernel(
     )
     row_ptr = ReqToToken + tl.load(ReqIdx + b) * stride_rr
     qk_scale = sm_scale * 1.4426950408889634
+    if WIDEN_F16:  # scores come out scaled; q shrinks ~11x, far from float16's limit
+        q = (q.to(tl.float32) * qk_scale).to(tl.float16)
+        qk_scale = 1.0
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -298,9 +303,18 @@ def decode_partial(
         BLOCK_D=next_pow2(d),
         HAS_START=kv_start is not None,
         DOT_PREC=dot_precision(q.dtype),
+        WIDEN_F16=widen_f16(q, k_buffer),
         num_warps=num_warps,
         num_stages=num_stages,
     )
+
+
+def widen_f16(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
+    """Whether an fp8 pool's rows are widened to float16 (with q scaled and cast to it) rather
+    than to q's bfloat16: e4m3 pairs widen to float16 in one packed conversion, to bfloat16 only
+    through float32, and that conversion bounds the fp8 decode kernel. Every e4m3 value is exact in
+    float16."""
+    return k_buffer.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
 
 
 def _check_heads(hq: int, hkv: int, d: int, k_buffer: torch.Tensor) -> None:
