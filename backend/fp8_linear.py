@@ -36,10 +36,10 @@ GEMV_MAX_M = 1
 FAST_ACCUM = True
 SCALED_MM_ALIGN = 16  # _scaled_mm wants K and N multiples of 16 (16-byte rows of e4m3)
 # The row-wise _scaled_mm runs one CTA per 128 x 128 output tile and does not split K, so a small
-# output leaves SMs idle: at M = 128 on the H200 it takes 36.4 us for the 8B shape's down
-# projection (32 tiles) where unit scales + epilogue take 22.8, and 34.6 us for gate_up (224
-# tiles) where they take 46.5 (benchmarks/fp8_linear.py). The row-wise call is taken when its
-# tiles number at least ROWWISE_MIN_FILL of the SMs.
+# output leaves SMs idle: at M = 128 on the H200 it takes 42.9 us for the 8B shape's down
+# projection (32 tiles) where unit scales + epilogue take 28.5, and 37.9 us for gate_up (224
+# tiles) where they take 49.3 (benchmarks/results/fp8_linear_h200.json). The row-wise call is
+# taken when its tiles number at least ROWWISE_MIN_FILL of the SMs.
 ROWWISE_TILE = 128
 ROWWISE_MIN_FILL = 0.5
 ROW_CHUNK = 4096  # weight rows quantized per step: the float32 copy stays small

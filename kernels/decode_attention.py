@@ -78,7 +78,7 @@ def _decode_partial_kernel(
     )
     row_ptr = ReqToToken + tl.load(ReqIdx + b) * stride_rr
     qk_scale = sm_scale * 1.4426950408889634
-    if WIDEN_F16:  # scores come out scaled; q shrinks ~11x, far from float16's limit
+    if WIDEN_F16:  # scores come out scaled; q shrinks by the softmax scale, far from float16's limit
         q = (q.to(tl.float32) * qk_scale).to(tl.float16)
         qk_scale = 1.0
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
