@@ -81,7 +81,30 @@ def check_decode(
     lens = torch.tensor(seq_lens, device=device)
     q = torch.randn(len(seq_lens), hq, d, dtype=dtype, device=device)
     rd = ref_dtype(device)
-    ref, ref_lse = decode_attention_ref(q.to(rd), kb.to(rd), vb.to(rd), table, rows, lens)
+    ref = decode_attention_ref(q.to(rd), kb.to(rd), vb.to(rd), table, rows, lens)
+    name = f"decode {DTYPE_NAME[dtype]} B={len(seq_lens)} L<={max(seq_lens)} Hq{hq}/Hkv{hkv} D{d}"
+    lse_bound = 1e-5 if dtype == torch.float32 else 1e-3
+    return decode_records(q, kb, vb, table, rows, lens, ref, splits, block_n, name, BOUND[dtype], lse_bound)
+
+
+def decode_records(
+    q: torch.Tensor,
+    kb: torch.Tensor,
+    vb: torch.Tensor,
+    table: torch.Tensor,
+    rows: torch.Tensor,
+    lens: torch.Tensor,
+    ref: tuple[torch.Tensor, torch.Tensor],
+    splits: list[int | None],
+    block_n: int,
+    name: str,
+    bound: float,
+    lse_bound: float,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> list[Record]:
+    """decode_attention at each split count (output and lse, into a NaN-filled buffer) against
+    ref = (out, lse): two records per split count, named `name splits=S`."""
     recs = []
     for s in splits:
         out = torch.full_like(q, float("nan"))
@@ -93,16 +116,16 @@ def check_decode(
             rows,
             lens,
             num_splits=s,
-            max_len=max(seq_lens),
+            max_len=int(lens.max()),
             out=out,
             return_lse=True,
             block_n=block_n,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
-        tag = (
-            f"decode {DTYPE_NAME[dtype]} B={len(seq_lens)} L<={max(seq_lens)} Hq{hq}/Hkv{hkv} D{d} splits={s}"
-        )
-        recs.append((tag, rel_err(o, ref), BOUND[dtype]))
-        recs.append((tag + " lse", rel_err(lse, ref_lse), 1e-5 if dtype == torch.float32 else 1e-3))
+        tag = f"{name} splits={s}"
+        recs.append((tag, rel_err(o, ref[0]), bound))
+        recs.append((tag + " lse", rel_err(lse, ref[1]), lse_bound))
     return recs
 
 

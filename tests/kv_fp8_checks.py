@@ -7,11 +7,11 @@ error, bound) as in kernel_checks; a record passes when error <= bound (NaN neve
 from __future__ import annotations
 
 import torch
-from kernel_checks import BOUND, DTYPE_NAME, Record, paged_kv, ref_dtype, rel_err
+from kernel_checks import BOUND, DTYPE_NAME, Record, decode_records, paged_kv, ref_dtype, rel_err
 
 from radixlm.backend.cascade_groups import make_cascade_plan
 from radixlm.kernels.cascade_attention import cascade_decode_attention
-from radixlm.kernels.decode_attention import decode_attention, decode_attention_ref
+from radixlm.kernels.decode_attention import decode_attention_ref
 from radixlm.kernels.extend_attention import extend_attention, extend_attention_ref
 from radixlm.kernels.kv_store import kv_store
 from radixlm.kernels.rotary import build_cos_sin_cache, rotary_and_store, rotary_ref
@@ -89,29 +89,13 @@ def check_decode_fp8(
     lens = torch.tensor(seq_lens, device=device)
     q = torch.randn(len(seq_lens), hq, d, dtype=dtype, device=device)
     rd = ref_dtype(device)
-    ref, ref_lse = decode_attention_ref(q.to(rd), deq(k8, ks, rd), deq(v8, vs, rd), table, rows, lens)
-    recs = []
-    for s in splits:
-        out = torch.full_like(q, float("nan"))
-        o, lse = decode_attention(
-            q,
-            k8,
-            v8,
-            table,
-            rows,
-            lens,
-            num_splits=s,
-            max_len=max(seq_lens),
-            out=out,
-            return_lse=True,
-            block_n=block_n,
-            k_scale=None if unit else ks,
-            v_scale=None if unit else vs,
-        )
-        tag = _tag("decode", dtype, unit, f"B={len(seq_lens)} Hq{hq}/Hkv{hkv} D{d} splits={s}")
-        recs.append((tag, rel_err(o, ref), bound(dtype, unit)))
-        recs.append((tag + " lse", rel_err(lse, ref_lse), 1e-5 if dtype == torch.float32 else 2e-3))
-    return recs
+    ref = decode_attention_ref(q.to(rd), deq(k8, ks, rd), deq(v8, vs, rd), table, rows, lens)
+    name = _tag("decode", dtype, unit, f"B={len(seq_lens)} Hq{hq}/Hkv{hkv} D{d}")
+    lse_bound = 1e-5 if dtype == torch.float32 else 2e-3
+    scales = {} if unit else {"k_scale": ks, "v_scale": vs}
+    return decode_records(
+        q, k8, v8, table, rows, lens, ref, splits, block_n, name, bound(dtype, unit), lse_bound, **scales
+    )
 
 
 def check_extend_fp8(
