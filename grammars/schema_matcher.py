@@ -125,13 +125,17 @@ class SchemaGrammar:
 
 class SchemaMatcher:
     """Follows the first mode that accepts everything so far; a step the current mode refuses replays
-    the steps into the next mode. Rollback counts the same steps whatever the mode."""
+    the steps into the next mode. Rollback counts the same steps whatever the mode, and undoing the
+    step that moved to a wider mode returns to the narrower one (a speculative draft walk accepts
+    and rolls back tokens the generation mask forbids; its mode must not outlive the walk)."""
 
     def __init__(self, grammar: SchemaGrammar) -> None:
         self._g = grammar
         self._mode = 0
         self._m: LLGuidanceMatcher = grammar.modes[0].new_matcher()
         self._steps: list[int | str] = []  # one per accept step: a token id or an accepted string
+        # per move to a wider mode: the steps before the one that moved, the mode and matcher left
+        self._narrower: list[tuple[int, int, LLGuidanceMatcher]] = []
         # value checks (schema_guard): the reader of the bytes so far, and its state before each step
         self._tracker = JsonTracker(grammar.plan.root) if grammar.plan is not None else None
         self._buf = bytearray()
@@ -202,6 +206,7 @@ class SchemaMatcher:
                 self._steps.append(s)
             self._steps = saved
             if ok and self._step(m, step, mode):
+                self._narrower.append((len(self._steps), self._mode, self._m))
                 self._m, self._mode = m, mode
                 self._steps.append(step)
                 return True
@@ -254,8 +259,16 @@ class SchemaMatcher:
     def rollback(self, num_tokens: int) -> None:
         if num_tokens <= 0:
             return
-        del self._steps[-num_tokens:]
-        self._m.rollback(num_tokens)
+        kept = max(len(self._steps) - num_tokens, 0)
+        del self._steps[kept:]
+        left: tuple[int, int, LLGuidanceMatcher] | None = None
+        while self._narrower and self._narrower[-1][0] >= kept:
+            left = self._narrower.pop()  # the step that moved to a wider mode is undone
+        if left is None:
+            self._m.rollback(num_tokens)
+        else:
+            at, self._mode, self._m = left
+            self._m.rollback(at - kept)  # that matcher stopped at the step it refused
         if self._tracker is not None:
             self._tracker, size = self._before[-num_tokens]
             del self._before[-num_tokens:]
@@ -265,6 +278,7 @@ class SchemaMatcher:
         self._mode = 0
         self._m = self._g.modes[0].new_matcher()
         self._steps.clear()
+        self._narrower.clear()
         if self._g.plan is not None:
             self._tracker = JsonTracker(self._g.plan.root)
             self._buf.clear()

@@ -9,12 +9,18 @@ from typing import Literal
 
 import jsonschema
 import pytest
+import torch
 from grammar_helpers import random_walk
 from pydantic import BaseModel, Field
 from test_grammar_cases import INT_SCHEMA as I  # noqa: E741
 from test_grammar_cases import SCHEMAS, default_tokenizer
 
-from radixlm.grammars import GrammarBackend, json_schema_to_regex, normalize_json_schema
+from radixlm.grammars import (
+    GrammarBackend,
+    allocate_token_bitmask,
+    json_schema_to_regex,
+    normalize_json_schema,
+)
 from radixlm.grammars.json_schema import int_range_regex
 
 
@@ -142,6 +148,35 @@ def test_auto_uses_llguidance_for_non_regular_schemas(backend: GrammarBackend) -
             backend.compile("json_schema", schema, engine="fsm")
         assert backend.compile("json_schema", schema, engine="auto").engine == "llguidance"
         _validate_walks(backend, schema, "llguidance")
+
+
+def test_rollback_returns_to_the_narrower_mode(backend: GrammarBackend) -> None:
+    """A token only the any-JSON reading accepts (an undeclared key), then rolled back, as a
+    speculative draft walk does: the matcher is back in the generation reading, mask and all."""
+    schema = {
+        "type": "object",
+        "properties": {"order": {"type": "integer"}},
+        "required": ["order"],
+        "additionalProperties": False,
+    }
+    m = backend.compile("json_schema", schema).new_matcher()
+    opening, order = backend.tokenizer.encode('{"order', add_special_tokens=False)
+    (underscore,) = backend.tokenizer.encode("_", add_special_tokens=False)
+    masks = allocate_token_bitmask(4, 49152)
+    assert m.accept_token(opening)
+    m.fill_next_token_bitmask(masks, 0)
+    assert m.accept_token(order)
+    m.fill_next_token_bitmask(masks, 1)
+    assert not masks[1, underscore // 32] >> (underscore % 32) & 1  # "order_..." is not a key
+    assert m.accept_token(underscore) and m.mode == "json+check"
+    m.rollback(1)
+    m.fill_next_token_bitmask(masks, 2)
+    assert m.mode == "generation" and torch.equal(masks[2], masks[1])
+    # the step that moved is the later of two rolled back
+    assert m.accept_token(underscore) and m.mode == "json+check"
+    m.rollback(2)
+    m.fill_next_token_bitmask(masks, 3)
+    assert m.mode == "generation" and torch.equal(masks[3], masks[0])
 
 
 @pytest.mark.parametrize(
