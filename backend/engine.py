@@ -81,7 +81,7 @@ class Engine(EngineRequests):
         quantization: str | None = None,
         kv_cache_dtype: str = "auto",
         speculative_algorithm: str | None = None,
-        speculative_num_draft_tokens: int = 4,
+        speculative_num_draft_tokens: int | None = None,
         speculative_policy: str = "auto",
         speculative_draft_model_path: str | None = None,
         tp_size: int = 1,
@@ -97,7 +97,9 @@ class Engine(EngineRequests):
         (per-head scales, 1 unless set on runner.kv_pool), so the same memory holds ~2x the tokens.
         speculative_algorithm: "ngram" (prompt lookup) or "draft" (the model at
         speculative_draft_model_path, same tokenizer) speculates for requests that do not say
-        otherwise; speculative_policy "auto" backs off where it does not pay, "always" never does.
+        otherwise; speculative_policy "auto" backs off where it does not pay, "always" never does;
+        speculative_num_draft_tokens: most drafts per request per step (None: 7 for "ngram", whose
+        drafts are free to propose and which the policy trims to those that pay; 4 for "draft").
         tp_size: tensor parallelism over that many CPU processes (gloo): this process is rank 0 and
         holds the scheduler; the model's heads and MLP columns are split over the ranks."""
         logging.getLogger("radixlm").setLevel(log_level.upper())

@@ -20,6 +20,7 @@ from .kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator, resolve_kv_cac
 from .loader import iter_weights, quantization_method
 from .model_config import ModelConfig
 from .models.llama import LlamaForCausalLM, materialize
+from .quant_linear import fast_rows_limit
 from .tensor_parallel import TPShard, local_config, shard_weights
 from .weight_quant import ON_LOAD, quantize_linears
 
@@ -101,6 +102,8 @@ class ModelRunner:
         self.device = device
         self.dtype = dtype
         self.model = self._load_model(model_dir, random_weights, seed)
+        # rows a forward takes at the decode kernels' per-row cost (None: no such cliff)
+        self.fast_rows: int | None = fast_rows_limit(self.model)
         kv_tokens = self._kv_budget(max_total_tokens, mem_fraction_static)
         self.kv_pool = KVPool(
             config.num_layers, kv_tokens, config.num_kv_heads, config.head_dim, self.kv_dtype, device

@@ -111,6 +111,15 @@ class BlockSegment(nn.Module):
         return y if native else y.to(x.dtype)
 
 
+def fast_rows_limit(model: nn.Module) -> int | None:
+    """Most rows a forward can take before some weight of model leaves its decode kernel (the CPU
+    block kernel's GEMV_MAX_ROWS; past it each call dequantizes the whole weight, several times
+    the cost of a few rows); None where every path costs about the same per extra row."""
+    if any(isinstance(m, BlockSegment) for m in model.modules()):
+        return quant_gemv_cpu.GEMV_MAX_ROWS
+    return None
+
+
 class DenseSegment(nn.Module):
     """Rows dequantized once into a dense weight: the path for formats without a packed one."""
 

@@ -43,7 +43,7 @@ class Scheduler:
         self.queues = RequestQueues()
         self.kv = CacheManager(cache, runner.allocator, runner.req_table)
         self.policy = SchedulePolicy(cache)
-        self.spec = Speculator(cfg.speculative, sampler, self.stats, cfg.context_len)
+        self.spec = Speculator(cfg.speculative, sampler, self.stats, cfg.context_len, runner.fast_rows)
         self.planner = BatchPlanner(
             self.queues, self.kv, cfg, self.stats, sampler, self.policy, self._drain_inflight, self.spec
         )

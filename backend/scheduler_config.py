@@ -9,13 +9,18 @@ from dataclasses import dataclass, field
 from .cascade_cost import CascadeCostModel
 from .sampling_params import MAX_DRAFT_TOKENS, check_speculative_algorithm
 
+# Most drafts per request per step unless set. n-gram drafts cost no forward and the automatic
+# policy verifies only the likeliest that pay, so the budget is generous: 7 drafts are 8 rows in a
+# batch-1 verify step, the CPU block kernel's limit. Each draft-model draft costs a draft forward.
+DEFAULT_DRAFT_TOKENS = {"ngram": 7, "draft": 4}
+
 
 @dataclass
 class SpeculativeConfig:
     """Engine-wide speculation defaults; a request may override algorithm and draft count."""
 
     algorithm: str | None = None  # "ngram" for requests that do not say; None: off unless asked
-    num_draft_tokens: int = 4  # most draft tokens verified per request per step
+    num_draft_tokens: int | None = None  # most drafts verified per request per step (None: by algorithm)
     policy: str = "auto"  # "auto": back off on low acceptance or costly verify steps; "always"
     draft_model_path: str | None = None  # the draft model "draft" requests speculate with
 
@@ -27,12 +32,16 @@ class SpeculativeConfig:
             raise ValueError(
                 "speculative_algorithm='draft' needs speculative_draft_model_path (the draft model)"
             )
-        if not 1 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS:
+        if self.num_draft_tokens is not None and not 1 <= self.num_draft_tokens <= MAX_DRAFT_TOKENS:
             raise ValueError(
                 f"speculative_num_draft_tokens must be in [1, {MAX_DRAFT_TOKENS}], got {self.num_draft_tokens}"
             )
         if self.policy not in ("auto", "always"):
             raise ValueError(f"speculative_policy must be 'auto' or 'always', got {self.policy!r}")
+
+    def draft_tokens(self, algorithm: str) -> int:
+        """The engine's most drafts per request per step for algorithm."""
+        return self.num_draft_tokens or DEFAULT_DRAFT_TOKENS[algorithm]
 
 
 @dataclass

@@ -33,14 +33,19 @@ class DraftPlan:
 
 class Speculator:
     def __init__(
-        self, cfg: SpeculativeConfig, sampler: Sampler, stats: SchedulerStats, context_len: int
+        self,
+        cfg: SpeculativeConfig,
+        sampler: Sampler,
+        stats: SchedulerStats,
+        context_len: int,
+        fast_rows: int | None = None,
     ) -> None:
         self.cfg = cfg
         self.sampler = sampler
         self.stats = stats
         self.context_len = context_len
         self.proposers: dict[str, Proposer] = {"ngram": NgramProposer()}  # by algorithm
-        self.policy = SpecPolicy(adaptive=cfg.policy == "auto")
+        self.policy = SpecPolicy(adaptive=cfg.policy == "auto", fast_rows=fast_rows)
 
     # ---- which requests speculate ------------------------------------------------------
     def algorithm(self, req: Req) -> str | None:
@@ -51,9 +56,10 @@ class Speculator:
     def budget(self, req: Req) -> int:
         """Most drafts worth verifying for req now (0: it decodes plainly)."""
         p = req.params
-        if self.algorithm(req) is None or req.pending >= 0:
+        algorithm = self.algorithm(req)
+        if algorithm is None or req.pending >= 0:
             return 0
-        k = p.speculative_num_draft_tokens or self.cfg.num_draft_tokens
+        k = p.speculative_num_draft_tokens or self.cfg.draft_tokens(algorithm)
         room_out = p.max_new_tokens - len(req.output_ids) - 1  # a+1 tokens come out of a drafts
         room_ctx = self.context_len - req.seq_len - 1
         return max(min(k, room_out, room_ctx), 0)
@@ -118,7 +124,7 @@ class Speculator:
         return out
 
     def _walk_grammar(self, req: Req, drafts: list[int]) -> tuple[list[int], list[torch.Tensor]]:
-        """Cut drafts where the grammar forbids one, or where, after one, it would terminate or
+        """Cut drafts where the mask forbids one, or where, after one, it would terminate or
         jump forward (plain decoding would append forced tokens there); the masks of the rows
         kept. The matcher is left as it was."""
         grammar = req.grammar
@@ -132,7 +138,9 @@ class Speculator:
             bits = allocate_token_bitmask(1, vocab)
             matcher.fill_next_token_bitmask(bits, 0)
             masks.append(bits)
-            if not matcher.accept_token(tok):
+            # a draft outside the mask is refused here, not by the matcher: a schema matcher would
+            # accept it in a wider reading, and verification rejects it anyway
+            if not int(bits[0, tok >> 5]) >> (tok & 31) & 1 or not matcher.accept_token(tok):
                 kept = j
                 break
             accepted += 1

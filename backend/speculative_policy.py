@@ -2,8 +2,10 @@
 probability alpha, learned from verify results) and measured step costs (a decode step fitted as
 seconds = a + b * batch; what a verify step adds to it fitted as a + b * drafts per batch-size
 bucket, since verifying has a fixed cost before any draft: on the CPU a step past 8 rows leaves
-the GEMV kernel for the dequantize path; an unmeasured bucket borrows a near one's fit). Promises: a step verifies the number of likeliest drafts that
-gives the most expected tokens per second, and only if that beats plain decoding; with too few
+the GEMV kernel for the dequantize path; an unmeasured bucket borrows a near one's fit). Promises:
+a step verifies the number of likeliest drafts that gives the most expected tokens per second, and
+only if that beats plain decoding, never more than twice the most its fit has measured nor, below
+the decode kernels' row limit (fast_rows), more than keep the step within it; with too few
 measurements it explores, then decides, and it re-measures after declining for long — only where
 drafts would pay at a fraction of their measured cost, and at growing intervals while re-measuring
 keeps confirming the decline (a measuring step beside a large batch can cost several plain steps).
@@ -33,6 +35,10 @@ MAX_REEXPLORE_STEPS = 1024  # the interval doubles up to this while re-measuring
 REEXPLORE_COST_FRACTION = 0.25
 EXPLORE_DRAFTS = 8  # drafts in a measuring step (a large batch's full verify step is costly)
 BORROW_BUCKETS = 2  # an unmeasured batch size uses the fit of a measured one up to 4x away
+# A step verifies at most this many times the most drafts its cost fit has measured: the fit is a
+# line through the counts seen, and far past them a verify step's cost is not (on the CPU a batch
+# of 64 measured at 8 drafts would otherwise verify hundreds); each larger step extends the range.
+TRUST_FACTOR = 2
 MAX_LEARN_SKIP = 64  # steps: the longest wait between tries for drafts while costs are unknown
 
 
@@ -42,6 +48,7 @@ class LinearCost:
 
     def __init__(self, min_samples: int = MIN_SAMPLES) -> None:
         self.n, self.min_samples = 0, min_samples
+        self.max_x = 0.0  # the largest x measured
         self.w = self.sx = self.sy = self.sxx = self.sxy = 0.0
 
     def add(self, x: float, seconds: float) -> None:
@@ -49,6 +56,7 @@ class LinearCost:
         self.w, self.sx, self.sy = d * self.w + 1, d * self.sx + x, d * self.sy + seconds
         self.sxx, self.sxy = d * self.sxx + x * x, d * self.sxy + x * seconds
         self.n += 1
+        self.max_x = max(self.max_x, x)
 
     @property
     def ready(self) -> bool:
@@ -120,6 +128,11 @@ class StepCosts:
         fit = self._fit(batch)
         return 0.0 if fit is None else fit.predict(0.0)
 
+    def trusted_drafts(self, batch: int) -> int:
+        """Most drafts a verify step beside batch may have on its fit's word (TRUST_FACTOR)."""
+        fit = self._fit(batch)
+        return int(TRUST_FACTOR * fit.max_x) if fit is not None else 0
+
     def per_draft(self, batch: int) -> float:
         """b: what each draft adds."""
         fit = self._fit(batch)
@@ -146,8 +159,14 @@ class Acceptance:
 
 
 class SpecPolicy:
-    def __init__(self, adaptive: bool) -> None:
+    """fast_rows: most rows a forward runs at the decode kernels' per-row cost (None: no such
+    limit). Below it, a step's drafts are capped so the verify step stays there: past it the CPU
+    block kernel dequantizes every weight, and one linear cost fit per batch bucket cannot hold
+    that cliff (measuring steps on both sides of it would price every draft count wrong)."""
+
+    def __init__(self, adaptive: bool, fast_rows: int | None = None) -> None:
         self.adaptive = adaptive
+        self.fast_rows = fast_rows
         self.costs = StepCosts()
         self.hits, self.misses = 1.0, 1.0  # across requests: the prior of a new request
         self.declined = 0  # steps in a row where drafts were possible but plain decode was chosen
@@ -210,10 +229,18 @@ class SpecPolicy:
         self.declined += 1
         return False
 
+    def draft_cap(self, batch_size: int) -> int | None:
+        """Most drafts a step of batch_size rows may verify (None: no cap)."""
+        if self.fast_rows is None or batch_size >= self.fast_rows:
+            return None  # such a step's verify rows leave the kernel whatever the draft count
+        return self.fast_rows - batch_size
+
     def choose(self, batch: list[Req], proposals: list[list[int]]) -> list[list[int]]:
         """Trim each proposal to the drafts worth verifying; all empty when plain decode wins."""
-        if not self.adaptive or not any(proposals):
+        if not any(proposals):
             return proposals
+        if not self.adaptive:
+            return _first(proposals, self.draft_cap(len(batch)))
         costs = self.costs
         if not costs.decode.ready:
             return [[] for _ in proposals]  # measure plain decode first
@@ -235,9 +262,9 @@ class SpecPolicy:
         return [p[:k] for p, k in zip(proposals, keep)]
 
     def _gains(self, batch: list[Req], lengths: list[int]) -> list[tuple[float, int]]:
-        """(expected tokens, request index) of each draft position, likeliest first: draft j of a
-        request is accepted with probability alpha ** (j + 1)."""
-        return sorted(
+        """(expected tokens, request index) of each draft position, likeliest first, as many as
+        the step may verify: draft j of a request is accepted with probability alpha ** (j + 1)."""
+        gains = sorted(
             (
                 (self.state(r).alpha ** (j + 1), i)
                 for i, (r, n) in enumerate(zip(batch, lengths))
@@ -245,6 +272,8 @@ class SpecPolicy:
             ),
             reverse=True,
         )
+        cap = self.draft_cap(len(batch))
+        return gains if cap is None else gains[:cap]
 
     def _worth(self, b: int, gains: list[tuple[float, int]], cost_scale: float = 1.0) -> int:
         """How many of the sorted drafts to verify beside b decode rows (0: plain decode is
@@ -255,7 +284,7 @@ class SpecPolicy:
         decode = costs.decode.predict(b)
         fixed, per_draft = costs.fixed(b) * cost_scale, costs.per_draft(b) * cost_scale
         best_n, best_rate, expected = 0, b / decode, float(b)
-        for n, (gain, _) in enumerate(gains, 1):
+        for n, (gain, _) in enumerate(gains[: costs.trusted_drafts(b)], 1):
             expected += gain
             rate = expected / (decode + fixed + per_draft * n)
             if rate > best_rate:
@@ -283,7 +312,7 @@ class SpecPolicy:
         while the batch size's costs are unknown (the proposer need not index every request's
         prompt for it); None otherwise."""
         if self.adaptive and self.costs.decode.ready and not self.costs.ready(batch_size):
-            return EXPLORE_DRAFTS
+            return min(EXPLORE_DRAFTS, self.draft_cap(batch_size) or EXPLORE_DRAFTS)
         return None
 
     def proposals_found(self, found: bool) -> None:
@@ -307,6 +336,17 @@ class SpecPolicy:
                 return False
             return True
         a = self.alpha
-        drafts = batch_size * 2
+        drafts = min(batch_size * 2, self.draft_cap(batch_size) or batch_size * 2)
         expected = batch_size * (1 + a + a * a)
         return expected / costs.step(batch_size, drafts) > batch_size / costs.step(batch_size, 0)
+
+
+def _first(proposals: list[list[int]], cap: int | None) -> list[list[int]]:
+    """proposals cut, in request order, to at most cap drafts in all."""
+    if cap is None:
+        return proposals
+    out = []
+    for p in proposals:
+        out.append(p[:cap])
+        cap -= len(out[-1])
+    return out

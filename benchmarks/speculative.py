@@ -97,8 +97,12 @@ WORKLOADS = {"json_extract": json_extract, "react": react, "code_edit": code_edi
 MAX_NEW = {1: 96, 8: 64, 64: 32}
 
 
-def run_once(engine: Engine, prompts: list[str], max_new: int, algorithm: str) -> dict[str, Any]:
+def run_once(
+    engine: Engine, prompts: list[str], max_new: int, algorithm: str, drafts: int | None = None
+) -> dict[str, Any]:
     params = {"temperature": 0, "max_new_tokens": max_new, "speculative_algorithm": algorithm}
+    if drafts is not None:
+        params["speculative_num_draft_tokens"] = drafts
     before = engine.get_stats()
     t0 = time.perf_counter()
     outs = engine.generate(prompts, [dict(params) for _ in prompts])
@@ -125,7 +129,12 @@ def run_once(engine: Engine, prompts: list[str], max_new: int, algorithm: str) -
 
 
 def install_replay(
-    engine: Engine, prompts: list[str], max_new: int, wrong: float, verified_rounds: int = 0
+    engine: Engine,
+    prompts: list[str],
+    max_new: int,
+    wrong: float,
+    verified_rounds: int = 0,
+    drafts: int | None = None,
 ) -> int:
     """Record the greedy outputs, then let drafts replay them on every step. verified_rounds: up
     to that many speculative runs, each replaying the last one's output, until a run reproduces
@@ -139,8 +148,10 @@ def install_replay(
     refs = {tuple(i): o["output_ids"] for i, o in zip(ids, outs)}
     spec = engine.scheduler.spec
     spec.proposers["ngram"] = ReplayProposer(refs, wrong)
-    spec.policy = SpecPolicy(adaptive=False)
+    spec.policy = SpecPolicy(adaptive=False, fast_rows=spec.policy.fast_rows)
     verified = {**greedy, "speculative_algorithm": "ngram"}
+    if drafts is not None:
+        verified["speculative_num_draft_tokens"] = drafts
     for rounds in range(1, verified_rounds + 1):
         outs = engine.generate(input_ids=ids, sampling_params=[verified] * len(ids))
         again = {tuple(i): o["output_ids"] for i, o in zip(ids, outs)}
@@ -200,7 +211,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,8,64")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--num-draft-tokens", type=int, default=4)
+    ap.add_argument("--num-draft-tokens", type=int, default=None, help="the engine's (default: by algorithm)")
     ap.add_argument("--policy", default="auto")
     ap.add_argument("--quantization", default=None, help="the engine's (default: GGUF blocks kept on CPU)")
     ap.add_argument("--algorithm", default="ngram", choices=["ngram", "draft"])
@@ -220,8 +231,7 @@ def main() -> None:
     rows = []
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         for workload in args.workloads.split(","):
-            reps = args.reps if batch < 64 else max(1, args.reps - 2)
-            rows.append(bench(engine, workload, batch, reps, args.replay_wrong, args.algorithm))
+            rows.append(bench(engine, workload, batch, args.reps, args.replay_wrong, args.algorithm))
     env["load_average_after"] = __import__("os").getloadavg()
     result = {
         "benchmark": "speculative",

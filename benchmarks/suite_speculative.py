@@ -1,6 +1,6 @@
 """The suite's speculative decoding rows, on the default engine: batch 1 with drafts that replay the
 target's own greedy output as the verify forward computes it (the verify machinery at full
-acceptance, 4 drafts; random weights would accept no n-gram), and a large batch of copy-heavy prompts with n-gram drafts under the automatic
+acceptance, 4 drafts per step; random weights would accept no n-gram), and a large batch of copy-heavy prompts with n-gram drafts under the automatic
 policy (which must back off where drafts do not pay). Timed runs alternate off/on; the engine's
 proposer and policy are put back afterwards."""
 
@@ -14,6 +14,7 @@ import speculative as spec_bench
 
 from radixlm.backend.engine import Engine
 
+REPLAY_DRAFTS = 4  # the batch-1 line is stated at this many drafts per step
 REPLAY_ROUNDS = 24  # speculative runs that may pass before the replayed output is a fixed point
 
 
@@ -24,8 +25,10 @@ def speculative_rows(engine: Engine, b1_new: int, batch: int, batch_new: int, re
     try:
         one = [spec_bench.code_edit(rng)]
         spec_bench.run_once(engine, one, 4, "none")  # untimed: both modes decode from a cached prompt
-        rounds = spec_bench.install_replay(engine, one, b1_new, 0.0, verified_rounds=REPLAY_ROUNDS)
-        replay = {**_alternate(engine, one, b1_new, reps), "replay_rounds": rounds}
+        rounds = spec_bench.install_replay(
+            engine, one, b1_new, 0.0, verified_rounds=REPLAY_ROUNDS, drafts=REPLAY_DRAFTS
+        )
+        replay = {**_alternate(engine, one, b1_new, reps, REPLAY_DRAFTS), "replay_rounds": rounds}
     finally:
         spec.proposers["ngram"], spec.policy = proposer, policy
     many = [spec_bench.code_edit(rng) for _ in range(batch)]
@@ -34,11 +37,13 @@ def speculative_rows(engine: Engine, b1_new: int, batch: int, batch_new: int, re
     return {"b1_replay": replay, "batch_auto": {"batch": batch, **auto}}
 
 
-def _alternate(engine: Engine, prompts: list[str], max_new: int, reps: int) -> dict[str, Any]:
+def _alternate(
+    engine: Engine, prompts: list[str], max_new: int, reps: int, drafts: int | None = None
+) -> dict[str, Any]:
     off, on = [], []
     for r in range(reps):
         for alg in ("none", "ngram") if r % 2 == 0 else ("ngram", "none"):
-            (off if alg == "none" else on).append(spec_bench.run_once(engine, prompts, max_new, alg))
+            (off if alg == "none" else on).append(spec_bench.run_once(engine, prompts, max_new, alg, drafts))
     verify = sum(x["spec_verify_requests"] for x in on)
     return {
         "off_tok_s": [x["tok_s"] for x in off],

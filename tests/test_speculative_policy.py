@@ -20,6 +20,7 @@ from radixlm.backend.speculative_policy import (
     MAX_REEXPLORE_STEPS,
     MIN_SAMPLES,
     REEXPLORE_STEPS,
+    TRUST_FACTOR,
     VERIFY_MIN_SAMPLES,
     SpecPolicy,
 )
@@ -32,10 +33,17 @@ def reqs(n: int) -> list[Req]:
     ]
 
 
-def trained(decode_s: float, per_draft_s: float, batch: int, drafts: int, fixed_s: float = 0.0) -> SpecPolicy:
+def trained(
+    decode_s: float,
+    per_draft_s: float,
+    batch: int,
+    drafts: int,
+    fixed_s: float = 0.0,
+    fast_rows: int | None = None,
+) -> SpecPolicy:
     """Measured: plain steps, then verify steps of drafts and drafts // 2 (as measuring steps
     alternate) costing fixed_s + per_draft_s per draft beside the batch."""
-    pol = SpecPolicy(adaptive=True)
+    pol = SpecPolicy(adaptive=True, fast_rows=fast_rows)
     for _ in range(MIN_SAMPLES):
         pol.record(False, batch, 0, decode_s)
     for i in range(MIN_SAMPLES):
@@ -278,3 +286,40 @@ def test_unmeasured_batch_size_borrows_the_nearest_measured_fit():
         d = 8 if i % 2 == 0 else 4
         pol.record(True, 40, d, costs.decode.predict(40) + 0.004 + 0.003 * d)
     assert abs(costs.per_draft(40) - 0.003) < 1e-6 and abs(costs.per_draft(64) - 0.001) < 1e-6
+
+
+def test_drafts_capped_below_the_fast_row_limit():
+    """With a decode kernel that takes 8 rows (the CPU block kernel), a step of fewer rows keeps its
+    verify step within it: the likeliest drafts up to 8 - B, in the adaptive and the fixed policy
+    alike, and measuring steps too; from 8 rows on the measured costs alone decide."""
+    pol = trained(decode_s=0.010, per_draft_s=0.0002, batch=2, drafts=4, fixed_s=0.0005, fast_rows=8)
+    assert pol.draft_cap(1) == 7 and pol.draft_cap(7) == 1 and pol.draft_cap(8) is None
+    a, b = reqs(2)
+    pol.state(a).hits, pol.state(a).misses = 0.99, 0.01
+    pol.state(b).hits, pol.state(b).misses = 0.6, 0.4
+    chosen = pol.choose([a, b], [[1] * 7, [2] * 7])
+    assert sum(map(len, chosen)) == 6 and len(chosen[0]) >= len(chosen[1])  # the likelier first
+    fixed = SpecPolicy(adaptive=False, fast_rows=8)
+    assert fixed.choose([a, b], [[1] * 7, [2] * 7]) == [[1] * 6, []]
+    assert SpecPolicy(adaptive=False).choose([a, b], [[1] * 7, [2] * 7]) == [[1] * 7, [2] * 7]
+    exploring = SpecPolicy(adaptive=True, fast_rows=8)
+    for _ in range(MIN_SAMPLES):
+        exploring.record(False, 6, 0, 0.01)
+    six = reqs(6)
+    assert exploring.proposal_limit(6) == 2
+    assert sum(map(len, exploring.choose(six, [[3] * 7 for _ in six]))) == 2
+    assert sum(map(len, trained(0.01, 0.0001, 8, 8, fast_rows=8).choose(reqs(8), [[4] * 7] * 8))) > 8
+
+
+def test_draft_count_stays_near_the_counts_measured():
+    """A fit measured at 8 and 4 drafts is not trusted for hundreds: however cheap drafts look, a
+    step verifies at most TRUST_FACTOR x 8; a verify step that large extends the range."""
+    pol = trained(decode_s=0.05, per_draft_s=0.0001, batch=64, drafts=8)
+    batch = reqs(64)
+    for r in batch:
+        pol.state(r).hits, pol.state(r).misses = 0.95, 0.05
+    props = [[1] * 7 for _ in batch]
+    first = sum(map(len, pol.choose(batch, props)))
+    assert first == TRUST_FACTOR * 8
+    pol.record(True, 64, first, 0.05 + 0.0001 * first)
+    assert sum(map(len, pol.choose(batch, props))) == TRUST_FACTOR * first

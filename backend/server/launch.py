@@ -200,7 +200,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help="a smaller model with the same tokenizer (HF folder or GGUF) whose greedy tokens are "
         "the drafts of 'draft' requests",
     )
-    g.add_argument("--speculative-num-draft-tokens", type=int, default=4, help="drafts verified per step")
+    g.add_argument(
+        "--speculative-num-draft-tokens",
+        type=int,
+        default=None,
+        help="most drafts verified per request per step (default: 7 for ngram, 4 for draft)",
+    )
     g.add_argument(
         "--speculative-policy",
         default="auto",
