@@ -15,6 +15,7 @@ a measuring step will keep, so the proposer stops once it found that many."""
 
 from __future__ import annotations
 
+import heapq
 import weakref
 from dataclasses import dataclass
 
@@ -262,18 +263,16 @@ class SpecPolicy:
         return [p[:k] for p, k in zip(proposals, keep)]
 
     def _gains(self, batch: list[Req], lengths: list[int]) -> list[tuple[float, int]]:
-        """(expected tokens, request index) of each draft position, likeliest first, as many as
-        the step may verify: draft j of a request is accepted with probability alpha ** (j + 1)."""
-        gains = sorted(
-            (
-                (self.state(r).alpha ** (j + 1), i)
-                for i, (r, n) in enumerate(zip(batch, lengths))
-                for j in range(n)
-            ),
-            reverse=True,
+        """(expected tokens, request index) of the draft positions the step could verify,
+        likeliest first: draft j of a request is accepted with probability alpha ** (j + 1). Only
+        as many as a measuring step keeps, or the fit trusts, within the draft cap: a batch of
+        64 has hundreds of positions, and this runs at every step while the policy declines."""
+        b = len(batch)
+        k = self.costs.trusted_drafts(b) if self.costs.ready(b) else EXPLORE_DRAFTS
+        cap = self.draft_cap(b)
+        return _likeliest(
+            [(self.state(r).alpha, n) for r, n in zip(batch, lengths)], k if cap is None else min(k, cap)
         )
-        cap = self.draft_cap(len(batch))
-        return gains if cap is None else gains[:cap]
 
     def _worth(self, b: int, gains: list[tuple[float, int]], cost_scale: float = 1.0) -> int:
         """How many of the sorted drafts to verify beside b decode rows (0: plain decode is
@@ -339,6 +338,24 @@ class SpecPolicy:
         drafts = min(batch_size * 2, self.draft_cap(batch_size) or batch_size * 2)
         expected = batch_size * (1 + a + a * a)
         return expected / costs.step(batch_size, drafts) > batch_size / costs.step(batch_size, 0)
+
+
+def _likeliest(rows: list[tuple[float, int]], k: int) -> list[tuple[float, int]]:
+    """The k largest alpha_i ** (j + 1), j < n_i, over rows (alpha_i, n_i), as (value, row index),
+    largest first: each row's values fall with j, so merging the rows finds them without listing
+    every position."""
+    heap = [(-a, i, 1) for i, (a, n) in enumerate(rows) if n > 0]
+    heapq.heapify(heap)
+    out: list[tuple[float, int]] = []
+    while heap and len(out) < k:
+        neg, i, j = heap[0]
+        out.append((-neg, i))
+        a, n = rows[i]
+        if j < n:
+            heapq.heapreplace(heap, (neg * a, i, j + 1))
+        else:
+            heapq.heappop(heap)
+    return out
 
 
 def _first(proposals: list[list[int]], cap: int | None) -> list[list[int]]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from radixlm.backend.request import Req
 from radixlm.backend.sampling_params import SamplingParams
 from radixlm.backend.scheduler_config import SchedulerStats, SpeculativeConfig
@@ -23,6 +25,7 @@ from radixlm.backend.speculative_policy import (
     TRUST_FACTOR,
     VERIFY_MIN_SAMPLES,
     SpecPolicy,
+    _likeliest,
 )
 
 
@@ -323,3 +326,18 @@ def test_draft_count_stays_near_the_counts_measured():
     assert first == TRUST_FACTOR * 8
     pol.record(True, 64, first, 0.05 + 0.0001 * first)
     assert sum(map(len, pol.choose(batch, props))) == TRUST_FACTOR * first
+
+
+def test_likeliest_draft_positions_match_a_full_sort():
+    """The policy ranks only the draft positions it may verify (a merge of per-request sequences);
+    the values are those a sort of every position gives, and no request gets more than its drafts."""
+    rng = random.Random(3)
+    for _ in range(200):
+        rows = [(rng.random(), rng.randint(0, 7)) for _ in range(rng.randint(1, 12))]
+        k = rng.randint(0, 30)
+        got = _likeliest(rows, k)
+        every = sorted((a ** (j + 1) for a, n in rows for j in range(n)), reverse=True)
+        assert [g for g, _ in got] == pytest.approx(every[:k])
+        assert all(sum(1 for _, i in got if i == r) <= rows[r][1] for r in range(len(rows)))
+        for g, i in got:
+            assert any(g == pytest.approx(rows[i][0] ** (j + 1)) for j in range(rows[i][1]))
