@@ -237,7 +237,7 @@ def main() -> None:
         "benchmark": "speculative",
         "environment": env,
         "policy": args.policy,
-        "num_draft_tokens": args.num_draft_tokens,
+        "num_draft_tokens": args.num_draft_tokens or engine.scheduler.spec.cfg.draft_tokens(args.algorithm),
         "algorithm": args.algorithm,
         "draft_model": args.draft_model,
         "quantization": args.quantization,
