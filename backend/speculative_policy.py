@@ -275,15 +275,15 @@ class SpecPolicy:
         )
 
     def _worth(self, b: int, gains: list[tuple[float, int]], cost_scale: float = 1.0) -> int:
-        """How many of the sorted drafts to verify beside b decode rows (0: plain decode is
-        faster), with the verify step's measured extra cost times cost_scale: the n likeliest
-        drafts are the best n, so the count with the most expected tokens per second wins, if it
-        beats plain decode."""
+        """How many of the sorted drafts (_gains: already within the trusted range and the cap)
+        to verify beside b decode rows (0: plain decode is faster), with the verify step's
+        measured extra cost times cost_scale: the n likeliest drafts are the best n, so the count
+        with the most expected tokens per second wins, if it beats plain decode."""
         costs = self.costs
         decode = costs.decode.predict(b)
         fixed, per_draft = costs.fixed(b) * cost_scale, costs.per_draft(b) * cost_scale
         best_n, best_rate, expected = 0, b / decode, float(b)
-        for n, (gain, _) in enumerate(gains[: costs.trusted_drafts(b)], 1):
+        for n, (gain, _) in enumerate(gains, 1):
             expected += gain
             rate = expected / (decode + fixed + per_draft * n)
             if rate > best_rate:
