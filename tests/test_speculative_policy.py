@@ -219,13 +219,19 @@ class CountingProposer:
         return None
 
 
-def test_backed_off_speculator_asks_the_proposer_nothing():
-    batch = reqs(8)
+def counting_speculator(n: int) -> tuple[list[Req], Speculator, CountingProposer]:
+    """n n-gram requests and a speculator whose proposer counts its calls."""
+    batch = reqs(n)
     for r in batch:
         r.params.speculative_algorithm = "ngram"
         r.params.max_new_tokens = 64
     spec = Speculator(SpeculativeConfig(), None, SchedulerStats(), context_len=4096)  # type: ignore[arg-type]
     spec.proposers["ngram"] = proposer = CountingProposer()
+    return batch, spec, proposer
+
+
+def test_backed_off_speculator_asks_the_proposer_nothing():
+    batch, spec, proposer = counting_speculator(8)
     spec.policy = trained(decode_s=0.068, per_draft_s=0.015, batch=8, drafts=8)
     for r in batch:
         spec.policy.observe(r, 4, 0)
@@ -243,12 +249,7 @@ def test_backed_off_speculator_asks_the_proposer_nothing():
 def test_measuring_step_asks_the_proposer_only_for_the_drafts_it_verifies():
     """While a batch size's costs are unknown, a step verifies EXPLORE_DRAFTS drafts: requests are
     asked in order until that many are found, not every request's prompt indexed."""
-    batch = reqs(64)
-    for r in batch:
-        r.params.speculative_algorithm = "ngram"
-        r.params.max_new_tokens = 64
-    spec = Speculator(SpeculativeConfig(), None, SchedulerStats(), context_len=4096)  # type: ignore[arg-type]
-    spec.proposers["ngram"] = proposer = CountingProposer()
+    batch, spec, proposer = counting_speculator(64)
     for _ in range(MIN_SAMPLES):
         spec.policy.record(False, 64, 0, 0.05)
     plan = spec.draft(batch)
