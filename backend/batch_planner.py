@@ -16,7 +16,7 @@ from . import cascade_groups
 from .cascade_groups import CascadeGrouper
 from .model_runner import ScheduledItem
 from .request import Req
-from .step_output import StepPlan
+from .step_output import LaunchedStep, StepPlan
 
 if TYPE_CHECKING:
     from .cache_manager import CacheManager
@@ -51,11 +51,16 @@ class BatchPlanner:
         self.policy = policy
         self.drain_inflight = drain_inflight
         self.spec = spec
+        # by id(req): positions of the tokens the in-flight step samples (its requests' last
+        # tokens, not on the host yet); empty once that step is processed
+        self.ahead: dict[int, int] = {}
         self.grouper = (
             CascadeGrouper()
         )  # the cascade grouping of the last decode batch, reused while it holds
 
-    def schedule(self) -> StepPlan | None:
+    def schedule(self, inflight: LaunchedStep | None) -> StepPlan | None:
+        """The next step's plan, given the step still in flight (overlap), if any."""
+        self.ahead = inflight.token_positions() if inflight is not None else {}
         plan = StepPlan([], [], [], [])
         self._schedule_decode(plan)
         tokens = sum(len(it.token_ids) for it in plan.items)  # decode items carry drafts when verifying
@@ -66,7 +71,7 @@ class BatchPlanner:
     def decodes_next(self, req: Req) -> bool:
         """False for a request whose in-flight token is certainly its last (length limits):
         scheduling it again would compute a token nobody reads."""
-        if req.pending < 0:
+        if id(req) not in self.ahead:
             return True
         return len(req.output_ids) + 1 < req.params.max_new_tokens and req.seq_len + 1 < self.cfg.context_len
 
@@ -75,7 +80,8 @@ class BatchPlanner:
         batch = [r for r in self.queues.running if self.decodes_next(r)]
         if not batch:
             return
-        drafts = self.spec.draft(batch) if self.spec is not None else None
+        known = [id(r) not in self.ahead for r in batch]
+        drafts = self.spec.draft(batch, known) if self.spec is not None else None
         if drafts is not None and self._schedule_verify(plan, batch, drafts.drafts):
             plan.drafts = drafts
             return
@@ -86,8 +92,10 @@ class BatchPlanner:
         cols = [r.kv_len for r in batch]
         self.kv.req_table.write_many(rows, cols, slots)  # type: ignore[arg-type]  # one scatter for the batch
         for k, req in enumerate(batch):
-            # an in-flight token is a placeholder: -1 - its index in the in-flight step's samples
-            tok = -1 - req.pending if req.pending >= 0 else (req.output_ids or req.input_ids)[-1]
+            # a token still in flight is written -1 - its index in that step's samples, which the
+            # model runner reads on the device
+            k_ahead = self.ahead.get(id(req))
+            tok = -1 - k_ahead if k_ahead is not None else (req.output_ids or req.input_ids)[-1]
             plan.reqs.append(req)
             plan.items.append(ScheduledItem(rows[k], [tok], cols[k], [0]))  # type: ignore[arg-type]
             plan.samples.append(True)
@@ -104,7 +112,7 @@ class BatchPlanner:
         at = 0
         for req, d in zip(batch, drafts):
             row, col, n = req.req_pool_idx, req.kv_len, 1 + len(d)
-            assert row is not None and req.pending < 0, "drafts follow a known last token"
+            assert row is not None and id(req) not in self.ahead, "drafts follow a known last token"
             self.kv.req_table.write(row, col, slots[at : at + n])
             tok = (req.output_ids or req.input_ids)[-1]
             plan.reqs.append(req)
@@ -150,6 +158,7 @@ class BatchPlanner:
             if self.kv.make_room(need):
                 return
             if self.drain_inflight():  # never retract a request an in-flight step still uses
+                self.ahead = {}
                 continue
             self._retract(self._pick_victim())
 

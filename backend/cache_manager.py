@@ -86,7 +86,6 @@ class CacheManager:
         self.cache.unlock(held)
         self.req_table.free(row)
         req.req_pool_idx, req.cache_handle, req.prefix_len, req.kv_len = None, None, 0, 0
-        req.pending, req.pending_step = -1, None
 
     def truncate(self, req: Req, n: int) -> None:
         """Keep only the first n tokens' KV of a request (rejected draft tokens' slots go back

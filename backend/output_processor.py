@@ -60,8 +60,6 @@ class OutputProcessor:
                     )
         tokens = step.tokens_host.tolist() if step.tokens_host is not None else []
         for k, (req, tok) in enumerate(zip(step.gen, tokens)):
-            if req.pending_step is step:  # else a later launch already points it at its own step
-                req.pending, req.pending_step = -1, None
             if req.finished:
                 continue
             if k in step.out_logprobs:

@@ -62,8 +62,6 @@ class Req:
     cached_tokens: int = 0
     admitted_once: bool = False
     num_retractions: int = 0
-    pending: int = -1  # index of this request's token in the in-flight step's samples (-1: none)
-    pending_step: object | None = None  # that in-flight step (a LaunchedStep; compared by identity)
 
     finished_reason: FinishReason | None = None
     rng: random.Random | None = None  # a seeded request's own sampling RNG

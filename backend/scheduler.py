@@ -244,11 +244,10 @@ class Scheduler:
                 step.out_logprobs[k] = LogprobRows.launch(
                     raw[k : k + 1], tokens[k : k + 1], req.top_logprobs_num
                 )
-            if self.cfg.overlap:  # it decodes next step from this token, read on the device
-                req.pending, req.pending_step = k, step
-                # a prompt that just finished joins the decoders
-                if k >= step.plan.num_decode and not req.finished:
-                    self.queues.running.append(req)
+            # with overlap, a prompt that just finished joins the decoders before its token is
+            # known: the next step reads that token on the device (LaunchedStep.token_positions)
+            if self.cfg.overlap and k >= step.plan.num_decode and not req.finished:
+                self.queues.running.append(req)
 
     def _launch_verify(self, step: LaunchedStep, rows: torch.Tensor) -> None:
         """Verify the step's drafts (one host sync: the step is processed right after)."""
@@ -279,7 +278,7 @@ class Scheduler:
 
     # ---- the parts ----------------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
-        return self.planner.schedule()
+        return self.planner.schedule(self.inflight)
 
     def process(self, step: LaunchedStep) -> None:
         self.outputs.process(step)

@@ -53,11 +53,12 @@ class Speculator:
         algorithm = req.params.speculative_algorithm or self.cfg.algorithm
         return algorithm if algorithm in self.proposers else None
 
-    def budget(self, req: Req) -> int:
-        """Most drafts worth verifying for req now (0: it decodes plainly)."""
+    def budget(self, req: Req, last_token_known: bool = True) -> int:
+        """Most drafts worth verifying for req now (0: it decodes plainly). Drafts follow the
+        last token, so a request whose last token is still in flight does not speculate."""
         p = req.params
         algorithm = self.algorithm(req)
-        if algorithm is None or req.pending >= 0:
+        if algorithm is None or not last_token_known:
             return 0
         k = p.speculative_num_draft_tokens or self.cfg.draft_tokens(algorithm)
         room_out = p.max_new_tokens - len(req.output_ids) - 1  # a+1 tokens come out of a drafts
@@ -74,10 +75,15 @@ class Speculator:
         return self.algorithm(req) is not None
 
     # ---- planning ---------------------------------------------------------------------
-    def draft(self, batch: list[Req]) -> DraftPlan | None:
-        """Drafts for a decode batch (None: nobody speculates this step). While the policy has
-        backed off, the proposer is not asked at all: the step is plain decode at no extra cost."""
-        budgets = [k if (k := self.budget(req)) > 0 and not self.policy.paused(req) else 0 for req in batch]
+    def draft(self, batch: list[Req], known: list[bool] | None = None) -> DraftPlan | None:
+        """Drafts for a decode batch (None: nobody speculates this step); known[i]: whether
+        batch[i]'s last token is on the host (default: all). While the policy has backed off,
+        the proposer is not asked at all: the step is plain decode at no extra cost."""
+        known = known or [True] * len(batch)
+        budgets = [
+            k if (k := self.budget(req, ok)) > 0 and not self.policy.paused(req) else 0
+            for req, ok in zip(batch, known)
+        ]
         if not any(budgets) or not self.policy.worth_proposing(batch, budgets):
             return None
         proposals = self._propose_all(batch, budgets, self.policy.proposal_limit(len(batch)))

@@ -87,6 +87,11 @@ class LaunchedStep:
     verdicts: list[Verdict] | None = None  # a verify step: each gen request's emitted tokens
     drafted: list[int] = field(default_factory=list)  # by gen index: drafts verified
 
+    def token_positions(self) -> dict[int, int]:
+        """By id(req): where each sampling request's token sits in `tokens`. The next step reads
+        those tokens on the device, as its decode inputs, before the host knows them."""
+        return {id(r): k for k, r in enumerate(self.gen)} if self.tokens is not None else {}
+
     def seal(self, device: torch.device | None = None) -> None:
         """Record the event behind every copy queued so far (call once, after the last copy).
         `device` is the forward's device: a step that samples nothing (prompt scoring, pinning)
