@@ -9,10 +9,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import interegular
 import numpy as np
-from interegular.fsm import anything_else
+from interegular.fsm import Alphabet, State, TransitionKey, anything_else
 
 MAX_CODEPOINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
@@ -23,6 +24,8 @@ UTF8_LENGTHS = (
 )
 
 Ranges = list[tuple[int, int]]
+# A middle state's memo key: bytes left and, per target state, its ranges relative to the prefix.
+_MemoKey = tuple[int, tuple[tuple[int, tuple[tuple[int, int], ...]], ...]]
 
 
 @dataclass
@@ -64,7 +67,7 @@ class _Builder:
 
     def __init__(self, n_char_states: int, check: Callable[[], None], max_states: int) -> None:
         self.rows: list[np.ndarray] = [np.full(256, -1, np.int32) for _ in range(n_char_states)]
-        self.memo: dict[tuple, int] = {}
+        self.memo: dict[_MemoKey, int] = {}
         self.check = check
         self.max_states = max_states
 
@@ -112,7 +115,7 @@ class _Builder:
             self.check()
 
 
-def _char_transitions(fsm: interegular.FSM) -> tuple[list, dict[int, Ranges]]:
+def _char_transitions(fsm: interegular.FSM) -> tuple[list[State], dict[int, Ranges]]:
     """State order (initial first) and, per alphabet transition key, its code point ranges."""
     alphabet = fsm.alphabet
     explicit = [ord(c) for c in alphabet._symbol_mapping if isinstance(c, str) and len(c) == 1]
@@ -164,7 +167,7 @@ _UNICODE_ESCAPE = re.compile(
 def _expand_unicode_escapes(regex: str) -> str:
     """Python's \\uXXXX / \\UXXXXXXXX (and \\x{...}) escapes → the literal (escaped) character."""
 
-    def sub(m: re.Match) -> str:
+    def sub(m: re.Match[str]) -> str:
         cp = int(m.group(2) or m.group(3) or m.group(4), 16)
         return m.group(1) + re.escape(chr(cp))
 
@@ -187,10 +190,18 @@ def _freeze(x: object) -> object:
     raise TypeError(f"cannot index interegular state of type {type(x).__name__}")
 
 
-def _crawl(alphabet, initial, final, follow):  # type: ignore[no-untyped-def]
+def _crawl(
+    alphabet: Alphabet,
+    initial: object,
+    final: Callable[[object], bool],
+    follow: Callable[[object, TransitionKey], object],
+) -> interegular.FSM:
     """interegular.fsm.crawl with a dict index instead of list.index (O(n) instead of O(n²) for the
     large FSMs JSON schemas produce); same states, numbering, finals and map."""
-    states, index, finals, fsm_map = [initial], {_freeze(initial): 0}, set(), {}
+    states: list[object] = [initial]
+    index: dict[object, int] = {_freeze(initial): 0}
+    finals: set[int] = set()
+    fsm_map: dict[int, dict[TransitionKey, int]] = {}
     i = 0
     while i < len(states):
         state = states[i]
@@ -246,7 +257,7 @@ def estimate_states(regex: str) -> int:
     import re._constants as C
     import re._parser as P
 
-    def size(items: list) -> int:
+    def size(items: list[tuple[Any, Any]]) -> int:
         total = 0
         for op, av in items:
             if op in (C.MAX_REPEAT, C.MIN_REPEAT, C.POSSESSIVE_REPEAT):

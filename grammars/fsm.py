@@ -69,7 +69,8 @@ class FSMGrammar:
     def mask_row(self, state: int) -> np.ndarray:
         if not self._ready[state]:
             self._compute(np.array([state]))
-        return self.masks_np[state]
+        row: np.ndarray = self.masks_np[state]
+        return row
 
     def _compute(self, states: np.ndarray) -> None:
         self.masks_np[states] = mask_rows(self._trans_ext, self.dfa.accepting, states, self.vocab)

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base import CompiledGrammar, EngineName, GrammarKind
 from .fsm import FSMGrammar, compile_regex, save_to_disk_cache
@@ -31,6 +31,10 @@ from .schema_policy import (
     prepare,
 )
 from .token_index import TokenVocab, vocab_from_tokenizer
+
+if TYPE_CHECKING:
+    from .llguidance_backend import LLGuidanceCompiler
+    from .xgrammar_backend import XGrammarCompiler
 
 KINDS = ("regex", "json_schema", "ebnf", "json")
 ENGINES = ("fsm", "xgrammar", "llguidance", "auto")
@@ -61,11 +65,12 @@ class GrammarBackend:
         self.max_states = max_states
         self.use_disk_cache = use_disk_cache
         self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[str, str, str, bool], Future] = OrderedDict()  # LRU of grammars
+        # LRU of grammars
+        self._cache: OrderedDict[tuple[str, str, str, bool], Future[CompiledGrammar]] = OrderedDict()
         self.max_cached = max_cached
         self._vocab: TokenVocab | None = None
-        self._xgr: Any = None
-        self._llg: Any = None
+        self._xgr: XGrammarCompiler | None = None
+        self._llg: LLGuidanceCompiler | None = None
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="grammar-compile")
 
     @property
@@ -76,7 +81,7 @@ class GrammarBackend:
             return self._vocab
 
     @property
-    def xgrammar(self) -> Any:
+    def xgrammar(self) -> XGrammarCompiler:
         with self._lock:
             if self._xgr is None:
                 from .xgrammar_backend import XGrammarCompiler
@@ -85,7 +90,7 @@ class GrammarBackend:
             return self._xgr
 
     @property
-    def llguidance(self) -> Any:
+    def llguidance(self) -> LLGuidanceCompiler:
         with self._lock:
             if self._llg is None:
                 from .llguidance_backend import LLGuidanceCompiler
@@ -102,7 +107,7 @@ class GrammarBackend:
 
     def compile_async(
         self, kind: GrammarKind, spec: Any, engine: EngineName = "auto", strict: bool = True
-    ) -> Future:
+    ) -> Future[CompiledGrammar]:
         """Future of a CompiledGrammar; validation errors of the arguments raise at once."""
         key = (*self._key(kind, spec, engine), bool(strict))
         with self._lock:

@@ -98,7 +98,8 @@ def allowed_ids(row: torch.Tensor, vocab_size: int) -> np.ndarray:
 def allowed_among(row: torch.Tensor, ids: np.ndarray) -> np.ndarray:
     """The ids (int array) whose bit is set in the bitmask row."""
     words = row.numpy().view(np.uint32)
-    return ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]
+    allowed: np.ndarray = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]
+    return allowed
 
 
 def clear_ids(row: torch.Tensor, ids: list[int]) -> None:

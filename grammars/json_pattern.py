@@ -9,8 +9,8 @@ try:
     import re._constants as sre_c
     import re._parser as sre_parse
 except ImportError:  # Python < 3.11
-    import sre_constants as sre_c  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
+    import sre_constants as sre_c
+    import sre_parse
 
 from typing import Any
 

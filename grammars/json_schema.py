@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
@@ -156,7 +157,7 @@ def _repeat(unit: str, lo: int, hi: int | None) -> str:
 
 
 class _Converter:
-    def __init__(self, root: dict) -> None:
+    def __init__(self, root: dict[str, Any]) -> None:
         self.root = root
         self.ref_stack: list[str] = []
 
@@ -198,7 +199,7 @@ class _Converter:
             return self.convert(s["allOf"][0])
         return self.typed(s)
 
-    def literals(self, s: dict) -> str:
+    def literals(self, s: dict[str, Any]) -> str:
         """const / enum: the listed values that also satisfy the sibling keywords (checked by jsonschema)."""
         values = [s["const"]] if "const" in s else list(s["enum"])
         rest = {k: v for k, v in s.items() if k not in ("const", "enum")}
@@ -210,7 +211,7 @@ class _Converter:
         return "(" + "|".join(literal_regex(v) for v in values) + ")"
 
     @staticmethod
-    def check_translated(s: dict) -> None:
+    def check_translated(s: dict[str, Any]) -> None:
         """NotRegularError unless every assertion of s is one this translation enforces."""
         used = ASSERTIONS.intersection(s)
         if used - TRANSLATED:
@@ -226,13 +227,13 @@ class _Converter:
         if isinstance(s.get("items"), (list, bool)):
             raise NotRegularError("tuple or boolean 'items' needs a grammar engine")
 
-    def typed(self, s: dict) -> str:
+    def typed(self, s: dict[str, Any]) -> str:
         t = s.get("type")
         if isinstance(t, list):
             return "(" + "|".join(self.typed({**s, "type": one}) for one in t) + ")"
         if t is None:
             t = "object" if "properties" in s else "array" if "items" in s else None
-        handler = {
+        handlers: dict[str, Callable[[dict[str, Any]], str]] = {
             "string": self.string,
             "integer": self.integer,
             "number": self.number,
@@ -240,12 +241,13 @@ class _Converter:
             "array": self.array,
             "boolean": lambda _: "(true|false)",
             "null": lambda _: "null",
-        }.get(t if isinstance(t, str) else "")
+        }
+        handler = handlers.get(t if isinstance(t, str) else "")
         if handler is None:
             raise NotRegularError("schema without a type allows any JSON value (xgrammar)")
         return handler(s)
 
-    def string(self, s: dict) -> str:
+    def string(self, s: dict[str, Any]) -> str:
         used = {"format", "pattern", "minLength", "maxLength"}.intersection(s)
         if used & {"format", "pattern"} and len(used) > 1:
             raise NotRegularError(
@@ -264,7 +266,7 @@ class _Converter:
         lo, hi = int(s.get("minLength", 0)), s.get("maxLength")
         return '"' + _repeat(STRING_CHAR, lo, None if hi is None else int(hi)) + '"'
 
-    def integer(self, s: dict) -> str:
+    def integer(self, s: dict[str, Any]) -> str:
         if "multipleOf" in s:
             raise NotRegularError("integer 'multipleOf' is not supported by the regex engine")
         lo, hi = -MAX_INT, MAX_INT
@@ -282,13 +284,13 @@ class _Converter:
             raise ValueError(f"invalid JSON schema: no integer between {lo} and {hi}")
         return int_range_regex(lo, hi)
 
-    def number(self, s: dict) -> str:
+    def number(self, s: dict[str, Any]) -> str:
         for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
             if key in s:
                 raise NotRegularError(f"number {key!r} is not supported by the regex engine")
         return NUMBER
 
-    def array(self, s: dict) -> str:
+    def array(self, s: dict[str, Any]) -> str:
         if "prefixItems" in s:
             raise NotRegularError("'prefixItems' is not supported by the regex engine")
         if "items" not in s or s["items"] is True:
@@ -302,7 +304,7 @@ class _Converter:
         body = f"{item}{rest}"
         return rf"\[{body}\]" if lo >= 1 else rf"\[({body})?\]"
 
-    def object(self, s: dict) -> str:
+    def object(self, s: dict[str, Any]) -> str:
         props = s.get("properties") or {}
         required = set(s.get("required") or [])
         missing = required - set(props)

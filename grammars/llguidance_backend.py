@@ -188,7 +188,7 @@ class LLGuidanceCompiler:
             raise ValueError(f"unknown grammar kind {kind!r}")
         return LLGuidanceCompiled(grammar, self, dropped)
 
-    def json_schema_error(self, schema: dict) -> str:
+    def json_schema_error(self, schema: dict[str, Any]) -> str:
         """llguidance's reason for refusing the schema ('' if it compiles), without building a matcher."""
         grammar = llg.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
         is_error, msgs = llg.LLMatcher.validate_grammar_with_warnings(

@@ -25,7 +25,7 @@ _GROUPS = (
 )
 
 
-def filter_values(node: dict, root: dict) -> None:
+def filter_values(node: dict[str, Any], root: dict[str, Any]) -> None:
     """enum/const beside the keywords above: the values that pass them, the keywords removed."""
     values = [node["const"]] if "const" in node else node.get("enum")
     if not isinstance(values, list):
@@ -42,7 +42,7 @@ def filter_values(node: dict, root: dict) -> None:
     node["enum"] = kept
 
 
-def closed_names(node: dict, root: dict) -> None:
+def closed_names(node: dict[str, Any], root: dict[str, Any]) -> None:
     """propertyNames of an object that allows only its listed properties: each listed name is
     checked, one that fails becomes false (absent), and propertyNames goes."""
     names, props = node.get("propertyNames"), node.get("properties")
@@ -58,7 +58,7 @@ def closed_names(node: dict, root: dict) -> None:
     del node["propertyNames"]
 
 
-def _passing(check: Any, values: list, root: dict) -> list | None:
+def _passing(check: Any, values: list[Any], root: dict[str, Any]) -> list[Any] | None:
     """The values valid against check (None: not evaluated here)."""
     text = json.dumps(check)
     if '"$ref"' in text or '"$dynamicRef"' in text or '"$recursiveRef"' in text or '"format"' in text:

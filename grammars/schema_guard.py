@@ -24,14 +24,14 @@ _NO_VALUE = object()
 _VERDICT_CLASSES: dict[type, type] = {}
 
 
-def _any_of(validator: Any, any_of: list, instance: Any, schema: Any) -> Iterator[ValidationError]:
+def _any_of(validator: Any, any_of: list[Any], instance: Any, schema: Any) -> Iterator[ValidationError]:
     for index, sub in enumerate(any_of):
         if next(validator.descend(instance, sub, schema_path=index), None) is None:
             return
     yield ValidationError(f"{instance!r} is not valid under any of the given schemas")
 
 
-def _one_of(validator: Any, one_of: list, instance: Any, schema: Any) -> Iterator[ValidationError]:
+def _one_of(validator: Any, one_of: list[Any], instance: Any, schema: Any) -> Iterator[ValidationError]:
     branches = enumerate(one_of)
     for index, sub in branches:
         if next(validator.descend(instance, sub, schema_path=index), None) is None:
@@ -91,19 +91,19 @@ class GuardPlan:
                 parents.setdefault(id(c), []).append(id(n))
         return reaching(parents, seed)
 
-    def _ref(self, node: dict) -> list[dict]:
+    def _ref(self, node: dict[str, Any]) -> list[dict[str, Any]]:
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
             target = resolve_pointer(self.full, ref)
             return [target] if isinstance(target, dict) else []
         return []
 
-    def _applicable(self, node: dict) -> list[dict]:
+    def _applicable(self, node: dict[str, Any]) -> list[dict[str, Any]]:
         """Every subschema that can apply to the node's instance or its parts (not definitions)."""
         subs = [s for s, p in subschemas(node, "") if isinstance(s, dict) and not p.startswith(_DEFINITIONS)]
         return subs + self._ref(node)
 
-    def _followed(self, node: dict) -> list[dict]:
+    def _followed(self, node: dict[str, Any]) -> list[dict[str, Any]]:
         """The subschemas a Location descends into: allOf, $ref, and the property and item edges."""
         if self.root_only:
             return []
@@ -122,9 +122,9 @@ class GuardPlan:
             out += [s for s in list_at(node, "prefixItems") if isinstance(s, dict)]
         return out
 
-    def _expand(self, nodes: tuple[dict, ...]) -> tuple[dict, ...]:
+    def _expand(self, nodes: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
         """nodes with what applies beside them: allOf members and $ref targets, transitively."""
-        out: list[dict] = []
+        out: list[dict[str, Any]] = []
         seen: set[int] = set()
         stack = list(reversed(nodes))
         while stack:
@@ -137,15 +137,15 @@ class GuardPlan:
                 stack += [m for m in list_at(n, "allOf") if isinstance(m, dict)] + self._ref(n)
         return tuple(out)
 
-    def child_nodes(self, nodes: tuple[dict, ...], key: str | int) -> tuple[dict, ...]:
+    def child_nodes(self, nodes: tuple[dict[str, Any], ...], key: str | int) -> tuple[dict[str, Any], ...]:
         if self.root_only:
             return ()
-        out: list[dict] = []
+        out: list[dict[str, Any]] = []
         for n in nodes:
             out += _object_child(n, key) if isinstance(key, str) else self._item_child(n, key)
         return self._expand(tuple(s for s in out if isinstance(s, dict)))
 
-    def _item_child(self, node: dict, index: int) -> list[Any]:
+    def _item_child(self, node: dict[str, Any], index: int) -> list[Any]:
         prefix = list_at(node, "prefixItems") if self.modern_items else list_at(node, "items")
         if index < len(prefix):
             return [prefix[index]]
@@ -154,7 +154,7 @@ class GuardPlan:
             rest = node["items"]
         return [rest]
 
-    def is_live(self, nodes: tuple[dict, ...]) -> bool:
+    def is_live(self, nodes: tuple[dict[str, Any], ...]) -> bool:
         return any(id(n) in self._live for n in nodes)
 
     def valid(self, node: Any, text: bytes) -> bool:
@@ -176,7 +176,7 @@ class GuardPlan:
         return verdict
 
 
-def _object_child(node: dict, key: str) -> list[Any]:
+def _object_child(node: dict[str, Any], key: str) -> list[Any]:
     props = dict_at(node, "properties")
     out = [props[key]] if key in props else []
     matched = [s for p, s in dict_at(node, "patternProperties").items() if re.search(p, key)]
@@ -200,7 +200,7 @@ class Location:
         "_kids",
     )
 
-    def __init__(self, plan: GuardPlan, nodes: tuple[dict, ...]) -> None:
+    def __init__(self, plan: GuardPlan, nodes: tuple[dict[str, Any], ...]) -> None:
         self.plan = plan
         self.nodes = nodes
         self.check_nodes = [n for n in nodes if id(n) in plan.needs_check]

@@ -138,7 +138,7 @@ def _not_types(val: Any) -> Any:
     return {"type": allowed} if allowed else False
 
 
-def _not_values(values: list, depth: int = 0) -> Any:
+def _not_values(values: list[Any], depth: int = 0) -> Any:
     """Instances equal to none of the values (scalars; arrays of at most one item and objects,
     nested a few levels)."""
     strings = [v for v in values if isinstance(v, str)]
@@ -175,7 +175,7 @@ _CLASS = r"\[((?:\\.|[^\\\]])+)\]"
 _ANY = r"[\s\S]"
 
 
-def _not_pattern(pattern: str) -> list[dict] | None:
+def _not_pattern(pattern: str) -> list[dict[str, Any]] | None:
     """The strings `pattern` does not match, for one class C in these forms: ^C+$, ^C*$ (every
     character in C, and C holds the newline), ^C (starts with one). The grammar reads `$` as Python
     does (it also matches before a final newline), so no anchored pattern here may match "" as well:
@@ -201,7 +201,7 @@ def _not_pattern(pattern: str) -> list[dict] | None:
     return None
 
 
-def _not_array(value: list, depth: int) -> Any:
+def _not_array(value: list[Any], depth: int) -> Any:
     """Arrays unequal to value: another length, or (one item) an unequal item. Longer values would
     need positional keywords, which not every draft reads: unknown here."""
     if len(value) > 1:
@@ -215,7 +215,7 @@ def _not_array(value: list, depth: int) -> Any:
     return _any(parts)
 
 
-def _not_object(value: dict, depth: int) -> Any:
+def _not_object(value: dict[str, Any], depth: int) -> Any:
     """Objects unequal to value: one of its names absent or with an unequal value, or another name
     (with all of its names present, more names than it has)."""
     parts: list[Any] = [{"type": "object", "minProperties": len(value) + 1}]
@@ -228,7 +228,7 @@ def _not_object(value: dict, depth: int) -> Any:
     return _any(parts)
 
 
-def _has(kind: str, values: list) -> bool:
+def _has(kind: str, values: list[Any]) -> bool:
     if kind == "number":
         return any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     py = {"object": dict, "array": list, "boolean": bool, "string": str}.get(kind)
@@ -248,16 +248,16 @@ def _not_strings_pattern(strings: list[str]) -> str | None:
     if any("\n" in s for s in strings):
         return None  # a `$` before a final newline would read differently in Python
     end = object()
-    trie: dict = {}
+    trie: dict[object, Any] = {}
     for s in strings:
         node = trie
         for c in s:
             node = node.setdefault(c, {})
         node[end] = True
 
-    def body(node: dict) -> str:
+    def body(node: dict[object, Any]) -> str:
         alts = [] if end in node else [""]
-        children = [c for c in node if c is not end]
+        children = [c for c in node if isinstance(c, str)]  # every key but `end` is a character
         alts += [_esc(c) + body(node[c]) for c in children]
         any_char = r"[\s\S]"
         alts.append(f"[^{''.join(_esc(c) for c in children)}]{any_char}*" if children else f"{any_char}+")

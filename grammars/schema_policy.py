@@ -185,7 +185,7 @@ def one_of_pointers(schema: Any) -> list[str]:
     return [ptr for node, ptr in walk(schema) if isinstance(node.get("oneOf"), list)]
 
 
-def _closable(node: dict) -> bool:
+def _closable(node: dict[str, Any]) -> bool:
     """Lists its properties (every required one among them) and says nothing about others."""
     props = node.get("properties")
     if not isinstance(props, dict) or not props:
@@ -221,7 +221,7 @@ def _composed(root: Any) -> set[int]:
 MAX_DIGITS_INT = 10**16 - 1  # the same 16-digit bound as the FSM's integers
 
 
-def _bound_integer(node: dict) -> None:
+def _bound_integer(node: dict[str, Any]) -> None:
     """Unbounded integers get 16 digits at most, so a sampler cannot run on digits forever."""
     if not {"minimum", "exclusiveMinimum"} & set(node):
         node["minimum"] = -MAX_DIGITS_INT
@@ -230,7 +230,7 @@ def _bound_integer(node: dict) -> None:
 
 
 def _refuse_or_drop(
-    out: PreparedSchema, node: dict, key: str, ptr: str, strict: bool, what: str | None = None
+    out: PreparedSchema, node: dict[str, Any], key: str, ptr: str, strict: bool, what: str | None = None
 ) -> None:
     name = what or repr(key)
     if strict:

@@ -52,13 +52,13 @@ def _refers_to(node: Any, fragment: str) -> bool:
     return isinstance(ref, str) and "#" in ref and unquote(ref.split("#", 1)[1]) == fragment
 
 
-def _drop(node: dict, keys: list[str], ptr: str, why: str) -> list[str]:
+def _drop(node: dict[str, Any], keys: list[str], ptr: str, why: str) -> list[str]:
     for k in keys:
         del node[k]
     return [f"{k} at {ptr} ({why})" for k in keys]
 
 
-def _reaching(schema: dict, fragment: str) -> set[int]:
+def _reaching(schema: dict[str, Any], fragment: str) -> set[int]:
     """ids of the schema objects from which a $ref to fragment can be reached (through subschemas and
     local $refs)."""
     parents: dict[int, set[int]] = {}
@@ -78,7 +78,7 @@ def _reaching(schema: dict, fragment: str) -> set[int]:
     return reaching(parents, hits)
 
 
-def _recursive_siblings(schema: dict, error: str) -> list[str]:
+def _recursive_siblings(schema: dict[str, Any], error: str) -> list[str]:
     """llguidance must intersect schemas that reach a recursive $ref: beside a $ref, the sibling
     assertions go (drafts 04 to 07 ignore them anyway); where an allOf is combined with siblings or
     other members, the allOf goes (its owner's own keywords stay)."""
@@ -114,7 +114,7 @@ def _recursive_siblings(schema: dict, error: str) -> list[str]:
     return dropped or (["annotations beside recursive $refs"] if changed else [])
 
 
-def _open_pattern_properties(node: dict, ptr: str, why: str) -> list[str]:
+def _open_pattern_properties(node: dict[str, Any], ptr: str, why: str) -> list[str]:
     """patternProperties go with additionalProperties (which would otherwise refuse their keys)."""
     keys = ["patternProperties"]
     if "additionalProperties" in node and node["additionalProperties"] not in (True, {}):
@@ -122,7 +122,7 @@ def _open_pattern_properties(node: dict, ptr: str, why: str) -> list[str]:
     return _drop(node, keys, ptr, why)
 
 
-def _overlapping_pattern_properties(schema: dict, error: str) -> list[str]:
+def _overlapping_pattern_properties(schema: dict[str, Any], error: str) -> list[str]:
     m = re.search(r"regexes /(.*)/ and /(.*)/ are not disjoint", error)
     names = set(m.groups()) if m else set()
     dropped: list[str] = []
@@ -133,13 +133,13 @@ def _overlapping_pattern_properties(schema: dict, error: str) -> list[str]:
     return dropped
 
 
-def _min_max_properties(schema: dict) -> list[str]:
+def _min_max_properties(schema: dict[str, Any]) -> list[str]:
     """llguidance counts properties only when every declared property is required; when no such node
     is found, every min/maxProperties goes."""
     for only_optional in (True, False):
         dropped: list[str] = []
         for node, ptr in list(walk(schema)):
-            keys = [k for k in ("minProperties", "maxProperties") if k in node]
+            keys: list[str] = [k for k in ("minProperties", "maxProperties") if k in node]
             optional = set(dict_at(node, "properties")) - set(list_at(node, "required"))
             if keys and (optional or not only_optional):
                 dropped += _drop(node, keys, ptr, "beside optional properties")
@@ -148,7 +148,7 @@ def _min_max_properties(schema: dict) -> list[str]:
     return []
 
 
-def _external_refs(schema: dict) -> list[str]:
+def _external_refs(schema: dict[str, Any]) -> list[str]:
     """A nested id/$id makes llguidance resolve the '#/...' references below it against another
     document; our walk resolves every one against the root, so the nested ids go (as identifiers they
     assert nothing). $refs to other documents go, named."""
@@ -167,7 +167,7 @@ def _external_refs(schema: dict) -> list[str]:
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 
 
-def _huge_bounds(schema: dict) -> list[str]:
+def _huge_bounds(schema: dict[str, Any]) -> list[str]:
     """Bounds near the largest double (1.79e308) that llguidance cannot turn into a regex."""
     dropped: list[str] = []
     for node, ptr in list(walk(schema)):
@@ -180,7 +180,7 @@ def _huge_bounds(schema: dict) -> list[str]:
     return dropped
 
 
-def _blow_up(schema: dict, compiler: Any) -> list[str]:
+def _blow_up(schema: dict[str, Any], compiler: Any) -> list[str]:
     """The grammar grows too large (or its intersections too deep): the first of these sets whose
     removal lets llguidance build the grammar goes — the allOf that intersect (beside other keywords
     or of several members), patternProperties beside properties (a key both match is an
@@ -212,7 +212,7 @@ def _blow_up(schema: dict, compiler: Any) -> list[str]:
     return []
 
 
-def _pattern_beside_format(schema: dict) -> list[str]:
+def _pattern_beside_format(schema: dict[str, Any]) -> list[str]:
     dropped: list[str] = []
     for node, ptr in list(walk(schema)):
         if isinstance(node.get("pattern"), str) and "format" in node:
@@ -226,7 +226,7 @@ def _regex_ok(pattern: str, compiler: Any) -> bool:
     return not is_error
 
 
-def _bad_patterns(schema: dict, compiler: Any, also_composed: bool) -> list[str]:
+def _bad_patterns(schema: dict[str, Any], compiler: Any, also_composed: bool) -> list[str]:
     """Each distinct pattern is compiled alone; those llguidance refuses go. When every pattern
     compiles alone but their intersection cannot be decided, the patterns inside allOf/anyOf/oneOf
     members go."""

@@ -55,7 +55,7 @@ _COUPLED = (
 )
 
 
-def _merge_all_of(node: dict) -> None:
+def _merge_all_of(node: dict[str, Any]) -> None:
     """allOf members whose keywords the node does not use move into the node: the conjunction is the
     same, and llguidance need not intersect schemas (it cannot when a member reaches a recursive
     $ref)."""
@@ -74,7 +74,7 @@ def _merge_all_of(node: dict) -> None:
         del node["allOf"]
 
 
-def _mergeable(node: dict, member: dict) -> bool:
+def _mergeable(node: dict[str, Any], member: dict[str, Any]) -> bool:
     if "$ref" in node or "$ref" in member or "allOf" in member or set(node) & set(member) - {"allOf"}:
         return False
     return not any(group & set(node) and group & set(member) for group in _COUPLED)
@@ -83,7 +83,7 @@ def _mergeable(node: dict, member: dict) -> bool:
 MAX_UNIQUE_ARRAYS = 100  # arrays listed for uniqueItems over a finite item set (4 values: 65)
 
 
-def _unique_items(node: dict) -> None:
+def _unique_items(node: dict[str, Any]) -> None:
     val = node.get("uniqueItems")
     if val is False or (val is True and isinstance(node.get("maxItems"), int) and node["maxItems"] <= 1):
         del node["uniqueItems"]
@@ -97,7 +97,7 @@ def _unique_items(node: dict) -> None:
         node["enum"] = arrays
 
 
-def _if_then_else(node: dict) -> None:
+def _if_then_else(node: dict[str, Any]) -> None:
     """if/then/else decided by a required property with a declared enum (or const) of scalars, that
     `if` tests with const/enum: an anyOf of the two exclusive branches, the property's values split
     between them."""
@@ -127,7 +127,7 @@ def _if_then_else(node: dict) -> None:
     node["allOf"] = [*node.get("allOf", []), {"anyOf": branches} if branches else False]
 
 
-def _scalars(schema: dict) -> list | None:
+def _scalars(schema: dict[str, Any]) -> list[Any] | None:
     """The values of a const or enum of strings, booleans, null or integers (json.dumps tells them
     apart as JSON Schema equality does)."""
     values = [schema["const"]] if "const" in schema else schema.get("enum")
@@ -136,7 +136,7 @@ def _scalars(schema: dict) -> list | None:
     return values
 
 
-def _finite_items(node: dict) -> list | None:
+def _finite_items(node: dict[str, Any]) -> list[Any] | None:
     """The values an array's items may take when they are few scalars that no two compare equal
     under uniqueItems (strings, booleans, null, integers): from items' enum, const or boolean type."""
     items = node.get("items")
@@ -154,27 +154,27 @@ def _finite_items(node: dict) -> list | None:
         return None
     if not all(v is None or isinstance(v, (str, bool, int)) for v in values):
         return None
-    out: list = []
+    out: list[Any] = []
     for v in values:  # 1 and true differ for uniqueItems; a repeated enum value counts once
         if not any(v == u and type(v) is type(u) for u in out):
             out.append(v)
     return out
 
 
-def _property_names(node: dict) -> None:
+def _property_names(node: dict[str, Any]) -> None:
     val = node.get("propertyNames")
     if val is True or val == {} or val == {"type": "string"}:  # every key is a string
         del node["propertyNames"]
 
 
-def _absent(name: str) -> dict:
+def _absent(name: str) -> dict[str, Any]:
     """Objects without the property name, and every non-object."""
     return {"properties": {name: False}}
 
 
-def _dependencies(node: dict) -> None:
+def _dependencies(node: dict[str, Any]) -> None:
     """dependencies / dependentRequired / dependentSchemas: 'name absent, or present and ...'."""
-    conds: list[dict] = []
+    conds: list[dict[str, Any]] = []
     for key in ("dependencies", "dependentRequired", "dependentSchemas"):
         deps = node.get(key)
         if not isinstance(deps, dict):
@@ -192,7 +192,7 @@ def _dependencies(node: dict) -> None:
         node["allOf"] = [*node.get("allOf", []), *conds]
 
 
-def _not(node: dict, root: dict) -> None:
+def _not(node: dict[str, Any], root: dict[str, Any]) -> None:
     if "not" not in node:
         return
     neg = negate(node["not"], root)
@@ -209,7 +209,7 @@ _LEGACY_DRAFT = re.compile(r"json-schema\.org/draft-0[3-7]/schema")
 _POINTER_TARGETS = frozenset({"definitions", "$defs"})
 
 
-def _ref_siblings(node: dict, legacy: bool) -> None:
+def _ref_siblings(node: dict[str, Any], legacy: bool) -> None:
     """Drop what beside a $ref asserts nothing: annotations (llguidance would intersect them with a
     recursive reference it cannot expand), and in drafts 3-7 every keyword."""
     if isinstance(node.get("$ref"), str):
@@ -218,7 +218,7 @@ def _ref_siblings(node: dict, legacy: bool) -> None:
                 del node[key]
 
 
-def _one_of(node: dict, root: dict) -> None:
+def _one_of(node: dict[str, Any], root: dict[str, Any]) -> None:
     """oneOf whose branches are pairwise disjoint is anyOf (no instance can match two of them);
     else an equivalent from schema_subsume where it knows one."""
     branches = node.get("oneOf")
@@ -249,7 +249,7 @@ def _one_of(node: dict, root: dict) -> None:
         node["allOf"] = [*node.get("allOf", []), same]
 
 
-def _only_empty_in_common(a: Any, b: Any, root: dict) -> bool:
+def _only_empty_in_common(a: Any, b: Any, root: dict[str, Any]) -> bool:
     """Both are {type: array, items: ...} alone (annotations aside), their items disjoint."""
     plain = [
         {k: v for k, v in s.items() if k not in ANNOTATIONS} if isinstance(s, dict) else None for s in (a, b)
@@ -259,7 +259,7 @@ def _only_empty_in_common(a: Any, b: Any, root: dict) -> bool:
     return _disjoint(plain[0]["items"], plain[1]["items"], root, None)  # type: ignore[index]
 
 
-def _implied_type(node: dict, root: dict) -> None:
+def _implied_type(node: dict[str, Any], root: dict[str, Any]) -> None:
     """A `type` that $ref, every anyOf branch or an allOf member already implies says nothing
     more; dropping it keeps a recursive $ref free of siblings (which llguidance cannot expand)."""
     t = node.get("type")
@@ -282,7 +282,7 @@ MAX_DEPTH = 4
 _TYPE_OF = {bool: "boolean", type(None): "null", str: "string", list: "array", dict: "object"}
 
 
-def _deref(s: Any, root: dict, depth: int) -> Any:
+def _deref(s: Any, root: dict[str, Any], depth: int) -> Any:
     while isinstance(s, dict) and isinstance(s.get("$ref"), str) and s["$ref"].startswith("#") and depth < 8:
         ref = s["$ref"]
         rest = {k: v for k, v in s.items() if k != "$ref"}
@@ -301,7 +301,7 @@ def _value_type(v: Any) -> str:
     return "integer" if float(v).is_integer() else "number"
 
 
-def _types(s: Any, root: dict, depth: int) -> set[str] | None:
+def _types(s: Any, root: dict[str, Any], depth: int) -> set[str] | None:
     """The JSON types s allows ('integer' stands for whole numbers), None when unknown or all."""
     s = _deref(s, root, depth)
     if s is False:
@@ -324,11 +324,12 @@ def _types(s: Any, root: dict, depth: int) -> set[str] | None:
     return out
 
 
-def _values(s: dict) -> list | None:
+def _values(s: dict[str, Any]) -> list[Any] | None:
     if "const" in s:
         return [s["const"]]
-    if isinstance(s.get("enum"), list):
-        return s["enum"]
+    enum = s.get("enum")
+    if isinstance(enum, list):
+        return enum
     return None
 
 
@@ -340,7 +341,7 @@ def _same_value(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _disjoint(a: Any, b: Any, root: dict, ctx: set[str] | None, depth: int = 0) -> bool:
+def _disjoint(a: Any, b: Any, root: dict[str, Any], ctx: set[str] | None, depth: int = 0) -> bool:
     """True only when no instance (of the context types) can be valid against both a and b."""
     if depth > MAX_DEPTH:
         return False
@@ -367,7 +368,7 @@ def _disjoint(a: Any, b: Any, root: dict, ctx: set[str] | None, depth: int = 0) 
     return False
 
 
-def _objects_disjoint(a: dict, b: dict, root: dict, depth: int) -> bool:
+def _objects_disjoint(a: dict[str, Any], b: dict[str, Any], root: dict[str, Any], depth: int) -> bool:
     """Some property both require has disjoint schemas, or one requires what the other forbids."""
     ra, rb = (set(list_at(s, "required")) for s in (a, b))
     pa, pb = (dict_at(s, "properties") for s in (a, b))

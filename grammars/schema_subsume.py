@@ -83,7 +83,7 @@ _COUPLED = frozenset(
 )
 
 
-def _keyword_implied(a: dict, key: str, val: Any, root: Any, depth: int) -> bool:
+def _keyword_implied(a: dict[str, Any], key: str, val: Any, root: Any, depth: int) -> bool:
     """Every instance of a satisfies b's keyword key: val (b's other keywords checked apart)."""
     if key in ("definitions", "$defs"):
         return True
@@ -108,7 +108,7 @@ def _keyword_implied(a: dict, key: str, val: Any, root: Any, depth: int) -> bool
     return False
 
 
-def _object_keys_implied(a: dict, b: dict) -> bool:
+def _object_keys_implied(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """b's additionalProperties/patternProperties hold for a: b allows any other names, or a is closed
     and every name a allows is one of b's properties (b's properties checked apart)."""
     if b.get("patternProperties"):
@@ -118,18 +118,18 @@ def _object_keys_implied(a: dict, b: dict) -> bool:
     return _closed(a) and set(dict_at(a, "properties")) <= set(dict_at(b, "properties"))
 
 
-def _property_implied(a: dict, name: str, b_sub: Any, root: Any, depth: int) -> bool:
+def _property_implied(a: dict[str, Any], name: str, b_sub: Any, root: Any, depth: int) -> bool:
     props = dict_at(a, "properties")
     if name in props:
         return implies(props[name], b_sub, root, depth + 1)
     return _closed(a)  # a closed object never has the property
 
 
-def _closed(a: dict) -> bool:
+def _closed(a: dict[str, Any]) -> bool:
     return a.get("additionalProperties") is False and not a.get("patternProperties")
 
 
-def _types(s: dict) -> set[str] | None:
+def _types(s: dict[str, Any]) -> set[str] | None:
     t = s.get("type")
     if isinstance(t, (str, list)):
         names = {t} if isinstance(t, str) else set(t)
@@ -150,13 +150,13 @@ def _value_type(v: Any) -> str:
     return next(name for name, py in _PY_TYPES.items() if isinstance(v, py))
 
 
-def _values(s: dict) -> list | None:
+def _values(s: dict[str, Any]) -> list[Any] | None:
     if "const" in s:
         return [s["const"]]
     return s["enum"] if isinstance(s.get("enum"), list) else None
 
 
-def _member(v: Any, values: list) -> bool:
+def _member(v: Any, values: list[Any]) -> bool:
     """v equals one of values as JSON Schema compares (1 == 1.0, true != 1)."""
     return any(_text(v) == _text(u) and type(v) is type(u) for u in values)
 
@@ -169,7 +169,7 @@ _PLAIN_PATTERN = re.compile(
 _EVERY_NAME = frozenset({"", ".*", "^.*"})  # patterns every name matches
 
 
-def implied_properties(node: dict, root: Any) -> None:
+def implied_properties(node: dict[str, Any], root: Any) -> None:
     """Where a property and a patternProperties entry both reach a name, llguidance intersects the two
     schemas (it cannot when they reach a recursive $ref). A property whose schema is the pattern's
     (annotations aside) becomes {}; a name whose property schema implies that of a pattern every name
@@ -198,7 +198,7 @@ def _plain_annotations(s: Any) -> Any:
     return {k: v for k, v in s.items() if k not in ANNOTATIONS} if isinstance(s, dict) else s
 
 
-def one_of_equivalent(branches: list, root: Any) -> Any:
+def one_of_equivalent(branches: list[Any], root: Any) -> Any:
     """A schema llguidance can enforce equivalent to oneOf: branches (None when not known here):
     of two branches one implied by the other, "the wider and not the narrower" (an instance of the
     narrower matches both); branches that only list required names, "one set present, each other
@@ -212,7 +212,7 @@ def one_of_equivalent(branches: list, root: Any) -> Any:
     return _one_of_required(branches)
 
 
-def _one_of_required(branches: list) -> Any:
+def _one_of_required(branches: list[Any]) -> Any:
     sets: list[set[str]] = []
     for branch in branches:
         plain = _plain_annotations(branch)

@@ -56,7 +56,7 @@ def _escape(part: str) -> str:
     return part.replace("~", "~0").replace("/", "~1")
 
 
-def subschemas(node: dict, ptr: str) -> Iterator[tuple[Any, str]]:
+def subschemas(node: dict[str, Any], ptr: str) -> Iterator[tuple[Any, str]]:
     """(subschema, pointer) for every keyword of node whose value is a schema or holds schemas."""
     for key in SCHEMA_MAPS:
         val = node.get(key)
@@ -98,7 +98,7 @@ def resolve_pointer(root: Any, ref: str) -> Any:
     return node
 
 
-def walk(root: Any) -> Iterator[tuple[dict, str]]:
+def walk(root: Any) -> Iterator[tuple[dict[str, Any], str]]:
     """Every schema object reachable from root through schema keywords and local $refs, once each."""
     seen: set[int] = set()
     stack: list[tuple[Any, str]] = [(root, "#")]
@@ -114,13 +114,13 @@ def walk(root: Any) -> Iterator[tuple[dict, str]]:
         stack.extend(reversed(list(subschemas(node, ptr))))
 
 
-def list_at(node: dict, key: str) -> list:
+def list_at(node: dict[str, Any], key: str) -> list[Any]:
     """node[key] when it is a list, else an empty list (schemas from users may hold anything)."""
     value = node.get(key)
     return value if isinstance(value, list) else []
 
 
-def dict_at(node: dict, key: str) -> dict:
+def dict_at(node: dict[str, Any], key: str) -> dict[str, Any]:
     """node[key] when it is an object, else an empty dict."""
     value = node.get(key)
     return value if isinstance(value, dict) else {}
