@@ -34,7 +34,7 @@ class CascadeCostModel:
 def time_cuda(fn: Callable[[], object], reps: int = 5) -> float:
     """Median seconds of fn() on the current stream (one untimed call first)."""
     fn()
-    times = []
+    times: list[float] = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

@@ -20,7 +20,7 @@ import jsonschema
 import numpy as np
 
 from radixlm.grammars import GrammarBackend, allocate_token_bitmask
-from radixlm.grammars.base import GrammarMatcher
+from radixlm.grammars.base import CompiledGrammar, GrammarMatcher
 from radixlm.grammars.llguidance_backend import stop_mask
 
 from .sampler import forget_token, record_token
@@ -48,7 +48,11 @@ class RequestGrammar:
     before the request is submitted; after that only the scheduler thread touches it)."""
 
     def __init__(
-        self, future: Future, backend: GrammarBackend, jump_forward: bool, spec: tuple[str, str] | None = None
+        self,
+        future: Future[CompiledGrammar],
+        backend: GrammarBackend,
+        jump_forward: bool,
+        spec: tuple[str, str] | None = None,
     ) -> None:
         self.future = future
         self.backend = backend

@@ -14,7 +14,7 @@ import uuid
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -40,6 +40,8 @@ from .tp_workers import TPDriver, engine_shards, start_workers
 from .warmup import measure_cascade_costs, warm_request_path, warm_up
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 _live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
@@ -244,13 +246,13 @@ class Engine(EngineRequests):
     def _abort_all(self, message: str) -> None:
         self.scheduler.fail_all(message)
 
-    def _call(self, fn: Callable[[], Any]) -> Any:
+    def _call(self, fn: Callable[[], T]) -> T:
         """Run fn on the scheduler thread (between steps) and wait for its result."""
         if self._closed:
             raise RuntimeError("engine is shut down")
-        fut: Future = Future()
+        fut: Future[object] = Future()
         self._inbox.put(RunCall(fn, fut))
-        return fut.result()
+        return cast(T, fut.result())  # the inbox sets fn's own result
 
     # ---- public API (generate, async_generate and abort_request: engine_requests.py) ----
     def flush_cache(self) -> bool:
@@ -284,7 +286,7 @@ class Engine(EngineRequests):
         handle = next(self._pin_ids)
         specs, _ = self._specs(None, {"max_new_tokens": 0}, input_ids, f"pin-{uuid.uuid4().hex}")
         specs[0].pin_handle = handle
-        q: queue.Queue = queue.Queue()
+        q: queue.Queue[dict[str, Any]] = queue.Queue()
         self._submit(self._make_reqs(specs, lambda k: q.put))
         out = q.get()
         if out["meta_info"]["finish_reason"]["type"] == "abort":

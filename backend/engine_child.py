@@ -23,13 +23,13 @@ class Outbox:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.items: list[tuple] = []
+        self.items: list[tuple[object, ...]] = []
         self.cond = threading.Condition()
         self.closed = False
         self.thread = threading.Thread(target=self._run, name="radixlm-engine-outbox", daemon=True)
         self.thread.start()
 
-    def put(self, msg: tuple) -> None:
+    def put(self, msg: tuple[object, ...]) -> None:
         with self.cond:
             self.items.append(msg)
             self.cond.notify()
@@ -117,7 +117,9 @@ def _generate(engine: Any, outbox: Outbox, call_id: int, kw: dict[str, Any]) -> 
         outbox.put(("error", call_id, (type(e).__name__, str(e))))
 
 
-def _call(engine: Any, outbox: Outbox, call_id: int, method: str, args: tuple) -> None:
+def _call(
+    engine: Any, outbox: Outbox, call_id: int, method: str, args: tuple[tuple[Any, ...], dict[str, Any]]
+) -> None:
     try:
         if method not in CALLS:
             raise ValueError(f"unknown engine call {method!r}")

@@ -9,7 +9,7 @@ import queue
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .request import Req
@@ -31,8 +31,8 @@ class AbortRequest:
 
 @dataclass
 class RunCall:
-    fn: Callable[[], Any]
-    result: Future
+    fn: Callable[[], object]
+    result: Future[object]
 
 
 @dataclass

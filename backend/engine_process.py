@@ -16,7 +16,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -34,7 +34,8 @@ class _Waiter:
         self.loop = loop
         self.box = LoopMailbox.for_loop(loop) if loop is not None else None
         self.queues: dict[int, Any] = {}
-        self.ack: Future = Future()
+        # the child's ack of a generate call ((rids, single)) or a call's reply, as unpickled
+        self.ack: Future[Any] = Future()
         self.lock = threading.Lock()
         self.abandoned = False  # the caller went away before the ack: abort its requests on arrival
         self.failed: str | None = None  # the engine process is gone: every queue ends with an abort
@@ -96,7 +97,7 @@ class EngineProcess:
         self._reader.start()
 
     # ---- the pipe ------------------------------------------------------------------------
-    def _send(self, msg: tuple) -> None:
+    def _send(self, msg: tuple[object, ...]) -> None:
         if self._closed:
             raise RuntimeError("engine is shut down")
         with self._send_lock:
@@ -111,7 +112,7 @@ class EngineProcess:
             pass
         self._fail_all("the engine process exited")
 
-    def _dispatch(self, msg: tuple) -> None:
+    def _dispatch(self, msg: tuple[Any, ...]) -> None:  # as the child's Outbox sent it, unpickled
         kind, call_id = msg[0], msg[1]
         waiter = self._waiters.get(call_id)
         if waiter is None:
@@ -165,7 +166,7 @@ class EngineProcess:
         input_ids: Any = None,
         stream: bool = False,
         **kw: Any,
-    ) -> dict | list[dict] | Iterator[dict]:
+    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         call_id, waiter = self._start(
             None,
             dict(prompt=prompt, sampling_params=sampling_params, input_ids=input_ids, stream=stream, **kw),
@@ -177,7 +178,7 @@ class EngineProcess:
         self._waiters.pop(call_id, None)
         return outs[0] if single else outs
 
-    def _stream_sync(self, call_id: int, waiter: _Waiter, rid: str) -> Iterator[dict]:
+    def _stream_sync(self, call_id: int, waiter: _Waiter, rid: str) -> Iterator[dict[str, Any]]:
         done = False
         try:
             while not done:
@@ -196,7 +197,7 @@ class EngineProcess:
         input_ids: Any = None,
         stream: bool = False,
         **kw: Any,
-    ) -> dict | list[dict] | AsyncIterator[dict]:
+    ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         call_id, waiter = self._start(
             asyncio.get_running_loop(),
             dict(prompt=prompt, sampling_params=sampling_params, input_ids=input_ids, stream=stream, **kw),
@@ -221,7 +222,7 @@ class EngineProcess:
             self._waiters.pop(call_id, None)
         return outs[0] if single else outs
 
-    async def _stream_async(self, call_id: int, waiter: _Waiter, rid: str) -> AsyncIterator[dict]:
+    async def _stream_async(self, call_id: int, waiter: _Waiter, rid: str) -> AsyncIterator[dict[str, Any]]:
         done = False
         q = waiter.queue(0)
         try:
@@ -242,13 +243,15 @@ class EngineProcess:
         return bool(self._call("flush_cache"))
 
     def get_stats(self) -> dict[str, int]:
-        return self._call("get_stats")
+        return cast(dict[str, int], self._call("get_stats"))
 
     def encode(self, prompt: Any = None, input_ids: Any = None, pooling: str = "last") -> list[list[float]]:
-        return self._call("encode", prompt=prompt, input_ids=input_ids, pooling=pooling)
+        return cast(
+            list[list[float]], self._call("encode", prompt=prompt, input_ids=input_ids, pooling=pooling)
+        )
 
     def pin_prefix(self, input_ids: list[int]) -> int:
-        return self._call("pin_prefix", list(input_ids))
+        return cast(int, self._call("pin_prefix", list(input_ids)))
 
     def unpin_prefix(self, handle: int) -> None:
         self._call("unpin_prefix", handle)

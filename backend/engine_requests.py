@@ -16,7 +16,7 @@ from .engine_inputs import RequestSpec, normalize_requests
 from .loop_mailbox import LoopMailbox, coalesce_chunks
 from .model_config import ModelConfig
 from .model_runner import ModelRunner
-from .request import Req
+from .request import OutputSink, Req
 from .scheduler import Scheduler
 from .tokenizer import IncrementalDetokenizer
 
@@ -34,7 +34,7 @@ class EngineRequests:
     _closed: bool
 
     # ---- request construction ---------------------------------------------------------
-    def _make_reqs(self, specs: list[RequestSpec], sink_for: Callable[[int], Callable]) -> list[Req]:
+    def _make_reqs(self, specs: list[RequestSpec], sink_for: Callable[[int], OutputSink]) -> list[Req]:
         reqs = []
         for k, spec in enumerate(specs):
             reqs.append(
@@ -95,14 +95,14 @@ class EngineRequests:
     def generate(
         self,
         prompt: str | list[str] | None = None,
-        sampling_params: dict | list[dict] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool = False,
         logprob_start_len: int = -1,
         top_logprobs_num: int = 0,
         stream: bool = False,
         rid: str | list[str] | None = None,
-    ) -> dict | list[dict] | Iterator[dict]:
+    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         specs, single = self._specs(
             prompt,
             sampling_params,
@@ -115,18 +115,18 @@ class EngineRequests:
         )
         if stream:
             return self._stream_sync(specs)
-        queues: list[queue.Queue] = [queue.Queue() for _ in specs]
+        queues: list[queue.Queue[dict[str, Any]]] = [queue.Queue() for _ in specs]
         reqs = self._make_reqs(specs, lambda k: queues[k].put)
         self._submit(reqs)
         outs = [q.get() for q in queues]
         return outs[0] if single else outs
 
-    def _stream_sync(self, specs: list[RequestSpec]) -> Iterator[dict]:
-        q: queue.Queue = queue.Queue()
+    def _stream_sync(self, specs: list[RequestSpec]) -> Iterator[dict[str, Any]]:
+        q: queue.Queue[dict[str, Any]] = queue.Queue()
         reqs = self._make_reqs(specs, lambda k: q.put)
         self._submit(reqs)
 
-        def chunks() -> Iterator[dict]:
+        def chunks() -> Iterator[dict[str, Any]]:
             done = False
             try:
                 while not done:
@@ -142,14 +142,14 @@ class EngineRequests:
     async def async_generate(
         self,
         prompt: str | list[str] | None = None,
-        sampling_params: dict | list[dict] | None = None,
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool = False,
         logprob_start_len: int = -1,
         top_logprobs_num: int = 0,
         stream: bool = False,
         rid: str | list[str] | None = None,
-    ) -> dict | list[dict] | AsyncIterator[dict]:
+    ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         specs, single = self._specs(
             prompt,
             sampling_params,
@@ -161,7 +161,7 @@ class EngineRequests:
             stream=stream,
         )
         loop = asyncio.get_running_loop()
-        queues: list[asyncio.Queue] = [asyncio.Queue() for _ in specs]
+        queues: list[asyncio.Queue[dict[str, Any]]] = [asyncio.Queue() for _ in specs]
         box = LoopMailbox.for_loop(loop)  # one wake-up of the loop per batch of results
         reqs = self._make_reqs(specs, lambda k: lambda item: box.post(queues[k], item))
         await wait_grammars_async(reqs)
@@ -176,7 +176,9 @@ class EngineRequests:
             raise
         return outs[0] if single else outs
 
-    async def _stream_async(self, q: asyncio.Queue, rid: str) -> AsyncIterator[dict]:
+    async def _stream_async(
+        self, q: asyncio.Queue[dict[str, Any]], rid: str
+    ) -> AsyncIterator[dict[str, Any]]:
         done = False
         try:
             while not done:

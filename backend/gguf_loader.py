@@ -206,11 +206,11 @@ def export_hf_folder(path: Path) -> Path:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     # not SOURCE_FILE: this folder is an HF folder, its weights are the safetensors
     shutil.copytree(src, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(SOURCE_FILE))
-    state = {}
+    state: dict[str, torch.Tensor] = {}
     for n, w in iter_gguf_weights(path, config, keep_quantized=False):
         assert isinstance(w, torch.Tensor)  # keep_quantized=False dequantizes every block format
         state[n] = w.contiguous()
-    save_file(state, str(tmp / "model.safetensors"))  # type: ignore[arg-type]
+    save_file(state, str(tmp / "model.safetensors"))
     (tmp / "done").write_text(str(path.resolve()))
     _publish(tmp, out)
     return out

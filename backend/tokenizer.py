@@ -43,11 +43,12 @@ class IncrementalDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         n = len(self.tokenizer)
         ids = [i for i in ids if 0 <= i < n]
-        return self.tokenizer.decode(
+        text: str = self.tokenizer.decode(
             ids,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
         )
+        return text
 
     def add(self, new_ids: list[int]) -> str:
         """Append ids; return the newly completed text (possibly "")."""

@@ -12,6 +12,7 @@ import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -178,7 +179,7 @@ def worker_main(shard: TPShard, port: int, spec: WorkerSpec) -> None:
             kv_cache_dtype=spec.kv_cache_dtype,
         )
         while True:
-            box: list[dict | None] = [None]
+            box: list[dict[str, Any] | None] = [None]
             dist.broadcast_object_list(box, src=0)
             msg = box[0]
             assert msg is not None
@@ -193,7 +194,7 @@ def worker_main(shard: TPShard, port: int, spec: WorkerSpec) -> None:
         dist.destroy_process_group()
 
 
-def _rebuild(runner: ModelRunner, msg: dict) -> ForwardBatch:
+def _rebuild(runner: ModelRunner, msg: dict[str, Any]) -> ForwardBatch:
     """Rank 0's ForwardBatch on this rank's pool, table and backend."""
     for row, slots in msg["table"].items():
         runner.req_table.table[row, : slots.numel()] = slots
