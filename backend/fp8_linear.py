@@ -10,6 +10,7 @@ fast). No path syncs with the host, so all are CUDA-graph safe."""
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -129,6 +130,10 @@ class Fp8Linear(nn.Module):
         if not (self.mm_aligned and rows > 0):
             return "dequant"
         return "scaled_mm" if rowwise_fills(rows, self.out_features, _sm_count(index)) else "scaled_mm_unit"
+
+    if TYPE_CHECKING:  # nn.Module.__call__ runs forward (with hooks); torch types it as returning Any
+
+        def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:

@@ -7,6 +7,8 @@ radixlm.kernels.quant_gemv for Q4_0/Q4_1/Q8_0/Q4_K, a dense copy for Q5_K and Q6
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -44,10 +46,15 @@ class Int4PackSegment(nn.Module):
         xa = x.to(CPU_ACT_DTYPE)
         if native and len(self.names) == 1 and not self.padded:
             pn, sn = self.names[0]
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(xa, getattr(self, pn), GROUP, getattr(self, sn))
-        y = None
+            out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                xa, getattr(self, pn), GROUP, getattr(self, sn)
+            )
+            return out
+        y: torch.Tensor | None = None
         for pn, sn in self.names:  # terms summed in x's dtype: a bf16 sum would round again
-            t = torch.ops.aten._weight_int4pack_mm_for_cpu(xa, getattr(self, pn), GROUP, getattr(self, sn))
+            t: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                xa, getattr(self, pn), GROUP, getattr(self, sn)
+            )
             y = t.to(x.dtype) if y is None else y.add_(t)
         assert y is not None
         return y[:, : self.rows] if self.padded else y
@@ -188,9 +195,14 @@ class QuantLinear(nn.Module):
             "bias", None if bias is None else bias.to(device=device, dtype=dtype), persistent=False
         )
 
+    if TYPE_CHECKING:  # nn.Module.__call__ runs forward (with hooks); torch types it as returning Any
+
+        def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bias is None and x.dim() == 2 and len(self.segments) == 1:
-            return self.segments[0](x)  # the decode shape: no reshapes, cat or bias
+            y: torch.Tensor = self.segments[0](x)  # the decode shape: no reshapes, cat or bias
+            return y
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         ys = [s(x2) for s in self.segments]
@@ -204,7 +216,10 @@ class QuantLinear(nn.Module):
         next op casts or promotes anyway (the MLP's SiLU-and-mul, a residual add)."""
         if self.bias is None and x.dim() == 2 and len(self.segments) == 1:
             seg = self.segments[0]
-            return seg(x, native=True) if isinstance(seg, (Int4PackSegment, BlockSegment)) else seg(x)
+            y: torch.Tensor = (
+                seg(x, native=True) if isinstance(seg, (Int4PackSegment, BlockSegment)) else seg(x)
+            )
+            return y
         return self(x)
 
     def extra_repr(self) -> str:

@@ -7,6 +7,7 @@ pool; the model owns only weights."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -62,7 +63,8 @@ def linear(layer: nn.Linear | QuantLinear | Fp8Linear, x: torch.Tensor) -> torch
         return layer(x)
     if x.shape[0] == 1 and use_gemv(x, layer.weight):
         return gemv(x, layer.weight, layer.bias)
-    return layer(x)
+    y: torch.Tensor = layer(x)
+    return y
 
 
 def _few_f32_rows(*ts: torch.Tensor) -> bool:
@@ -220,6 +222,10 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
         self.tp_driver: StepSender | None = None
         self.tp: TPShard | None = None  # this rank's share, when the model is split over ranks
+
+    if TYPE_CHECKING:  # nn.Module.__call__ runs forward (with hooks); torch types it as returning Any
+
+        def __call__(self, fb: ForwardBatch) -> torch.Tensor: ...
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head (again after to_empty/to, which break ties); a
