@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import docs, embeddings_api, info, native, openai_api, studio, trace_api
 from . import programs as programs_api
@@ -208,12 +209,12 @@ def _install_error_handlers(app: FastAPI, limits: ServerLimits, metrics: ServerM
 class _GuardMiddleware:
     """Pure ASGI: API key check and body-size limit before the app sees the request."""
 
-    def __init__(self, app: Any, api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
         self.app = app
         self.key = api_key.encode() if api_key else None
         self.max_body = max_body_bytes
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -246,7 +247,7 @@ class _GuardMiddleware:
             headers.get("cookie", b""), self.key
         )
 
-    async def _read_body(self, receive: Any) -> bytes | None:
+    async def _read_body(self, receive: Receive) -> bytes | None:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -261,16 +262,16 @@ class _GuardMiddleware:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
-    async def _too_large(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         await _error(413, f"request body exceeds {self.max_body} bytes", "request_too_large")(
             scope, receive, send
         )
 
 
-def _replay(body: bytes, receive: Any) -> Any:
+def _replay(body: bytes, receive: Receive) -> Receive:
     sent = False
 
-    async def replay() -> dict[str, Any]:
+    async def replay() -> Message:
         nonlocal sent
         if not sent:
             sent = True

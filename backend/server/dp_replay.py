@@ -358,7 +358,8 @@ async def relay_events(resp: httpx.Response) -> AsyncIterator[bytes]:
 
 
 def is_event_stream(resp: httpx.Response) -> bool:
-    return resp.headers.get("content-type", "").startswith("text/event-stream")
+    content_type: str = resp.headers.get("content-type", "")
+    return content_type.startswith("text/event-stream")
 
 
 def _error_message(event: Event) -> str:

@@ -39,7 +39,7 @@ def _split(
         return list(inp), None  # type: ignore[arg-type]
     if all(isinstance(x, int) for x in inp):
         return None, [list(inp)]  # type: ignore[arg-type]
-    return None, [list(x) for x in inp]  # type: ignore[arg-type, union-attr]
+    return None, [list(x) for x in inp]  # type: ignore[arg-type]
 
 
 def _encode_vector(vec: list[float], fmt: str) -> list[float] | str:

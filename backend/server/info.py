@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import importlib.metadata
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI
 from pydantic import Field
@@ -62,13 +62,14 @@ def render_chat(
         if reserved in extra:
             raise ValueError(f"chat_template_kwargs may not set {reserved!r}")
     try:
-        return tokenizer.apply_chat_template(
+        text = tokenizer.apply_chat_template(
             messages,
             tokenize=False,
             add_generation_prompt=add_generation_prompt and not continue_final_message,
             continue_final_message=continue_final_message,
             **extra,
         )
+        return cast(str, text)  # tokenize=False: the rendered prompt
     except Exception as exc:  # jinja raises its own errors for messages a template refuses
         raise ValueError(f"chat template rejected the messages: {exc}") from exc
 

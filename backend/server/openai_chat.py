@@ -6,13 +6,21 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from .openai_shapes import Tok, choice_rid, finish_reason, grammar_report, sample_params, usage
 from .protocol import ChatCompletionRequest, error_body, now
 from .runner import Runner, Seq, run_to_end
 from .streams import SSE_DONE, merge_streams, sse
 from .tools import TOOL_CALL_TAG, ToolPlan
+
+# One chat choice's events: ("delta", text, logprob entries | None), ("tool_calls", calls),
+# ("finish", reason, completion_tokens, cached_prompt_tokens, grammar report | None).
+ChoiceEvent = (
+    tuple[Literal["delta"], str, list[dict[str, Any]] | None]
+    | tuple[Literal["tool_calls"], list[dict[str, Any]]]
+    | tuple[Literal["finish"], str, int, int, dict[str, Any] | None]
+)
 
 
 @dataclass
@@ -48,9 +56,10 @@ def chat_seqs(ctx: ChatCtx) -> list[Seq]:
     ]
 
 
-async def _choice_events(runner: Runner, ctx: ChatCtx, seq: Seq, stream: bool) -> AsyncGenerator[tuple, None]:
-    """Events of one chat choice: ("delta", text, logprob entries | None), ("tool_calls", calls),
-    then ("finish", reason, completion_tokens, cached_prompt_tokens, grammar report | None)."""
+async def _choice_events(
+    runner: Runner, ctx: ChatCtx, seq: Seq, stream: bool
+) -> AsyncGenerator[ChoiceEvent, None]:
+    """Events of one chat choice (ChoiceEvent): deltas or the tool calls, then the finish."""
     plan = ctx.plan
     constrained = plan.mode in ("named", "required")
     text, meta = "", {}
@@ -117,10 +126,9 @@ class ChatChoice:
     cached: int = 0
     grammar: dict[str, Any] | None = None
 
-    def add(self, event: tuple) -> dict[str, Any]:
+    def add(self, event: ChoiceEvent) -> dict[str, Any]:
         """Fold an event in; return the streaming delta fragment for it."""
-        kind = event[0]
-        if kind == "delta":
+        if event[0] == "delta":
             self.content += event[1]
             if event[2] is not None:
                 self.logprobs = (self.logprobs or []) + event[2]
@@ -131,7 +139,7 @@ class ChatChoice:
                 "logprobs": lp,
                 "finish_reason": None,
             }
-        if kind == "tool_calls":
+        if event[0] == "tool_calls":
             self.tool_calls = event[1]
             calls = [{"index": k, **c} for k, c in enumerate(event[1])]
             return {

@@ -5,7 +5,7 @@ OpenAI API reference, and choice j of n > 1 with a seed samples with seed + j.""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, cast
 
 
 def finish_reason(meta: dict[str, Any]) -> str | None:
@@ -53,7 +53,7 @@ class Tok:
         self.tokenizer = tokenizer
 
     def text(self, tid: int) -> str:
-        return self.tokenizer.decode([tid])
+        return cast(str, self.tokenizer.decode([tid]))
 
     def chat_entries(self, meta: dict[str, Any]) -> list[dict[str, Any]]:
         lps = meta.get("output_token_logprobs") or []

@@ -68,7 +68,7 @@ class SamplingParams(_NativeSampling):  # type: ignore[misc,valid-type]
 
     def to_engine(self) -> dict[str, Any]:
         """Only the fields the client set, without `n` (the server fans out samples itself)."""
-        out = self.model_dump(exclude_none=True)
+        out: dict[str, Any] = self.model_dump(exclude_none=True)
         out.pop("n", None)
         return out
 
