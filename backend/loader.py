@@ -78,7 +78,7 @@ def load_config(model_dir: Path) -> ModelConfig:
     return ModelConfig.from_hf_dict(d, model_name=d.get("_name_or_path") or model_dir.name)
 
 
-def iter_safetensors(model_dir: Path):  # type: ignore[no-untyped-def]
+def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, tensor) from every *.safetensors file of an HF folder."""
     from safetensors import safe_open
 

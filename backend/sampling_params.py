@@ -48,7 +48,7 @@ class SamplingParams:
     seed: int | None = None
     regex: str | None = None
     # str (JSON), dict, or pydantic model class; normalized to str
-    json_schema: Any = _wire(str | dict[str, Any], default=None)
+    json_schema: str | dict[str, Any] | type | None = _wire(str | dict[str, Any], default=None)
     json_schema_strict: bool = True  # False: assertions the grammar cannot enforce are dropped and named
     ebnf: str | None = None
     # None: the engine's setting (backend/speculative.py); "none" turns it off for this request
