@@ -4,6 +4,7 @@ attend to its prefix_len cached tokens and causally to themselves (decode = exte
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -15,7 +16,9 @@ if TYPE_CHECKING:
     from .kv_pool import KVPool
 
 
-def to_device(values: list, device: torch.device | str, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+def to_device(
+    values: Sequence[float], device: torch.device | str, dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
     """A host list as a device tensor without a host sync (torch.tensor(..., device=cuda) waits for
     the stream; a non-blocking copy from a fresh host tensor does not)."""
     t = torch.tensor(values, dtype=dtype)
