@@ -1,0 +1,30 @@
+# H200: the suite on two code versions, alternating in one call (old, new, old, new, ...), so
+# a change is judged against the code before it on the same machine and the same day.
+# Pack the versions first, here:  benchmarks/h200/suite_ab.sh pack REV_OLD REV_NEW
+# (writes .ab/old.tar and .ab/new.tar), then on the device, carrying .whl, .smol_tok and .ab:
+#   N=2 SUITE_ARGS="--workers engine --engine-steps decode_b1,prefix,prefix_cascade_off,forks" \
+#     bash benchmarks/h200/suite_ab.sh run
+# Every result goes into one $OUT/ab.tgz (the device returns only a few files per call).
+set -u
+if [ "${1:-}" = pack ]; then
+  mkdir -p .ab
+  git archive "$2" -o .ab/old.tar -- . ':!benchmarks/results' ':!docs'
+  git archive "$3" -o .ab/new.tar -- . ':!benchmarks/results' ':!docs'
+  exit 0
+fi
+ROOT=$PWD
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RADIXLM_DEFAULT_MODEL=$ROOT/.smol_tok
+for v in ${VERSIONS:-old new}; do  # each version installed into its own folder
+  W=/tmp/ab_$v; rm -rf "$W"; mkdir -p "$W/src"; tar -xf ".ab/$v.tar" -C "$W/src"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$W/site" "$ROOT"/.whl/*.whl || exit 1
+  (cd "$W/src" && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$W/site" .) || exit 1
+done
+mkdir -p /tmp/abres
+for i in $(seq 1 "${N:-2}"); do
+  for v in ${VERSIONS:-old new}; do
+    (cd "/tmp/ab_$v/src" && PYTHONPATH="/tmp/ab_$v/site" timeout "${RUN_LIMIT:-300}" python3 benchmarks/suite.py \
+      --device cuda --out "/tmp/abres/ab_${v}_$i.json" ${SUITE_ARGS:-} > "/tmp/abres/ab_${v}_$i.log" 2>&1
+     echo "$v $i rc=$? $(date +%T)")
+  done
+done
+tar -czf "$OUT/ab.tgz" -C /tmp/abres .
