@@ -80,8 +80,7 @@ class BatchPlanner:
         batch = [r for r in self.queues.running if self.decodes_next(r)]
         if not batch:
             return
-        known = [id(r) not in self.ahead for r in batch]
-        drafts = self.spec.draft(batch, known) if self.spec is not None else None
+        drafts = self.spec.draft(batch, self.ahead) if self.spec is not None else None
         if drafts is not None and self._schedule_verify(plan, batch, drafts.drafts):
             plan.drafts = drafts
             return

@@ -9,6 +9,7 @@ it) is processed before the next step is planned (never overlapped)."""
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 import torch
@@ -75,14 +76,13 @@ class Speculator:
         return self.algorithm(req) is not None
 
     # ---- planning ---------------------------------------------------------------------
-    def draft(self, batch: list[Req], known: list[bool] | None = None) -> DraftPlan | None:
-        """Drafts for a decode batch (None: nobody speculates this step); known[i]: whether
-        batch[i]'s last token is on the host (default: all). While the policy has backed off,
-        the proposer is not asked at all: the step is plain decode at no extra cost."""
-        known = known or [True] * len(batch)
+    def draft(self, batch: list[Req], in_flight: Container[int] = frozenset()) -> DraftPlan | None:
+        """Drafts for a decode batch (None: nobody speculates this step); in_flight: id() of the
+        requests whose last token is not on the host yet. While the policy has backed off, the
+        proposer is not asked at all: the step is plain decode at no extra cost."""
         budgets = [
-            k if (k := self.budget(req, ok)) > 0 and not self.policy.paused(req) else 0
-            for req, ok in zip(batch, known)
+            k if (k := self.budget(req, id(req) not in in_flight)) > 0 and not self.policy.paused(req) else 0
+            for req in batch
         ]
         if not any(budgets) or not self.policy.worth_proposing(batch, budgets):
             return None
