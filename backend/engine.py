@@ -212,6 +212,11 @@ class Engine(EngineRequests):
             self.flush_cache()
             self._call(self.scheduler.stats.reset)
             self._compiles_at_start = compiled_kernel_count()
+        # Start-up built objects that live as long as the engine (modules, kernels, tokenizer,
+        # graphs): a full collection would walk them all, on the scheduler thread mid-step. Frozen,
+        # the collector skips them; shutdown thaws them (both process-wide).
+        gc.collect()
+        gc.freeze()
 
     def _warm_grammars(self) -> None:
         try:
@@ -341,6 +346,7 @@ class Engine(EngineRequests):
         self._final_stats = self.get_stats()
         model, pool = weakref.ref(self.runner.model), weakref.ref(self.runner.kv_pool)
         self.scheduler = self.cache = self.runner = self._grammar_backend = None  # type: ignore[assignment]
+        gc.unfreeze()  # what start-up froze: this engine's cycles are in it
         gc.collect()  # the model runner and its graph runner / attention backend form cycles
         held = model()
         if held is not None:  # free the weights anyway, and say who keeps the module alive
@@ -355,6 +361,9 @@ class Engine(EngineRequests):
             kv.k_buffers.clear()
             kv.v_buffers.clear()
             del kv
+        if _live_engines:  # the engines still running keep their objects out of full collections
+            gc.collect()
+            gc.freeze()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()

@@ -198,3 +198,26 @@ def test_request_path_warm_up_runs_and_leaves_no_counts(engine):
     stats = engine.get_stats()
     assert stats["generated_tokens"] == stats["forward_passes"] == 0
     assert stats["kv_cached_slots"] == 0 and stats["kv_free_slots"] == stats["kv_total_slots"]
+
+
+def test_start_freezes_the_heap_and_shutdown_collects_the_engine():
+    """After start-up the engine's objects sit in the collector's permanent generation (full passes
+    skip them); shutdown thaws and collects, so the engine's cycles are freed, and re-freezes what
+    the engines still running hold."""
+    import gc
+    import weakref
+
+    from radixlm.backend import engine as engine_mod
+    from radixlm.backend.engine import Engine
+
+    first = Engine(max_total_tokens=256)
+    second = Engine(max_total_tokens=256)
+    models = [weakref.ref(first.runner.model), weakref.ref(second.runner.model)]
+    frozen = gc.get_freeze_count()
+    assert frozen > 10_000
+    first.shutdown()
+    assert models[0]() is None  # collected, though it was frozen
+    assert 0 < gc.get_freeze_count() < frozen  # the second engine's objects are frozen again
+    second.shutdown()
+    assert models[1]() is None
+    assert (gc.get_freeze_count() == 0) == (not engine_mod._live_engines)
