@@ -5,6 +5,7 @@ First runs are timed like every other run: nothing is warmed up by the suite its
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import sys
@@ -64,6 +65,34 @@ def set_cascade(engine: Engine, on: bool) -> None:
     )
 
 
+class CollectorPauses:
+    """Every garbage-collector pass in the process (any thread) as (generation, seconds): a full
+    pass over a large heap stalls the scheduler thread mid-step, so the suite reports them."""
+
+    def __init__(self) -> None:
+        self.passes: list[tuple[int, float]] = []
+        self._start = 0.0
+        gc.callbacks.append(self._on_pass)
+
+    def _on_pass(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.passes.append((info["generation"], time.perf_counter() - self._start))
+
+    def summary(self, since: int) -> dict[str, Any]:
+        full = [s for g, s in self.passes[since:] if g == 2]
+        return {
+            "gc_passes": len(self.passes) - since,
+            "gc_full_passes": len(full),
+            "gc_full_ms": round(sum(full) * 1e3, 2),
+            "gc_ms": round(sum(s for _, s in self.passes[since:]) * 1e3, 2),
+        }
+
+
+PAUSES = CollectorPauses()
+
+
 class Timed:
     """Wall time of a block (device synchronized), with the engine counters and the Triton
     compilations it caused: the suite counts a compile on the request path as a defect."""
@@ -77,6 +106,7 @@ class Timed:
         self.stats0 = self.engine.get_stats()
         self.compiles0 = compiled_kernel_count()
         self.variants0 = compiled_kernel_variants()
+        self.gc0 = len(PAUSES.passes)
         self.t0 = time.perf_counter()
         return self.out
 
@@ -101,6 +131,7 @@ class Timed:
         )
         self.out.update({k: after.get(k, 0) - self.stats0.get(k, 0) for k in keys})
         self.out["kernel_compiles"] = compiled_kernel_count() - self.compiles0
+        self.out.update(PAUSES.summary(self.gc0))
         grew = {k: n - self.variants0.get(k, 0) for k, n in compiled_kernel_variants().items()}
         if any(grew.values()):  # which kernels compiled on the request path
             self.out["compiled_kernels"] = {k: n for k, n in grew.items() if n}
