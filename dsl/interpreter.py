@@ -9,6 +9,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from radixlm.backend_base import ProgramBackend, StreamedLogprobs
@@ -29,6 +30,7 @@ from radixlm.ir import (
     convert_value,
     to_expr,
 )
+from radixlm.threads import PROGRAM_THREADS
 
 
 class _StopTrace(Exception):
@@ -84,10 +86,9 @@ class Executor:
         # per streamed variable: (text delta, meta with that chunk's own output logprobs)
         self.stream_chunks: dict[str, list[tuple[str, dict[str, Any]]]] = {}
         self._queue: queue.Queue = queue.Queue()
-        self._worker: threading.Thread | None = None
+        self._worker: Future[None] | None = None
         if not trace:
-            self._worker = threading.Thread(target=self._loop, name="radixlm-state", daemon=True)
-            self._worker.start()
+            self._worker = PROGRAM_THREADS.submit(self._loop)
 
     # ---- caller side -------------------------------------------------------------------
 
@@ -138,7 +139,7 @@ class Executor:
         self._ended = True
         if self._worker is not None:
             self._queue.put(None)
-            self._worker.join()
+            self._worker.result()
         for child in self.children:
             child.end()
         for handle in self._pins:

@@ -4,6 +4,7 @@ Promise: every constructor validates its arguments and raises ValueError with a 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -161,7 +162,7 @@ class _TypedGenSchema(GenerateJsonSchema):
 def normalize_json_schema(schema: Any) -> tuple[str, type[BaseModel] | None]:
     """str | dict | pydantic class → (schema JSON text, pydantic class or None)."""
     if _is_pydantic_class(schema):
-        return json.dumps(schema.model_json_schema(schema_generator=_TypedGenSchema)), schema
+        return _model_schema_text(schema), schema
     if isinstance(schema, dict):
         return json.dumps(schema), None
     if isinstance(schema, str):
@@ -173,6 +174,13 @@ def normalize_json_schema(schema: Any) -> tuple[str, type[BaseModel] | None]:
     raise ValueError(
         f"json_schema must be a JSON string, a dict or a pydantic class, got {type(schema).__name__}"
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _model_schema_text(model: type[BaseModel]) -> str:
+    """A pydantic class's JSON schema text, built once per class: pydantic regenerates it on
+    every call, which would cost each typed gen of a batch of programs the same work."""
+    return json.dumps(model.model_json_schema(schema_generator=_TypedGenSchema))
 
 
 def _resolve_dtype(dtype: Any) -> type | None:

@@ -10,7 +10,7 @@ import inspect
 import os
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 from radixlm.backend.sampling_params import (
@@ -23,6 +23,7 @@ from radixlm.backend_base import ProgramBackend
 from radixlm.interpreter import Executor, _StopTrace
 from radixlm.ir import Expr
 from radixlm.state import ProgramState
+from radixlm.threads import PROGRAM_THREADS
 
 _default_backend: ProgramBackend | None = None
 _exit_hook_registered = False
@@ -141,7 +142,7 @@ class Program:
         )
         state = ProgramState(ex)
         if stream:
-            threading.Thread(target=self._body, args=(state, kwargs, True), daemon=True).start()
+            PROGRAM_THREADS.run(lambda: self._body(state, kwargs, True))
         else:
             self._body(state, kwargs, False)
         return state
@@ -277,16 +278,41 @@ def _run_all(
                 if pbar is not None:
                     pbar.update()
             return
-        with ThreadPoolExecutor(threads) as pool:
-            futures = [pool.submit(one, kw) for kw in batch]
-            if pbar is not None:
-                for f in futures:
-                    f.add_done_callback(lambda _: pbar.update())
+        futures = _run_in_lanes(one, batch, threads)
+        if pbar is not None:
             for f in futures:
-                yield f.result()
+                f.add_done_callback(lambda _: pbar.update())
+        for f in futures:
+            yield f.result()
     finally:
         if pbar is not None:
             pbar.close()
+
+
+def _run_in_lanes(
+    one: Callable[[dict[str, Any]], ProgramState], batch: list[dict[str, Any]], lanes: int
+) -> list[Future[ProgramState]]:
+    """One future per kwargs dict, in order; `lanes` cached threads each run the next program
+    not yet started until none is left, so at most `lanes` run at once."""
+    futures: list[Future[ProgramState]] = [Future() for _ in batch]
+    order = iter(range(len(batch)))
+    lock = threading.Lock()
+
+    def lane() -> None:
+        while True:
+            with lock:
+                i = next(order, None)
+            if i is None:
+                return
+            if futures[i].set_running_or_notify_cancel():
+                try:
+                    futures[i].set_result(one(batch[i]))
+                except BaseException as e:  # noqa: BLE001 - re-raised by whoever reads the future
+                    futures[i].set_exception(e)
+
+    for _ in range(min(lanes, len(batch))):
+        PROGRAM_THREADS.run(lane)
+    return futures
 
 
 def function(func: Callable[..., Any] | None = None, **options: Any) -> Any:
