@@ -362,8 +362,7 @@ class Engine(EngineRequests):
             kv.v_buffers.clear()
             del kv
         if _live_engines:  # the engines still running keep their objects out of full collections
-            gc.collect()
-            gc.freeze()
+            gc.freeze()  # what survived the collection above (no second full pass)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
