@@ -59,6 +59,7 @@ class ThreadCache:
                 task()
             except BaseException:  # noqa: BLE001 - a task's own bug must not kill a reused thread
                 logger.exception("a task on a %s thread raised", self.name)
+            del task  # an idle thread must not keep the last task's objects (a program state) alive
             task = self._next_task(inbox)
 
     def _next_task(self, inbox: queue.SimpleQueue[Task]) -> Task | None:

@@ -32,6 +32,23 @@ def test_an_idle_thread_serves_the_next_task_and_exits_after_its_idle_time():
     assert wait_until(lambda: first not in {t.ident for t in threading.enumerate()})
 
 
+def test_an_idle_thread_keeps_nothing_of_its_last_task_alive():
+    import gc
+    import weakref
+
+    class State:
+        pass
+
+    cache = ThreadCache("test-cache", idle_seconds=5.0)
+    state = State()
+    ref = weakref.ref(state)
+    cache.submit(lambda held=state: None).result(timeout=5)
+    del state
+    assert wait_until(lambda: cache.idle_count() == 1)
+    gc.collect()
+    assert ref() is None
+
+
 def test_tasks_that_wait_on_each_other_all_run():
     """Unbounded: the second task starts although the first blocks until it runs."""
     cache = ThreadCache("test-cache", idle_seconds=1.0)
