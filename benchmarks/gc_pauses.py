@@ -20,24 +20,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_env import device_tag, environment, write_result  # noqa: E402
+from suite_workloads import CollectorPauses  # noqa: E402
 
 from radixlm.backend.engine import Engine  # noqa: E402
 
 PHASES = ("host_schedule_us", "host_launch_us", "host_process_us")
-
-
-class PassLog:
-    """Every collector pass: (generation, seconds)."""
-
-    def __init__(self) -> None:
-        self.passes: list[tuple[int, float]] = []
-        self._t0 = 0.0
-
-    def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        else:
-            self.passes.append((info["generation"], time.perf_counter() - self._t0))
 
 
 def full_collection_ms() -> float:
@@ -46,7 +33,9 @@ def full_collection_ms() -> float:
     return (time.perf_counter() - t) * 1e3
 
 
-def few_shot(engine: Engine, log: PassLog, rng: random.Random, args: argparse.Namespace) -> dict[str, Any]:
+def few_shot(
+    engine: Engine, log: CollectorPauses, rng: random.Random, args: argparse.Namespace
+) -> dict[str, Any]:
     prefix = [rng.randrange(100, 40_000) for _ in range(args.prefix_len)]
     engine.flush_cache()
     engine.generate(input_ids=[prefix + [5]], sampling_params={"max_new_tokens": 1})
@@ -77,12 +66,11 @@ def main() -> None:
     args = p.parse_args()
     engine = Engine()
     rng = random.Random(0)
-    log = PassLog()
     res: dict[str, Any] = {"benchmark": "gc_pauses", "env": environment(), "args": vars(args)}
     res["tracked_objects_at_start"] = len(gc.get_objects())
     res["frozen_at_start"] = gc.get_freeze_count()
     runs: dict[str, list[dict[str, Any]]] = {"frozen": [], "unfrozen": []}
-    gc.callbacks.append(log)
+    log = CollectorPauses()  # every pass from here on, through gc.callbacks
     try:
         for _ in range(args.rounds):
             for mode in ("unfrozen", "frozen"):
@@ -95,7 +83,6 @@ def main() -> None:
                 runs[mode].append(run)
                 print(mode, json.dumps({k: v for k, v in run.items() if k != "gen2_pause_ms"}), flush=True)
     finally:
-        gc.callbacks.remove(log)
         engine.shutdown()
     res["runs"] = runs
     write_result(
