@@ -9,10 +9,14 @@ import json
 import jsonschema
 import pytest
 from fastapi.exceptions import RequestValidationError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from radixlm.backend.server.app import _format_validation
+from radixlm.backend.server.native import CumulativeEvents
 from radixlm.backend.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from radixlm.backend.server.streams import sse
 from radixlm.backend.server.tools import plan_tools
 
 WEATHER = {
@@ -126,3 +130,30 @@ def test_validation_messages_name_the_field_without_union_noise() -> None:
     status, msg = _message({"text": "a", "sampling_params": [{"top_p": 2}]})
     assert status == 422 and msg.startswith("invalid request: sampling_params.0.top_p:")
     assert "list" not in msg.split(":", 2)[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    chunks=st.lists(
+        st.tuples(st.text(max_size=6), st.lists(st.integers(0, 200_000), max_size=3)), min_size=1, max_size=8
+    ),
+    index=st.one_of(st.none(), st.integers(0, 7)),
+)
+def test_stream_events_encoded_incrementally_equal_whole_event_json(
+    chunks: list[tuple[str, list[int]]], index: int | None
+) -> None:
+    """Each incrementally encoded event is byte for byte json.dumps of the cumulative event
+    (text with quotes, backslashes, control and non-ASCII characters split anywhere)."""
+    req = GenerateRequest(input_ids=[1, 2], stream=True)
+    events = CumulativeEvents(index)
+    text, ids = "", []
+    for n, (delta, new_ids) in enumerate(chunks):
+        meta = {"completion_tokens": len(ids) + len(new_ids), "finish_reason": None if n < 9 else "x"}
+        events.add({"text": delta, "output_ids": new_ids, "meta_info": meta})
+        text, ids = text + delta, ids + new_ids
+        whole: dict[str, object] = {"text": text, "output_ids": ids, "meta_info": meta}
+        if index is not None:
+            whole["index"] = index
+        got = events.event(req, tokenizer=None)
+        assert got == sse(whole)
+        assert json.loads(got[len(b"data: ") :]) == whole

@@ -7,6 +7,7 @@ output logprobs with their running count `output_token_logprobs_length`, and end
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -91,35 +92,61 @@ def add_logprob_text(meta: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
     return out
 
 
-def _finish(result: dict[str, Any], req: GenerateRequest, tokenizer: Any) -> dict[str, Any]:
-    meta = result.get("meta_info", {})
+def _finish_meta(meta: dict[str, Any], req: GenerateRequest, tokenizer: Any) -> dict[str, Any]:
     if meta.get("output_token_logprobs") is not None and LENGTH_KEY not in meta:
         meta = {**meta, LENGTH_KEY: len(meta["output_token_logprobs"])}
     if req.return_logprob and req.return_text_in_logprobs:
         meta = add_logprob_text(meta, tokenizer)
+    return meta
+
+
+def _finish(result: dict[str, Any], req: GenerateRequest, tokenizer: Any) -> dict[str, Any]:
     return {
         "text": result.get("text", ""),
         "output_ids": list(result.get("output_ids", [])),
-        "meta_info": meta,
+        "meta_info": _finish_meta(result.get("meta_info", {}), req, tokenizer),
     }
+
+
+class CumulativeEvents:
+    """One sequence's stream events, each with the cumulative text and output_ids, encoded
+    incrementally: an event costs the encoding of its new tokens plus a copy, not a re-encoding
+    of the whole output so far (which made a long stream's events quadratic in its length).
+    The bytes equal json.dumps of the whole event (ensure_ascii=False escapes per character)."""
+
+    def __init__(self, index: int | None) -> None:
+        self.index = index
+        self.meta: dict[str, Any] = {}
+        self._text = ""  # JSON-escaped, without quotes
+        self._ids = ""  # JSON list items, without brackets
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        text = chunk.get("text", "")
+        if text:
+            self._text += json.dumps(text, ensure_ascii=False)[1:-1]
+        ids = chunk.get("output_ids")
+        if ids:
+            self._ids += (", " if self._ids else "") + ", ".join(str(int(t)) for t in ids)
+        self.meta = _merge_meta(self.meta, chunk.get("meta_info", {}))
+
+    def event(self, req: GenerateRequest, tokenizer: Any) -> bytes:
+        meta = json.dumps(_finish_meta(self.meta, req, tokenizer), ensure_ascii=False)
+        index = "" if self.index is None else f', "index": {self.index}'
+        body = f'{{"text": "{self._text}", "output_ids": [{self._ids}], "meta_info": {meta}{index}}}'
+        return b"data: " + body.encode() + b"\n\n"
 
 
 async def _stream_events(
     runner: Runner, seqs: list[Seq], req: GenerateRequest, group: str | None
 ) -> AsyncGenerator[bytes, None]:
     """SSE events: per sequence, cumulative text/output_ids, the chunk's own output logprobs."""
-    acc: list[dict[str, Any]] = [{"text": "", "output_ids": [], "meta_info": {}} for _ in seqs]
+    indexed = req.is_batch or len(seqs) > 1
+    acc = [CumulativeEvents(i if indexed else None) for i in range(len(seqs))]
     gens = [runner.run(s, stream=True, group=group) for s in seqs]
     try:
         async for i, chunk in merge_streams(gens):
-            state = acc[i]
-            state["text"] += chunk.get("text", "")
-            state["output_ids"] = state["output_ids"] + list(chunk.get("output_ids", []))
-            state["meta_info"] = _merge_meta(state["meta_info"], chunk.get("meta_info", {}))
-            event = _finish(state, req, runner.engine.tokenizer)
-            if req.is_batch or len(seqs) > 1:
-                event["index"] = i
-            yield sse(event)
+            acc[i].add(chunk)
+            yield acc[i].event(req, runner.engine.tokenizer)
     except ValueError as exc:
         yield sse(error_body(str(exc), 400))
     finally:
