@@ -68,14 +68,11 @@ async def _engine_rate(
 
 
 async def _server_rate(url: str, items: list[serving.Item], gaps: list[float], rate: float) -> dict[str, Any]:
-    import httpx
-
-    limits = httpx.Limits(max_connections=len(items) + 8, max_keepalive_connections=len(items) + 8)
-    async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as client:
+    async with serving.client_session(url) as session:
         tasks = []
         start = time.perf_counter()
         for item, gap in zip(items, gaps):
-            tasks.append(asyncio.create_task(serving.send(client, item)))
+            tasks.append(asyncio.create_task(serving.send(session, item)))
             if gap:
                 await asyncio.sleep(gap)
         results = await asyncio.gather(*tasks)
@@ -88,6 +85,11 @@ def _server_stats(url: str) -> dict[str, Any]:
 
     resp = httpx.get(url + "/get_server_info", timeout=30)
     return resp.json().get("engine_stats", {}) if resp.status_code == 200 else {}
+
+
+def stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:
+    """Counter increments over a run (a counter first reported during the run counts from 0)."""
+    return {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, int)}
 
 
 def _runs(size: dict[str, Any]) -> list[tuple[str, float, list[serving.Item], list[float]]]:
@@ -106,9 +108,7 @@ def engine_side(engine: Engine, size: dict[str, Any]) -> dict[str, Any]:
         engine.flush_cache()
         before = engine.get_stats()
         out[label] = asyncio.run(_engine_rate(engine, items, gaps, rate))
-        out[label]["engine_stats_delta"] = {
-            k: v - before[k] for k, v in engine.get_stats().items() if isinstance(v, int) and k in before
-        }
+        out[label]["engine_stats_delta"] = stats_delta(before, engine.get_stats())
     return out
 
 
@@ -140,9 +140,7 @@ def server_side(size: dict[str, Any], engine_kwargs: dict[str, Any]) -> dict[str
             before = _server_stats(url)
             out[label] = asyncio.run(_server_rate(url, items, gaps, rate))
             after = _server_stats(url)
-            out[label]["engine_stats_delta"] = {
-                k: v - before[k] for k, v in after.items() if isinstance(v, int) and k in before
-            }
+            out[label]["engine_stats_delta"] = stats_delta(before, after)
     finally:
         proc.terminate()
         proc.wait(120)
