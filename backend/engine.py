@@ -5,7 +5,6 @@ blocking, streamed, or to asyncio. Bad input raises ValueError before any model 
 from __future__ import annotations
 
 import atexit
-import gc
 import itertools
 import logging
 import queue
@@ -20,7 +19,7 @@ import torch
 
 from radixlm.kernels import compiled_kernel_count
 
-from . import limits
+from . import collector, limits
 from .constrained import grammar_backend
 from .embeddings import check_inputs, embed, embedding_inputs
 from .engine_inbox import EngineInbox, RunCall, Stop
@@ -212,11 +211,9 @@ class Engine(EngineRequests):
             self.flush_cache()
             self._call(self.scheduler.stats.reset)
             self._compiles_at_start = compiled_kernel_count()
-        # Start-up built objects that live as long as the engine (modules, kernels, tokenizer,
-        # graphs): a full collection would walk them all, on the scheduler thread mid-step. Frozen,
-        # the collector skips them; shutdown thaws them (both process-wide).
-        gc.collect()
-        gc.freeze()
+        # start-up built objects that live as long as the engine: a full collection would walk
+        # them all, on the scheduler thread mid-step
+        collector.engine_started()
 
     def _warm_grammars(self) -> None:
         try:
@@ -346,8 +343,7 @@ class Engine(EngineRequests):
         self._final_stats = self.get_stats()
         model, pool = weakref.ref(self.runner.model), weakref.ref(self.runner.kv_pool)
         self.scheduler = self.cache = self.runner = self._grammar_backend = None  # type: ignore[assignment]
-        gc.unfreeze()  # what start-up froze: this engine's cycles are in it
-        gc.collect()  # the model runner and its graph runner / attention backend form cycles
+        collector.thaw_and_collect()  # the model runner and its graph runner / attention backend form cycles
         held = model()
         if held is not None:  # free the weights anyway, and say who keeps the module alive
             logger.warning(
@@ -361,8 +357,7 @@ class Engine(EngineRequests):
             kv.k_buffers.clear()
             kv.v_buffers.clear()
             del kv
-        if _live_engines:  # the engines still running keep their objects out of full collections
-            gc.freeze()  # what survived the collection above (no second full pass)
+        collector.engine_stopped(others_running=bool(_live_engines))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()

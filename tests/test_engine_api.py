@@ -202,22 +202,28 @@ def test_request_path_warm_up_runs_and_leaves_no_counts(engine):
 
 def test_start_freezes_the_heap_and_shutdown_collects_the_engine():
     """After start-up the engine's objects sit in the collector's permanent generation (full passes
-    skip them); shutdown thaws and collects, so the engine's cycles are freed, and re-freezes what
-    the engines still running hold."""
+    skip them) and the thresholds are raised; shutdown thaws and collects, so the engine's cycles
+    are freed, re-freezes what the engines still running hold, and the last engine to stop gives
+    the process its own thresholds back."""
     import gc
     import weakref
 
+    from radixlm.backend import collector
     from radixlm.backend import engine as engine_mod
     from radixlm.backend.engine import Engine
 
+    before = gc.get_threshold()  # raised already if another test's engine still runs
     first = Engine(max_total_tokens=256)
     second = Engine(max_total_tokens=256)
+    assert gc.get_threshold() == collector.RAISED_THRESHOLDS
     models = [weakref.ref(first.runner.model), weakref.ref(second.runner.model)]
     frozen = gc.get_freeze_count()
     assert frozen > 10_000
     first.shutdown()
     assert models[0]() is None  # collected, though it was frozen
     assert 0 < gc.get_freeze_count() < frozen  # the second engine's objects are frozen again
+    assert gc.get_threshold() == collector.RAISED_THRESHOLDS  # one engine still runs
     second.shutdown()
     assert models[1]() is None
     assert (gc.get_freeze_count() == 0) == (not engine_mod._live_engines)
+    assert gc.get_threshold() == before
