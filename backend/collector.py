@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import gc
 
-# young generation 100,000 allocations (Python: 700); older generations 5x and 10x Python's
-# multipliers. On the H200 mixed workload (1,000 requests) Python's defaults ran 2,600 passes
-# (1.3-1.7 s of collector time, 20 full passes); with these, none.
+# young generation 100,000 allocations (Python: 700), older generations 5x and 10x Python's
+# multipliers: a step of a large batch allocates thousands of containers, and with Python's
+# defaults each few hundred of them cost a collector pass on the scheduler thread
 RAISED_THRESHOLDS = (100_000, 50, 100)
 
 _saved_thresholds: tuple[int, ...] | None = None

@@ -174,20 +174,28 @@ def client_session(base_url: str, headers: dict[str, str] | None = None) -> aioh
 # ---------------------------------------------------------------- a run at one rate
 
 
+async def run_arrivals(
+    base_url: str, headers: dict[str, str], items: list[Item], gaps: list[float], rate: float
+) -> dict[str, Any]:
+    """Send items[i], then wait gaps[i] seconds; summarize once every stream has ended."""
+    async with client_session(base_url, headers) as session:
+        tasks = []
+        start = time.perf_counter()
+        for item, gap in zip(items, gaps):
+            tasks.append(asyncio.create_task(send(session, item)))
+            if gap:
+                await asyncio.sleep(gap)
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+    return summarize(list(results), duration, rate)
+
+
 async def run_rate(
     base_url: str, api_key: str | None, items: list[Item], rate: float, rng: random.Random
 ) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with client_session(base_url, headers) as session:
-        tasks = []
-        start = time.perf_counter()
-        for item in items:
-            tasks.append(asyncio.create_task(send(session, item)))
-            if math.isfinite(rate):
-                await asyncio.sleep(rng.expovariate(rate))
-        results = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - start
-    return summarize(results, duration, rate)
+    gaps = [rng.expovariate(rate) if math.isfinite(rate) else 0.0 for _ in items]
+    return await run_arrivals(base_url, headers, items, gaps, rate)
 
 
 def _pct(values: list[float], q: float) -> float:

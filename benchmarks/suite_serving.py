@@ -68,15 +68,7 @@ async def _engine_rate(
 
 
 async def _server_rate(url: str, items: list[serving.Item], gaps: list[float], rate: float) -> dict[str, Any]:
-    async with serving.client_session(url) as session:
-        tasks = []
-        start = time.perf_counter()
-        for item, gap in zip(items, gaps):
-            tasks.append(asyncio.create_task(serving.send(session, item)))
-            if gap:
-                await asyncio.sleep(gap)
-        results = await asyncio.gather(*tasks)
-        return serving.summarize(list(results), time.perf_counter() - start, rate)
+    return await serving.run_arrivals(url, {}, items, gaps, rate)
 
 
 def _server_stats(url: str) -> dict[str, Any]:
