@@ -220,6 +220,7 @@ class Engine(EngineRequests):
             backend = grammar_backend(self)
             backend.vocab  # noqa: B018 - builds the token index (our FSM)
             backend.llguidance  # noqa: B018 - builds llguidance's tokenizer (JSON schemas)
+            backend.xgrammar  # noqa: B018 - builds xgrammar's vocabulary (masks of the exact subset)
         except Exception:  # the first constrained request will then build and report it
             logger.exception("grammar warm-up failed")
 

@@ -5,6 +5,7 @@ padding KV slot 0 through a padding table row, and leaves no state behind."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -51,11 +52,13 @@ def warm_up(runner: ModelRunner, cascade: bool) -> dict[str, float]:
 
 WARM_PROMPT_LENS = (1, 7, 30, 100)
 WARM_SCHEMA = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
+# closed: its masks come from xgrammar (grammars/schema_exact.py), WARM_SCHEMA's from llguidance
+WARM_CLOSED_SCHEMA = json.dumps({**json.loads(WARM_SCHEMA), "additionalProperties": False})
 
 
 def warm_request_path(generate: Callable[..., object], vocab_size: int, context_len: int) -> None:
     """One small mixed batch through the engine's whole request path (prefills of several lengths
-    in one step, graph decode, seeded and greedy sampling, a JSON-schema request's masks), so
+    in one step, graph decode, seeded and greedy sampling, JSON-schema masks of both engines), so
     nothing a first real batch runs is compiled on its request path."""
     lens = [max(1, min(n, context_len - 16)) for n in WARM_PROMPT_LENS]
     prompts = [[(7 * i + j) % (vocab_size - 1) + 1 for j in range(n)] for i, n in enumerate(lens)]
@@ -63,8 +66,9 @@ def warm_request_path(generate: Callable[..., object], vocab_size: int, context_
     params: list[dict[str, object]] = [sampled, {"max_new_tokens": 4, "temperature": 0.0}] * (
         len(prompts) // 2
     )
-    params.append({**sampled, "max_new_tokens": 8, "json_schema": WARM_SCHEMA})
-    generate(input_ids=[*prompts, prompts[-1]], sampling_params=params)
+    for schema in (WARM_SCHEMA, WARM_CLOSED_SCHEMA):
+        params.append({**sampled, "max_new_tokens": 8, "json_schema": schema})
+    generate(input_ids=[*prompts, prompts[-1], prompts[-1]], sampling_params=params)
 
 
 def _forward_eager(runner: ModelRunner, items: list[ScheduledItem]) -> None:

@@ -6,6 +6,7 @@ grammar surfaces as ValueError with the reason."""
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -21,6 +22,7 @@ from .json_schema import (
     json_schema_to_regex,
     normalize_json_schema,
 )
+from .schema_exact import xgrammar_exact
 from .schema_policy import (
     PreparedSchema,
     checkable,
@@ -34,7 +36,7 @@ from .token_index import TokenVocab, vocab_from_tokenizer
 
 if TYPE_CHECKING:
     from .llguidance_backend import LLGuidanceCompiler
-    from .xgrammar_backend import XGrammarCompiler
+    from .xgrammar_backend import XGrammarCompiled, XGrammarCompiler
 
 KINDS = ("regex", "json_schema", "ebnf", "json")
 ENGINES = ("fsm", "xgrammar", "llguidance", "auto")
@@ -72,6 +74,13 @@ class GrammarBackend:
         self._xgr: XGrammarCompiler | None = None
         self._llg: LLGuidanceCompiler | None = None
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="grammar-compile")
+        # jump-forward retokenizes the texts a grammar forces (keys, separators), which recur
+        # across a batch's requests and steps
+        self.token_ids = functools.lru_cache(maxsize=4096)(self._token_ids)
+
+    def _token_ids(self, text: str) -> tuple[int, ...]:
+        """The tokenizer's ids for text, no special tokens (memoized as token_ids)."""
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
     @property
     def vocab(self) -> TokenVocab:
@@ -191,16 +200,18 @@ class GrammarBackend:
         start = time.monotonic()
         coerce = False
         for attempt in range(MAX_RELAX + 1):
+            generation = generation_policy(prepared.schema)
             try:
                 return SchemaGrammar(
                     self.llguidance,
                     prepared.schema,
-                    generation_policy(prepared.schema),
+                    generation,
                     prepared.dropped,
                     coerce_one_of=coerce,
                     fallback=closed_policy(prepared.schema),
                     full=prepared.full,
                     checked=prepared.checked,
+                    generation_grammar=None if prepared.checked else self._exact_xgrammar(generation),
                 )
             except ValueError as e:
                 error = e
@@ -221,6 +232,15 @@ class GrammarBackend:
                 break
             self._sort_relaxed(prepared, names, strict, reason)
         raise ValueError(f"JSON schema not supported: {error}") from error
+
+    def _exact_xgrammar(self, generation: Any) -> XGrammarCompiled | None:
+        """xgrammar's grammar of a generation schema it holds exactly (schema_exact), else None."""
+        if not xgrammar_exact(generation):
+            return None
+        try:
+            return self.xgrammar.compile("json_schema", json.dumps(generation, ensure_ascii=False))
+        except ValueError:
+            return None
 
     @staticmethod
     def _sort_relaxed(prepared: PreparedSchema, names: list[str], strict: bool, reason: str) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import jsonschema
 import llguidance as llg
+import xgrammar as xgr
 
 from .base import allocate_token_bitmask
 from .guard_mask import TokenFeatures, allowed_ids, prune_open_scalars, refine_mask, token_features
@@ -18,6 +19,10 @@ from .llguidance_backend import LLGuidanceCompiled, LLGuidanceCompiler, LLGuidan
 from .schema_formats import format_checker
 from .schema_guard import GuardPlan, verdict_validator
 from .schema_policy import locate
+from .xgrammar_backend import XGrammarCompiled, XGrammarMatcher
+
+ModeGrammar = LLGuidanceCompiled | XGrammarCompiled
+ModeMatcher = LLGuidanceMatcher | XGrammarMatcher
 
 
 def _checked_ids(full: Any, checked: list[str]) -> dict[int, set[str]]:
@@ -54,7 +59,8 @@ class SchemaGrammar:
     follow), the schema's own grammar (declared order, extra properties where allowed), then any JSON
     with the prepared schema checked by jsonschema at EOS (property orders llguidance cannot express).
     Keywords in checked_keywords are left out of the grammars and held by value checks (schema_guard)
-    against full, the schema with them."""
+    against full, the schema with them. The generation grammar may come compiled by xgrammar, where
+    it holds the generation schema exactly (schema_exact): its masks cost microseconds."""
 
     engine = "llguidance"
 
@@ -68,8 +74,10 @@ class SchemaGrammar:
         fallback: Any = None,
         full: Any = None,
         checked: list[str] | None = None,
+        generation_grammar: XGrammarCompiled | None = None,
     ) -> None:
-        """fallback: a narrower generation schema, compiled only when both others are refused."""
+        """fallback: a narrower generation schema, compiled only when both others are refused;
+        generation_grammar: the generation schema already compiled (used instead of llguidance's)."""
         self.compiler = compiler
         self.schema = schema
         self.full = schema if full is None else full
@@ -85,8 +93,10 @@ class SchemaGrammar:
             if "matches nothing" in str(e):
                 raise
             error = e  # forced text is then checked as JSON + jsonschema
-        preferred = language
-        if gen_text != text:
+        preferred: ModeGrammar | None = language
+        if generation_grammar is not None:
+            preferred = generation_grammar
+        elif gen_text != text:
             try:
                 preferred = compiler.compile("json_schema", gen_text, dropped, coerce_one_of)
             except ValueError:
@@ -98,7 +108,8 @@ class SchemaGrammar:
                 preferred = None
         if preferred is None:
             raise error or ValueError("invalid grammar")
-        self.modes: list[LLGuidanceCompiled] = [preferred]
+        self.mask_engine = preferred.engine  # which engine fills the masks while generation follows
+        self.modes: list[ModeGrammar] = [preferred]
         if language is not None and language is not preferred:
             self.modes.append(language)
         self.modes.append(compiler.any_json())
@@ -132,10 +143,10 @@ class SchemaMatcher:
     def __init__(self, grammar: SchemaGrammar) -> None:
         self._g = grammar
         self._mode = 0
-        self._m: LLGuidanceMatcher = grammar.modes[0].new_matcher()
+        self._m: ModeMatcher = grammar.modes[0].new_matcher()
         self._steps: list[int | str] = []  # one per accept step: a token id or an accepted string
         # per move to a wider mode: the steps before the one that moved, the mode and matcher left
-        self._narrower: list[tuple[int, int, LLGuidanceMatcher]] = []
+        self._narrower: list[tuple[int, int, ModeMatcher]] = []
         # value checks (schema_guard): the reader of the bytes so far, and its state before each step
         self._tracker = JsonTracker(grammar.plan.root) if grammar.plan is not None else None
         self._buf = bytearray()
@@ -157,7 +168,7 @@ class SchemaMatcher:
         parts = [s.encode() if isinstance(s, str) else tok.decode_bytes([s]) for s in self._steps]
         return b"".join(parts).decode("utf-8", errors="replace")
 
-    def _step(self, m: LLGuidanceMatcher, step: int | str, mode: int) -> bool:
+    def _step(self, m: ModeMatcher, step: int | str, mode: int) -> bool:
         if isinstance(step, str):
             return m.accept_string(step)
         if self._last_mode(mode) and step in self._g.compiler.stop_token_ids and not m.is_terminated():
@@ -227,8 +238,9 @@ class SchemaMatcher:
         self._m.rollback(1)
         return allowed_ids(probe[0], self._g.compiler.vocab_size)
 
-    def parallel_mask_matcher(self) -> llg.LLMatcher | None:
-        """None while a value check may refine the mask (the row is then filled on its own)."""
+    def parallel_mask_matcher(self) -> llg.LLMatcher | xgr.GrammarMatcher | None:
+        """The engine matcher for a batched fill (grammars/masking.py); None while a value check
+        may refine the mask (the row is then filled on its own)."""
         if self._tracker is not None and self._tracker.live_depth() >= 0:
             return None
         return self._m.parallel_mask_matcher()
@@ -261,7 +273,7 @@ class SchemaMatcher:
             return
         kept = max(len(self._steps) - num_tokens, 0)
         del self._steps[kept:]
-        left: tuple[int, int, LLGuidanceMatcher] | None = None
+        left: tuple[int, int, ModeMatcher] | None = None
         while self._narrower and self._narrower[-1][0] >= kept:
             left = self._narrower.pop()  # the step that moved to a wider mode is undone
         if left is None:

@@ -71,6 +71,15 @@ class XGrammarMatcher:
     def is_terminated(self) -> bool:
         return self._m.is_terminated()
 
+    def is_accepting(self) -> bool:
+        """Whether the text so far is a complete match (a stop token may come now)."""
+        return self._m.is_terminated() or self._m.is_completed()
+
+    def parallel_mask_matcher(self) -> xgr.GrammarMatcher | None:
+        """The xgrammar matcher whose mask fill_next_token_bitmask would compute, for a batched fill
+        (grammars/masking.py); None once terminated (the row is then the stop-token row)."""
+        return None if self._m.is_terminated() else self._m
+
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
             self._m.rollback(num_tokens)

@@ -81,6 +81,23 @@ def test_apply_grammar_masks_rows_and_fallback() -> None:
     assert torch.equal(out[2], _naive(torch.zeros(1, vocab), bitmask[2:3])[0])  # the grammar wins
 
 
+def test_apply_grammar_masks_alone_equals_the_guarded_path() -> None:
+    """Without earlier masks the grammar's mask is applied alone (in place, by row index): the
+    same logits as the guarded path, which also handles rows another mask emptied."""
+    from types import SimpleNamespace
+
+    from radixlm.grammars.masking import apply_grammar_masks
+
+    logits, bitmask = _random_case(5, 100, seed=9)
+    reqs = [SimpleNamespace(grammar=_FixedMatcher(bitmask[i]) if i in (0, 2, 3) else None) for i in range(5)]
+    alone, guarded = logits.clone(), logits.clone()
+    apply_grammar_masks(alone, reqs, others_masked=False)
+    apply_grammar_masks(guarded, reqs, others_masked=True)
+    assert torch.equal(alone, guarded)
+    assert torch.equal(alone[[1, 4]], logits[[1, 4]])
+    assert torch.equal(alone[[0, 2, 3]], _naive(logits[[0, 2, 3]], bitmask[[0, 2, 3]]))
+
+
 def test_indices_apply_rows_subset() -> None:
     logits, bitmask = _random_case(2, 96)
     full = torch.randn(5, 96)
@@ -142,7 +159,7 @@ def test_triton_kernel_matches_torch_interpreted() -> None:
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 
-def test_batched_llguidance_fill_equals_row_by_row() -> None:
+def test_batched_fill_equals_row_by_row() -> None:
     """fill_bitmask computes llguidance rows in one pooled call: every row, at a different point of
     its document (and one ended, one regex row on our FSM among them), equals the matcher's own fill."""
     import json
@@ -154,14 +171,15 @@ def test_batched_llguidance_fill_equals_row_by_row() -> None:
 
     backend = GrammarBackend(default_tokenizer(), 49152)
     tok = backend.tokenizer
-    schema = json.dumps(
-        {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "yz"]}},
-            "required": ["a", "b"],
-            "additionalProperties": False,
-        }
-    )
+    # open: outside xgrammar's exact subset, so llguidance fills these masks (a closed twin below
+    # gets xgrammar's, batched in the same call)
+    closed = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"enum": ["x", "yz"]}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
+    schema = json.dumps({k: v for k, v in closed.items() if k != "additionalProperties"})
     doc = '{"a": 12, "b": "yz"}'
     grammars = []
     for cut in (0, 1, 5, 9, 14, len(doc)):
@@ -172,6 +190,10 @@ def test_batched_llguidance_fill_equals_row_by_row() -> None:
     grammars[-1].accept_token(tok.eos_token_id)  # ended: the stop-token row
     regex = backend.compile("regex", "[0-9]+").new_matcher()
     grammars.insert(2, regex)
+    exact = backend.compile("json_schema", closed).new_matcher()
+    assert type(exact.parallel_mask_matcher()).__module__.startswith("xgrammar")
+    assert exact.accept_string('{"a": 1')
+    grammars.insert(4, exact)
     assert sum(getattr(g, "parallel_mask_matcher", lambda: None)() is not None for g in grammars) >= 4
 
     reqs = [type("Req", (), {"grammar": g})() for g in grammars]
