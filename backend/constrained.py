@@ -100,7 +100,8 @@ class RequestGrammar:
         self.matcher.fill_next_token_bitmask(bitmask, row)  # type: ignore[union-attr]
 
     def parallel_mask_matcher(self) -> Any:
-        """The llguidance matcher behind this request's mask, if any (one batched fill per step)."""
+        """The llguidance or xgrammar matcher behind this request's mask, if any (one batched fill
+        per step and engine)."""
         source = getattr(self.matcher, "parallel_mask_matcher", None)
         return source() if source is not None else None
 
@@ -170,7 +171,6 @@ class RequestGrammar:
         """Canonical tokens for (tok's text + jump), else for jump alone; the matcher is moved onto
         them (rollback + accept). Returns (how many output ids they replace, the ids) or None."""
         vocab = self.backend.vocab
-        tokenizer = req.detok.tokenizer
         m = self.matcher
         tok_bytes = vocab.token_bytes[tok] if 0 <= tok < vocab.vocab_size else b""
         try:
@@ -180,7 +180,7 @@ class RequestGrammar:
         attempts = [(tok_bytes + jump.encode(), 1)] if whole_chars else []
         attempts.append((jump.encode(), 0))
         for data, replace in attempts:
-            ids = tokenizer.encode(data.decode("utf-8"), add_special_tokens=False)
+            ids = list(self.backend.token_ids(data.decode("utf-8")))
             if b"".join(vocab.token_bytes[i] if i < vocab.vocab_size else b"\0" for i in ids) != data:
                 continue
             keep = 1 if replace and ids[:1] == [tok] else 0
@@ -207,18 +207,23 @@ def stop_words(vocab_size: int, stop_ids: tuple[int, ...]) -> np.ndarray:
     return stop_mask(vocab_size, list(stop_ids)).numpy().view(np.uint32)
 
 
+@functools.lru_cache(maxsize=256)
+def _validator(schema_text: str) -> jsonschema.protocols.Validator:
+    """The schema's validator (formats checked), built once per schema: a batch of one schema
+    validates every output against it, and building one costs more than most validations."""
+    schema = json.loads(schema_text)
+    cls = jsonschema.validators.validator_for(schema)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
 def json_schema_error(schema_text: str, output: str) -> str | None:
     """None if output is JSON that validates against the schema (formats checked), else why not."""
     try:
         value = json.loads(output)
     except json.JSONDecodeError as e:
         return f"output is not JSON: {e}"
-    schema = json.loads(schema_text)
-    cls = jsonschema.validators.validator_for(schema)
     try:
-        err = jsonschema.exceptions.best_match(
-            cls(schema, format_checker=cls.FORMAT_CHECKER).iter_errors(value)
-        )
+        err = jsonschema.exceptions.best_match(_validator(schema_text).iter_errors(value))
     except jsonschema.exceptions.SchemaError as e:
         return f"schema cannot be checked: {e.message}"
     except Exception as e:  # an unresolvable $ref or a regex Python cannot compile

@@ -108,11 +108,11 @@ class Sampler:
         """In place: penalties, the min_new_tokens EOS mask and grammar masks (what every sampled
         row gets before temperature; speculative verification applies it per draft position)."""
         self._apply_penalties(logits, reqs)
-        self._mask_early_stop(logits, reqs)
+        early = self._mask_early_stop(logits, reqs)
         if any(r.grammar is not None for r in reqs):
             from radixlm.grammars.masking import apply_grammar_masks
 
-            apply_grammar_masks(logits, reqs)
+            apply_grammar_masks(logits, reqs, others_masked=early)
 
     def target_probs(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
         """[N, V] processed logits (process_ done) → the distribution sample() draws from, in vocab
@@ -145,12 +145,16 @@ class Sampler:
         )
         logits[idx] = block
 
-    def _mask_early_stop(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+    def _mask_early_stop(self, logits: torch.Tensor, reqs: Sequence[Req]) -> bool:
+        """Stop tokens to -inf for requests below min_new_tokens; whether any row was masked."""
+        masked = False
         for i, r in enumerate(reqs):
             if len(r.output_ids) < r.params.min_new_tokens:
                 ids = [t for t in r.stop_tokens() if 0 <= t < logits.shape[1]]
                 if ids:
                     logits[i, ids] = float("-inf")
+                    masked = True
+        return masked
 
     def _sample_random(self, logits: torch.Tensor, reqs: Sequence[Req], greedy: list[bool]) -> torch.Tensor:
         dev, f32 = logits.device, torch.float32
