@@ -58,9 +58,9 @@ def _exact(node: Any, depth: int) -> bool:
 
 def _values_ok(node: dict[str, Any]) -> bool:
     """enum / const: scalars of the node's type, strings in plain text (one way to write each)."""
-    values = [*node.get("enum", []), *([node["const"]] if "const" in node else [])]
     if "enum" in node and (not isinstance(node["enum"], list) or not node["enum"]):
         return False
+    values = [*node.get("enum", []), *([node["const"]] if "const" in node else [])]
     kind = node.get("type")
     for v in values:
         if not isinstance(v, _SCALARS) or isinstance(v, str) and not _PLAIN_TEXT.fullmatch(v):

@@ -59,6 +59,8 @@ def _without(schema: dict[str, Any], **changes: Any) -> dict[str, Any]:
         {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
         {"enum": [1.5, "x"]},
         {"enum": ['a"b']},
+        {"enum": 5},  # not a list: refused without an error
+        {"type": "string", "enum": "ab"},
         {
             "type": "object",
             "properties": {"a": {"type": "string"}},
