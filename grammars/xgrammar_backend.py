@@ -11,6 +11,8 @@ import xgrammar as xgr
 
 from .token_index import detect_vocab_type, special_token_ids
 
+CACHE_LIMIT_BYTES = 256 << 20
+
 _VOCAB_TYPES = {
     "byte_level": xgr.VocabType.BYTE_LEVEL,
     "byte_fallback": xgr.VocabType.BYTE_FALLBACK,
@@ -141,7 +143,11 @@ class XGrammarCompiler:
         self.vocab_size = vocab_size
         self.stop_token_ids = stop_token_ids
         self.info = make_tokenizer_info(tokenizer, vocab_size, stop_token_ids)
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=max_threads)
+        # bounded: GrammarBackend keeps its own LRU of compiled grammars, and a server that sees
+        # many distinct schemas must not grow xgrammar's cache without end
+        self.compiler = xgr.GrammarCompiler(
+            self.info, max_threads=max_threads, cache_limit_bytes=CACHE_LIMIT_BYTES
+        )
 
     def compile(self, kind: str, spec: str) -> XGrammarCompiled:
         try:

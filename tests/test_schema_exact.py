@@ -193,3 +193,8 @@ def test_xgrammar_accepts_exactly_the_valid_documents(backend: GrammarBackend, d
     for _ in range(6):
         doc = data.draw(documents(schema))
         assert _accepts(compiled, doc, backend.stop_token_ids[0]) == validator.is_valid(doc), (schema, doc)
+
+
+def test_xgrammars_own_cache_is_bounded(backend: GrammarBackend) -> None:
+    """Every schema of the subset now compiles through xgrammar too: its compiler cache has a limit."""
+    assert 0 < backend.xgrammar.compiler.cache_limit_bytes <= 1 << 30
