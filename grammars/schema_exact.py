@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .schema_policy import compiles
 from .schema_walk import ASSERTIONS
 
 _SCALARS = (str, int, bool, type(None))
@@ -105,13 +106,7 @@ def _bounds_ok(node: dict[str, Any], low: str, high: str) -> bool:
 
 
 def _simple_pattern(pattern: str) -> bool:
-    if not _SIMPLE_PATTERN.fullmatch(pattern):
-        return False
-    try:
-        re.compile(pattern)
-    except re.error:
-        return False
-    return True
+    return bool(_SIMPLE_PATTERN.fullmatch(pattern)) and compiles(pattern)
 
 
 def _is_int(value: Any) -> bool:
