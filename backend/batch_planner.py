@@ -186,7 +186,11 @@ class BatchPlanner:
     def _schedule_prefill(self, plan: StepPlan, budget: int) -> None:
         q = self.queues
         inflight = [q.chunked] if q.chunked else []
-        candidates = inflight + self.policy.order(list(q.waiting), inflight, budget)
+        # a running request's forced (jump-forward) tokens: its KV is held, so it goes first, and
+        # the prompt policy (cached-prefix order, dedup) has nothing to decide for it
+        held = [r for r in q.waiting if r.req_pool_idx is not None]
+        fresh = [r for r in q.waiting if r.req_pool_idx is None] if held else list(q.waiting)
+        candidates = inflight + held + self.policy.order(fresh, inflight, budget)
         reserve = sum(self._decode_reserve(r) for r in q.running)
         active = len(q.running)
         for req in candidates:

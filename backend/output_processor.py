@@ -68,7 +68,10 @@ class OutputProcessor:
             self._append_token(req, tok, was_running=self.cfg.overlap or k < plan.num_decode)
         for i in range(plan.num_decode, len(plan.reqs)):  # share a finished prompt now, not at its end
             req, item = plan.reqs[i], plan.items[i]
-            if plan.samples[i] and not req.finished and req.req_pool_idx is not None:
+            # forced (jump-forward) tokens are output, cached at the end like decoded ones: inserting
+            # the whole sequence after every jump walked the tree once per jump
+            prompt = item.start < len(req.input_ids)
+            if prompt and plan.samples[i] and not req.finished and req.req_pool_idx is not None:
                 self.kv.cache_unfinished(req, item.start + len(item.token_ids))
 
     def _append_token(self, req: Req, tok: int, was_running: bool) -> None:
