@@ -22,6 +22,8 @@ _DEFINITIONS = ("/$defs/", "/definitions/")
 _UNIQUE = {"uniqueItems": True}
 _NO_VALUE = object()
 _VERDICT_CLASSES: dict[type, type] = {}
+# an array's items: the scalars' keys (_scalar_key), and the arrays' and objects' JSON texts
+ArrayItems = tuple[frozenset[Any], tuple[bytes, ...]]
 
 
 def _any_of(validator: Any, any_of: list[Any], instance: Any, schema: Any) -> Iterator[ValidationError]:
@@ -73,12 +75,26 @@ class GuardPlan:
         ) or any(not compiles(p) for n in self.nodes for p in dict_at(n, "patternProperties"))
         followed = {id(n): self._followed(n) for n in self.nodes}
         hidden = self._reaching(self._applicable, set(checked))  # a checked keyword lies at or below
-        self.needs_check = {
+        hides = {
             id(n)
             for n in self.nodes
-            if id(n) in checked
-            or any(id(c) in hidden and not any(c is f for f in followed[id(n)]) for c in self._applicable(n))
+            if any(id(c) in hidden and not any(c is f for f in followed[id(n)]) for c in self._applicable(n))
         }
+        self.needs_check = set(checked) | hides
+        # arrays whose one checked keyword is uniqueItems: their items are compared as each one
+        # completes (Location.check_unique), so the whole array needs no check when it closes
+        self.unique_only = (
+            set()
+            if self.root_only
+            else {
+                id(n)
+                for n in self.nodes
+                if checked.get(id(n)) == {"uniqueItems"}
+                and n.get("uniqueItems") is True
+                and id(n) not in hides
+            }
+        )
+        self._array_items: dict[tuple[bytes, ...], ArrayItems | None] = {}
         self._live = self._reaching(lambda n: followed[id(n)], self.needs_check)
         roots = (full,) if isinstance(full, dict) else ()
         self.root = Location(self, self._expand(roots))
@@ -154,6 +170,25 @@ class GuardPlan:
             rest = node["items"]
         return [rest]
 
+    def array_items(self, items: tuple[bytes, ...]) -> ArrayItems | None:
+        """An array's items so far, split for duplicate checks; None if one is not JSON. Memoized
+        per prefix: every candidate token at one position compares against the same items."""
+        if items in self._array_items:
+            return self._array_items[items]
+        base: ArrayItems | None = (frozenset(), ())
+        new = items
+        if items[:-1] in self._array_items:
+            base, new = self._array_items[items[:-1]], items[-1:]
+        keys = [_scalar_key(text) for text in new]
+        out = None
+        if base is not None and not any(k is _NO_VALUE for k in keys):
+            scalars = base[0] | {k for k in keys if k is not None}
+            out = (scalars, base[1] + tuple(t for t, k in zip(new, keys) if k is None))
+        if len(self._array_items) > 4096:
+            self._array_items.clear()
+        self._array_items[items] = out
+        return out
+
     def is_live(self, nodes: tuple[dict[str, Any], ...]) -> bool:
         return any(id(n) in self._live for n in nodes)
 
@@ -174,6 +209,20 @@ class GuardPlan:
                 self._verdicts.clear()
             self._verdicts[key] = verdict
         return verdict
+
+
+def _scalar_key(text: bytes) -> Any:
+    """A hashable key equal for two JSON scalars exactly when JSON Schema calls them equal (1 and
+    1.0 are, true and 1 are not); None for an array or object, _NO_VALUE for text that is not JSON."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return _NO_VALUE
+    if isinstance(value, (list, dict)):
+        return None
+    if isinstance(value, bool) or value is None:
+        return ("literal", value)
+    return ("string", value) if isinstance(value, str) else ("number", value)
 
 
 def _object_child(node: dict[str, Any], key: str) -> list[Any]:
@@ -203,7 +252,7 @@ class Location:
     def __init__(self, plan: GuardPlan, nodes: tuple[dict[str, Any], ...]) -> None:
         self.plan = plan
         self.nodes = nodes
-        self.check_nodes = [n for n in nodes if id(n) in plan.needs_check]
+        self.check_nodes = [n for n in nodes if id(n) in plan.needs_check and id(n) not in plan.unique_only]
         self.name_schemas = [
             n["propertyNames"]
             for n in nodes
@@ -230,8 +279,18 @@ class Location:
         return all(self.plan.valid(n, text) for n in self.check_nodes)
 
     def check_unique(self, items: tuple[bytes, ...]) -> bool:
-        """The items so far (JSON texts) hold no duplicate, by JSON Schema's equality (1 == 1.0)."""
-        return self.plan.valid(_UNIQUE, b"[" + b",".join(items) + b"]")
+        """The items so far (JSON texts) hold no duplicate, by JSON Schema's equality (1 == 1.0).
+        The items before the last passed this check when they completed, so the last is compared
+        only with them: a scalar by its key, an array or object by jsonschema among the others."""
+        if len(items) < 2:
+            return True
+        key = _scalar_key(items[-1])
+        earlier = self.plan.array_items(items[:-1]) if key is not _NO_VALUE else None
+        if earlier is None:
+            return self.plan.valid(_UNIQUE, b"[" + b",".join(items) + b"]")
+        if key is not None:
+            return key not in earlier[0]
+        return not earlier[1] or self.plan.valid(_UNIQUE, b"[" + b",".join((*earlier[1], items[-1])) + b"]")
 
     def check_key(self, key: str) -> bool:
         text = json.dumps(key).encode()

@@ -63,7 +63,17 @@ CASES: list[tuple[dict, list]] = [
     ),
     (
         {"type": "object", "additionalProperties": {"type": "array", "uniqueItems": True}},
-        [{"a": [1, 2], "b": [True, 1]}, {"a": [[1], [1]]}, {"a": [None, None]}, {}],
+        [
+            {"a": [1, 2], "b": [True, 1]},
+            {"a": [[1], [1]]},
+            {"a": [None, None]},
+            {},
+            {"a": [1, 1.0]},
+            {"a": [False, 0, None, "0", [0], {"0": 0}]},
+            {"a": [1, [1], 2, [1]]},
+            {"a": ["x", {"k": 1}, "x"]},
+            {"a": [{"k": 1}, "k", {"k": 1.0}]},
+        ],
     ),
     (
         {"type": "object", "propertyNames": {"maxLength": 2}, "additionalProperties": {"type": "integer"}},
