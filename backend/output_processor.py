@@ -68,8 +68,8 @@ class OutputProcessor:
             self._append_token(req, tok, was_running=self.cfg.overlap or k < plan.num_decode)
         for i in range(plan.num_decode, len(plan.reqs)):  # share a finished prompt now, not at its end
             req, item = plan.reqs[i], plan.items[i]
-            # forced (jump-forward) tokens are output, cached at the end like decoded ones: inserting
-            # the whole sequence after every jump walked the tree once per jump
+            # forced (jump-forward) tokens are output: cached when the request ends, like decoded
+            # ones, not after every jump (each insert walks the tree with the whole sequence)
             prompt = item.start < len(req.input_ids)
             if prompt and plan.samples[i] and not req.finished and req.req_pool_idx is not None:
                 self.kv.cache_unfinished(req, item.start + len(item.token_ids))
