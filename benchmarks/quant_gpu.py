@@ -27,6 +27,7 @@ from radixlm.kernels.quant_blocks import quantize_blocks  # noqa: E402
 from radixlm.kernels.quant_gemv import (
     DEFAULTS,
     QuantMatmulConfig,
+    choose_config,
     default_config,
     dequantize,
     quant_matmul,
@@ -47,6 +48,11 @@ ACC = [
         (16, 256, 4),
     ]
     for magic in (False, True)
+]
+HALF2 = [
+    QuantMatmulConfig("half2", rows, k, w)
+    for rows in (4, 8, 16)
+    for k, w in [(2048, 2), (4096, 4), (2048, 4), (1024, 2), (8192, 8), (4096, 2)]
 ]
 FMA = [
     QuantMatmulConfig("fma", n, k, w, magic=magic)
@@ -80,7 +86,9 @@ def nbytes(*ts: torch.Tensor | None) -> int:
     return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
-def bench_shape(name: str, n: int, k: int, ms: list[int], qtype: str, sweep: bool) -> dict[str, Any]:
+def bench_shape(
+    name: str, n: int, k: int, ms: list[int], qtype: str, sweep: bool, kinds: set[str] | None = None
+) -> dict[str, Any]:
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
     q = repack(quantize_blocks(w, qtype), qtype)
     copies = max(2, int(2 * L2_BYTES // nbytes(q.qs, q.d, q.m)) + 1)
@@ -100,9 +108,11 @@ def bench_shape(name: str, n: int, k: int, ms: list[int], qtype: str, sweep: boo
             row["gemv_us"] = (
                 time_fn([lambda ww=ww, x=x: gemv(x, ww) for ww in ws], label=f"{name} gemv") * 1e6
             )
-        cfgs = [default_config(m)]
+        # the config quant_matmul runs, then the row count's CUDA-core default beside it
+        cfgs = list(dict.fromkeys([choose_config(x, q), default_config(m)]))
         if sweep:
-            cfgs += [c for c in (ACC if m == 1 else []) + (FMA if m <= 8 else []) + DOT if c != cfgs[0]]
+            more = (HALF2 + ACC if m == 1 else []) + (FMA if m <= 8 else []) + DOT
+            cfgs += [c for c in more if c not in cfgs and (kinds is None or c.kind in kinds)]
         times = {}
         for c in cfgs:
             try:
@@ -139,21 +149,26 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--ms", default="1,2,8,16,128,2048")
+    p.add_argument("--kinds", default=None, help="sweep only these kernel kinds (comma list)")
     args = p.parse_args()
     t0 = time.perf_counter()
     ms = [int(x) for x in args.ms.split(",")]
+    kinds = set(args.kinds.split(",")) if args.kinds else None
     res: dict[str, Any] = {
         "benchmark": "quant_gpu",
         "env": environment(),
         "defaults": {str(k): v.label() for k, v in DEFAULTS.items()},
     }
     res["shapes"] = {
-        f"{name} Q4_0": bench_shape(name, n, k, ms, "Q4_0", not args.no_sweep)
+        f"{name} Q4_0": bench_shape(name, n, k, ms, "Q4_0", not args.no_sweep, kinds)
         for name, (n, k) in SHAPES.items()
     }
-    res["shapes"]["gate_up Q4_1"] = bench_shape("gate_up", 28672, 4096, [1, 16], "Q4_1", False)
-    res["shapes"]["gate_up Q8_0"] = bench_shape("gate_up", 28672, 4096, [1, 16], "Q8_0", False)
-    res["shapes"]["lm_head Q8_0"] = bench_shape("lm_head", 128256, 4096, [1, 128], "Q8_0", False)
+    few = [m for m in (1, 16) if m in ms] or ms[:1]
+    res["shapes"]["gate_up Q4_1"] = bench_shape("gate_up", 28672, 4096, few, "Q4_1", False)
+    res["shapes"]["gate_up Q8_0"] = bench_shape("gate_up", 28672, 4096, few, "Q8_0", bool(kinds), kinds)
+    res["shapes"]["lm_head Q8_0"] = bench_shape(
+        "lm_head", 128256, 4096, [m for m in (1, 128) if m in ms] or ms[:1], "Q8_0", False
+    )
     # per M: the config with the least summed time over the layer shapes (the defaults to use)
     suggested = {}
     for m in ms:

@@ -251,7 +251,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--readme",
         default=None,
         help="write README.md's Measured section from these suite JSONs (comma list: a full run, "
-        "then partial runs whose rows replace its rows)",
+        "then partial runs whose rows replace its rows; PATH=row+row takes only those rows)",
     )
     p.add_argument(
         "--engine-steps",
@@ -275,10 +275,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.readme:
-        paths = args.readme.split(",")
-        suite_report.write_readme(
-            [(p, json.loads(Path(p).read_text())) for p in paths], Path(__file__).parent.parent / "README.md"
-        )
+        runs = []
+        for item in args.readme.split(","):
+            path, _, rows = item.partition("=")
+            result = json.loads(Path(path).read_text())
+            if rows:  # a partial run whose other rows measured less than the full run's did
+                keep = set(rows.split("+"))
+                result = {**result, "ratios": {k: v for k, v in result["ratios"].items() if k in keep}}
+            runs.append((path, result))
+        suite_report.write_readme(runs, Path(__file__).parent.parent / "README.md")
         return 0
     sizes = SMALL if args.small else FULL
     if args.worker:

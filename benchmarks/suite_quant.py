@@ -5,6 +5,7 @@ of the same suite run."""
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -56,7 +57,10 @@ def quant_rows(sizes: dict[str, Any], engine_kwargs: dict[str, Any], partial: Ca
 
         engine_kwargs = {**engine_kwargs, "model_path": str(export_hf_folder(Path(default_model_path())))}
     out: dict[str, Any] = {}
+    only = os.environ.get("SUITE_QUANT_VARIANTS")  # a partial run: a comma list of labels
     for label, kwargs, workloads in VARIANTS:
+        if only and label not in only.split(","):
+            continue
         res: dict[str, Any] = {}
         out[label] = res
         try:

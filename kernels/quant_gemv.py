@@ -1,10 +1,11 @@
 """Matmul over GGUF blocks on the GPU: y [M, N] = x [M, K] @ W^T for W kept as Q4_0 / Q4_1 / Q8_0 / Q4_K,
 repacked once by `repack` into arrays the kernels read with wide loads (quants, fp16 scales and
 offsets), dequantized inside the loop so each weight byte is read once. Decode rows run on CUDA
-cores (kinds "acc" and "fma"), more rows dequantize tiles into tensor-core dots (kind "dot"); fp32
+cores (kinds "acc" and "fma"; one 16-bit row of a Q4 format takes "half2", packed half arithmetic
+in `quant_gemv_half2`), more rows dequantize tiles into tensor-core dots (kind "dot"); fp32
 accumulation, y in x's dtype. Promises: `quant_matmul` equals `quant_matmul_ref`, the fp32
 matmul with `quant_blocks.dequantize_blocks` (itself equal to gguf's dequantization), to the
-rounding of the dot's operand dtype."""
+rounding of the dot's operand dtype ("half2": of its fp16 arithmetic)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 
 from ._triton import dot_precision, mma, tl, triton, use_triton
 from .quant_blocks import BLOCKS, affine_terms, dequantize_blocks
+from .quant_gemv_half2 import HALF2_FORMATS, gemv_half2, half2_supported
 
 GEMV_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
 # kernel arithmetic per format: Q4_K's sub-blocks of 32 are Q4_1's affine form with fp32 scales
@@ -66,8 +68,9 @@ class QuantMatmulConfig:
     """kind "acc": one row of x, products summed elementwise and reduced once at the end; "fma":
     each program owns block_n weight rows and streams them over K, a static loop over x's rows
     (M <= 8); "dot": block_m x block_n tiles, weights dequantized per K tile into tensor-core
-    dots. block_k counts values (a multiple of 32); magic: quants become floats by exponent
-    bits instead of int-to-float conversions."""
+    dots; "half2": one bf16/fp16 row of a Q4 format, block_n rows per program (a power of two
+    up to 32). block_k counts values (a multiple of 32); magic: quants become floats by exponent bits
+    instead of int-to-float conversions."""
 
     kind: str = "fma"
     block_n: int = 4
@@ -78,8 +81,8 @@ class QuantMatmulConfig:
     magic: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in ("acc", "fma", "dot"):
-            raise ValueError(f"quant_matmul kind must be 'acc', 'fma' or 'dot', got {self.kind!r}")
+        if self.kind not in ("acc", "fma", "dot", "half2"):
+            raise ValueError(f"quant_matmul kind must be 'acc', 'fma', 'dot' or 'half2', got {self.kind!r}")
         if self.block_k < 32 or self.block_k & (self.block_k - 1):
             raise ValueError(f"quant_matmul block_k must be a power of two >= 32, got {self.block_k}")
 
@@ -101,10 +104,17 @@ DEFAULTS: dict[int, QuantMatmulConfig] = {
     128: QuantMatmulConfig("dot", 64, 128, 4, 64, 4),
 }
 DOT = QuantMatmulConfig("dot", 128, 64, 8, 128, 3)
+HALF2 = QuantMatmulConfig("half2", 16, 2048, 4)
 
 
 def default_config(m: int) -> QuantMatmulConfig:
     return next((DEFAULTS[k] for k in sorted(DEFAULTS) if k >= m), DOT)
+
+
+def choose_config(x: torch.Tensor, w: GpuBlocks) -> QuantMatmulConfig:
+    """The config `quant_matmul` runs without one: HALF2 where it serves x and w's format (one
+    16-bit row of Q4 weights; Q8_0 stays on "acc", which measured faster)."""
+    return HALF2 if half2_supported(x, w.qtype) else default_config(x.shape[0])
 
 
 @triton.jit
@@ -302,13 +312,21 @@ def quant_matmul(x: torch.Tensor, w: GpuBlocks, config: QuantMatmulConfig | None
     """y [M, N] = x @ dequantize(w)^T, one launch; the torch reference where Triton is off."""
     _validate(x, w)
     m, n, nb = x.shape[0], w.rows, w.cols // 32
-    cfg = config or default_config(m)
+    cfg = config or choose_config(x, w)
+    if cfg.kind == "half2" and not half2_supported(x, w.qtype):
+        formats = ", ".join(HALF2_FORMATS)
+        raise ValueError(
+            f"quant_matmul kind 'half2' serves one bf16/fp16 row of {formats} weights, "
+            f"got M={m}, {x.dtype}, {w.qtype}"
+        )
     if cfg.kind == "fma" and m > FMA_MAX_M:
         raise ValueError(f"quant_matmul kind 'fma' serves 1..{FMA_MAX_M} rows, got M={m}")
     if cfg.kind == "acc" and m != 1:
         raise ValueError(f"quant_matmul kind 'acc' serves one row, got M={m}")
     if not use_triton(x):
         return quant_matmul_ref(x, w)
+    if cfg.kind == "half2":
+        return gemv_half2(x, w.qs, w.d, w.m, w.qtype, cfg.block_n, cfg.block_k // 32, cfg.num_warps)
     x = x.contiguous()
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_b = min(cfg.block_k // 32, triton.next_power_of_2(nb))
@@ -380,7 +398,9 @@ __all__ = [
     "FMA_MAX_M",
     "GEMV_FORMATS",
     "GpuBlocks",
+    "HALF2",
     "QuantMatmulConfig",
+    "choose_config",
     "default_config",
     "dequantize",
     "quant_matmul",

@@ -40,6 +40,18 @@ CASES = [
     ("Q4_K", 3, 10, 768, "fma", 16, 4, 512, True),
     ("Q4_K", 18, 24, 256, "dot", 16, 16, 64),
 ]
+# one 16-bit row, packed half arithmetic: (format, N, K, rows per program, block_k, x dtype, x scale);
+# N not a multiple of the rows, K / 32 not a multiple of block_k / 32, and x far from 1
+HALF2_CASES = [
+    ("Q4_0", 37, 96, 4, 64, "bfloat16", 1.0),
+    ("Q4_1", 20, 288, 8, 128, "float16", 1.0),
+    ("Q4_K", 13, 512, 1, 128, "bfloat16", 1.0),
+    ("Q4_0", 9, 160, 4, 128, "float16", 1.0),
+    ("Q4_1", 6, 256, 4, 256, "bfloat16", 3000.0),
+    ("Q4_0", 5, 64, 2, 64, "bfloat16", 1e-3),
+    ("Q4_K", 40, 256, 32, 128, "float16", 1.0),
+    ("Q4_0", 19, 160, 16, 64, "bfloat16", 1.0),
+]
 
 
 def _raw(qtype: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -52,6 +64,36 @@ def _raw(qtype: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     raw = rng.integers(0, 256, (n, k // 256, 144), dtype=np.uint8)
     raw[..., 0:4] = (rng.standard_normal((n, k // 256, 2)) * 0.02).astype(np.float16).view(np.uint8)
     return raw.reshape(n, -1)
+
+
+def run_half2_case(
+    qtype: str, n: int, k: int, rows: int, bk: int, dtype: str, scale: float, *, device: str
+) -> dict:
+    """y from kind "half2" against the float64 matmul with gguf's dequantized weight, and the
+    error of the fp32 reference rounded to x's dtype beside it."""
+    from radixlm.kernels.quant_gemv import QuantMatmulConfig, quant_matmul, quant_matmul_ref, repack
+
+    rng = np.random.default_rng(n * 1000 + k)
+    raw = _raw(qtype, n, k, rng)
+    w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])
+    x = torch.from_numpy(rng.standard_normal((1, k)).astype(np.float32) * scale).to(
+        device, getattr(torch, dtype)
+    )
+    blocks = repack(torch.from_numpy(raw).to(device), qtype)
+    y = quant_matmul(x, blocks, QuantMatmulConfig("half2", rows, bk, 4))
+    ref = x.double().cpu() @ torch.from_numpy(w).double().T
+    err = ((y.cpu().double() - ref).norm() / ref.norm()).item()
+    own = ((quant_matmul_ref(x, blocks).cpu().double() - ref).norm() / ref.norm()).item()
+    return {"err": err, "ref_err": own, "shape": list(y.shape), "finite": bool(torch.isfinite(y).all())}
+
+
+def _check_half2(results: list[dict]) -> None:
+    """Within fp16 arithmetic of the rounded reference: a wrong pairing of quants and x, a lost
+    offset or scale, or an overflow would be off by orders of magnitude."""
+    assert len(results) == len(HALF2_CASES)
+    for case, r in zip(HALF2_CASES, results):
+        assert r["finite"] and r["shape"] == [1, case[1]], (case, r)
+        assert r["err"] < 2 * r["ref_err"] + 2e-3, (case, r)
 
 
 def run_case(
@@ -89,7 +131,9 @@ def test_quant_matmul_matches_gguf_under_interpreter() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = out["cases"]
+    _check_half2(out["half2"])
     assert len(results) == len(CASES)
     for case, r in zip(CASES, results):
         assert r["finite"] and r["shape"] == [case[1], case[2]], (case, r)
@@ -99,11 +143,12 @@ def test_quant_matmul_matches_gguf_under_interpreter() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_quant_matmul_matches_gguf_on_gpu() -> None:
-    from radixlm.kernels.quant_gemv import default_config
+    from radixlm.kernels.quant_gemv import HALF2, default_config
 
     for case in CASES:
         r = run_case(*case, device="cuda", dtype="float32")
         assert r["finite"] and r["err"] < 1e-5, (case, r)
+    _check_half2([run_half2_case(*c, device="cuda") for c in HALF2_CASES])
     # Llama-3.1-8B shapes in bf16 with each M's default config: bf16 operands, so ~1e-2
     for qtype, n, k in [
         ("Q4_0", 6144, 4096),
@@ -127,6 +172,10 @@ def test_quant_matmul_matches_gguf_on_gpu() -> None:
                 dtype="bfloat16",
             )
             assert r["finite"] and r["err"] < 2e-2, (qtype, m, r)
+        if qtype == "Q8_0":
+            continue
+        r = run_half2_case(qtype, n, k, HALF2.block_n, HALF2.block_k, "bfloat16", 1.0, device="cuda")
+        assert r["finite"] and r["err"] < 2e-2, (qtype, "half2", r)
 
 
 def test_repack_and_refusals() -> None:
@@ -148,10 +197,19 @@ def test_repack_and_refusals() -> None:
         quant_matmul(torch.randn(9, 64), blocks, QuantMatmulConfig("fma"))
     with pytest.raises(ValueError, match="one row"):
         quant_matmul(torch.randn(2, 64), blocks, QuantMatmulConfig("acc"))
+    with pytest.raises(ValueError, match="half2"):
+        quant_matmul(torch.randn(2, 64, dtype=torch.bfloat16), blocks, QuantMatmulConfig("half2"))
+    with pytest.raises(ValueError, match="half2"):
+        quant_matmul(torch.randn(1, 64), blocks, QuantMatmulConfig("half2"))
+    q8 = repack(torch.zeros(4, 68, dtype=torch.uint8), "Q8_0")
+    with pytest.raises(ValueError, match="half2"):
+        quant_matmul(torch.randn(1, 64, dtype=torch.bfloat16), q8, QuantMatmulConfig("half2"))
     with pytest.raises(ValueError, match="block_k"):
         QuantMatmulConfig("dot", block_k=48)
 
 
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    print(json.dumps([run_case(*c, device="cpu", dtype="float32") for c in CASES]))
+    cases = [run_case(*c, device="cpu", dtype="float32") for c in CASES]
+    half2 = [run_half2_case(*c, device="cpu") for c in HALF2_CASES]
+    print(json.dumps({"cases": cases, "half2": half2}))
