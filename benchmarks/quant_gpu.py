@@ -26,6 +26,7 @@ from radixlm.kernels.gemv import gemv  # noqa: E402
 from radixlm.kernels.quant_blocks import quantize_blocks  # noqa: E402
 from radixlm.kernels.quant_gemv import (
     DEFAULTS,
+    HALF2_FORMATS,
     QuantMatmulConfig,
     choose_config,
     default_config,
@@ -51,8 +52,8 @@ ACC = [
 ]
 HALF2 = [
     QuantMatmulConfig("half2", rows, k, w)
-    for rows in (4, 8, 16)
-    for k, w in [(2048, 2), (4096, 4), (2048, 4), (1024, 2), (8192, 8), (4096, 2)]
+    for rows in (8, 16, 32)
+    for k, w in [(512, 1), (1024, 1), (512, 2), (1024, 2), (2048, 2), (2048, 4), (4096, 4)]
 ]
 FMA = [
     QuantMatmulConfig("fma", n, k, w, magic=magic)
@@ -112,7 +113,13 @@ def bench_shape(
         cfgs = list(dict.fromkeys([choose_config(x, q), default_config(m)]))
         if sweep:
             more = (HALF2 + ACC if m == 1 else []) + (FMA if m <= 8 else []) + DOT
-            cfgs += [c for c in more if c not in cfgs and (kinds is None or c.kind in kinds)]
+            cfgs += [
+                c
+                for c in more
+                if c not in cfgs
+                and (kinds is None or c.kind in kinds)
+                and (c.kind != "half2" or qtype in HALF2_FORMATS)
+            ]
         times = {}
         for c in cfgs:
             try:

@@ -399,6 +399,7 @@ __all__ = [
     "GEMV_FORMATS",
     "GpuBlocks",
     "HALF2",
+    "HALF2_FORMATS",
     "QuantMatmulConfig",
     "choose_config",
     "default_config",
