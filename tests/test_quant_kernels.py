@@ -1,9 +1,10 @@
 """The GPU matmul over GGUF blocks (`radixlm.kernels.quant_gemv`) against gguf's own
 dequantization: weights quantized by `gguf.quants.quantize`, dequantized by
-`gguf.quants.dequantize`, a float64 matmul as the reference. Both kernel kinds (CUDA-core "fma"
-for decode rows, tensor-core "dot" for more) on small odd shapes under TRITON_INTERPRET=1 in a
-subprocess (the interpreter must be on before the kernels are defined), and at Llama-3.1-8B
-shapes in bf16 on a GPU."""
+`gguf.quants.dequantize`, a float64 matmul as the reference. The kernel kinds (CUDA-core "acc" and
+"fma" for decode rows, tensor-core "dot" for more, packed-half "half2" for one 16-bit row) on small
+odd shapes under TRITON_INTERPRET=1 in a subprocess (the interpreter must be on before the kernels
+are defined; there "half2" runs an fp32 emulation of its word layout, its inline PTX only compiled),
+and at Llama-3.1-8B shapes in bf16 on a GPU."""
 
 from __future__ import annotations
 
