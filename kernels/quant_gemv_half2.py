@@ -259,6 +259,8 @@ def gemv_half2(
         raise ValueError(f"gemv_half2 takes a power of two up to 32 rows per program, got {rows}")
     n, nb = qs.shape[0], qs.shape[1] // 16
     x = x.contiguous()
+    if x.storage_offset() % 2 or x.stride(0) % 2:  # x is read as 32-bit pairs
+        x = torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
     block_b = min(block_b, triton.next_power_of_2(nb))
     _gemv_half2_kernel[(triton.cdiv(n, rows),)](

@@ -209,6 +209,25 @@ def test_repack_and_refusals() -> None:
         QuantMatmulConfig("dot", block_k=48)
 
 
+def test_half2_reads_a_row_at_an_odd_offset() -> None:
+    """x is read as 32-bit pairs; a row view starting mid-pair gives the same y as a fresh copy."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    code = (
+        "import torch, numpy as np, gguf\n"
+        "from radixlm.kernels.quant_gemv import QuantMatmulConfig, quant_matmul, repack\n"
+        "raw = gguf.quants.quantize(np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32),"
+        " gguf.GGMLQuantizationType.Q4_0)\n"
+        "w = repack(torch.from_numpy(raw), 'Q4_0')\n"
+        "buf = torch.randn(1, 65).to(torch.bfloat16)\n"
+        "cfg = QuantMatmulConfig('half2', 4, 64, 4)\n"
+        "a = quant_matmul(buf[:, 1:], w, cfg)\n"
+        "b = quant_matmul(buf[0, 1:].clone().view(1, -1), w, cfg)\n"
+        "assert buf[:, 1:].storage_offset() == 1 and torch.equal(a, b), (a, b)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1"
     cases = [run_case(*c, device="cpu", dtype="float32") for c in CASES]
