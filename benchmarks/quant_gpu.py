@@ -55,6 +55,12 @@ HALF2 = [
     for rows in (8, 16, 32)
     for k, w in [(512, 1), (1024, 1), (512, 2), (1024, 2), (2048, 2), (2048, 4), (4096, 4)]
 ]
+DP4A = [
+    QuantMatmulConfig("dp4a", rows, k, w, num_stages=s)
+    for rows in (4, 8, 16, 32)
+    for k, w in [(256, 1), (512, 1), (512, 2), (1024, 2), (1024, 4), (2048, 4)]
+    for s in (1, 3)
+]
 FMA = [
     QuantMatmulConfig("fma", n, k, w, magic=magic)
     for n, k, w, magic in [
@@ -112,7 +118,7 @@ def bench_shape(
         # the config quant_matmul runs, then the row count's CUDA-core default beside it
         cfgs = list(dict.fromkeys([choose_config(x, q), default_config(m)]))
         if sweep:
-            more = (HALF2 + ACC if m == 1 else []) + (FMA if m <= 8 else []) + DOT
+            more = (DP4A + HALF2 + ACC if m == 1 else []) + (FMA if m <= 8 else []) + DOT
             cfgs += [
                 c
                 for c in more
@@ -171,7 +177,7 @@ def main() -> None:
         for name, (n, k) in SHAPES.items()
     }
     few = [m for m in (1, 16) if m in ms] or ms[:1]
-    res["shapes"]["gate_up Q4_1"] = bench_shape("gate_up", 28672, 4096, few, "Q4_1", False)
+    res["shapes"]["gate_up Q4_1"] = bench_shape("gate_up", 28672, 4096, few, "Q4_1", bool(kinds), kinds)
     res["shapes"]["gate_up Q8_0"] = bench_shape("gate_up", 28672, 4096, few, "Q8_0", bool(kinds), kinds)
     res["shapes"]["lm_head Q8_0"] = bench_shape(
         "lm_head", 128256, 4096, [m for m in (1, 128) if m in ms] or ms[:1], "Q8_0", False

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from ._triton import dot_precision, mma, tl, triton, use_triton
 from .quant_blocks import BLOCKS, affine_terms, dequantize_blocks
+from .quant_gemv_dp4a import DP4A_FORMATS, dp4a_supported, gemv_dp4a
 from .quant_gemv_half2 import HALF2_FORMATS, gemv_half2, half2_supported
 
 GEMV_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
@@ -63,13 +64,17 @@ def repack(raw: torch.Tensor, qtype: str) -> GpuBlocks:
     return GpuBlocks(qtype, qs, halves[..., 0].contiguous(), m, nb * 32)
 
 
+KINDS = ("acc", "fma", "dot", "half2", "dp4a")
+
+
 @dataclass(frozen=True)
 class QuantMatmulConfig:
     """kind "acc": one row of x, products summed elementwise and reduced once at the end; "fma":
     each program owns block_n weight rows and streams them over K, a static loop over x's rows
     (M <= 8); "dot": block_m x block_n tiles, weights dequantized per K tile into tensor-core
     dots; "half2": one bf16/fp16 row of a Q4 format, block_n rows per program (a power of two
-    up to 32). block_k counts values (a multiple of 32); magic: quants become floats by exponent bits
+    up to 32); "dp4a": one bf16/fp16 row of any format here, x rounded to int8 and integer dot
+    products (`quant_gemv_dp4a`), block_n rows per program. block_k counts values (a multiple of 32); magic: quants become floats by exponent bits
     instead of int-to-float conversions."""
 
     kind: str = "fma"
@@ -81,8 +86,8 @@ class QuantMatmulConfig:
     magic: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in ("acc", "fma", "dot", "half2"):
-            raise ValueError(f"quant_matmul kind must be 'acc', 'fma', 'dot' or 'half2', got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"quant_matmul kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.block_k < 32 or self.block_k & (self.block_k - 1):
             raise ValueError(f"quant_matmul block_k must be a power of two >= 32, got {self.block_k}")
 
@@ -105,16 +110,25 @@ DEFAULTS: dict[int, QuantMatmulConfig] = {
 }
 DOT = QuantMatmulConfig("dot", 128, 64, 8, 128, 3)
 HALF2 = QuantMatmulConfig("half2", 16, 2048, 4)
+DP4A = QuantMatmulConfig("dp4a", 16, 1024, 4)
 
 
 def default_config(m: int) -> QuantMatmulConfig:
     return next((DEFAULTS[k] for k in sorted(DEFAULTS) if k >= m), DOT)
 
 
+# one 16-bit row: the packed kind per format, from benchmarks/quant_gpu.py's per-layer sums
+ONE_ROW: dict[str, QuantMatmulConfig] = {"Q4_0": HALF2, "Q4_1": HALF2, "Q4_K": HALF2}
+
+
 def choose_config(x: torch.Tensor, w: GpuBlocks) -> QuantMatmulConfig:
-    """The config `quant_matmul` runs without one: HALF2 where it serves x and w's format (one
-    16-bit row of Q4 weights; Q8_0 stays on "acc", which measured faster)."""
-    return HALF2 if half2_supported(x, w.qtype) else default_config(x.shape[0])
+    """The config `quant_matmul` runs without one: ONE_ROW's kind for one 16-bit row of a format
+    it lists (formats it leaves out stay on "acc", which measured faster there), else the row
+    count's default."""
+    cfg = ONE_ROW.get(w.qtype)
+    if cfg is not None and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16):
+        return cfg
+    return default_config(x.shape[0])
 
 
 @triton.jit
@@ -308,17 +322,22 @@ def _validate(x: torch.Tensor, w: GpuBlocks) -> None:
         raise ValueError("quant_matmul needs at least one row of x")
 
 
+def _check_one_row_kind(kind: str, x: torch.Tensor, qtype: str) -> None:
+    """The packed one-row kinds serve one 16-bit row of their formats; anything else is refused."""
+    served = {"half2": (half2_supported, HALF2_FORMATS), "dp4a": (dp4a_supported, DP4A_FORMATS)}
+    if kind in served and not served[kind][0](x, qtype):
+        raise ValueError(
+            f"quant_matmul kind {kind!r} serves one bf16/fp16 row of {', '.join(served[kind][1])} "
+            f"weights, got M={x.shape[0]}, {x.dtype}, {qtype}"
+        )
+
+
 def quant_matmul(x: torch.Tensor, w: GpuBlocks, config: QuantMatmulConfig | None = None) -> torch.Tensor:
     """y [M, N] = x @ dequantize(w)^T, one launch; the torch reference where Triton is off."""
     _validate(x, w)
     m, n, nb = x.shape[0], w.rows, w.cols // 32
     cfg = config or choose_config(x, w)
-    if cfg.kind == "half2" and not half2_supported(x, w.qtype):
-        formats = ", ".join(HALF2_FORMATS)
-        raise ValueError(
-            f"quant_matmul kind 'half2' serves one bf16/fp16 row of {formats} weights, "
-            f"got M={m}, {x.dtype}, {w.qtype}"
-        )
+    _check_one_row_kind(cfg.kind, x, w.qtype)
     if cfg.kind == "fma" and m > FMA_MAX_M:
         raise ValueError(f"quant_matmul kind 'fma' serves 1..{FMA_MAX_M} rows, got M={m}")
     if cfg.kind == "acc" and m != 1:
@@ -327,6 +346,10 @@ def quant_matmul(x: torch.Tensor, w: GpuBlocks, config: QuantMatmulConfig | None
         return quant_matmul_ref(x, w)
     if cfg.kind == "half2":
         return gemv_half2(x, w.qs, w.d, w.m, w.qtype, cfg.block_n, cfg.block_k // 32, cfg.num_warps)
+    if cfg.kind == "dp4a":
+        return gemv_dp4a(
+            x, w.qs, w.d, w.m, w.qtype, cfg.block_n, cfg.block_k // 32, cfg.num_warps, cfg.num_stages
+        )
     x = x.contiguous()
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_b = min(cfg.block_k // 32, triton.next_power_of_2(nb))
@@ -395,11 +418,15 @@ def quant_matmul_raw_ref(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torc
 __all__ = [
     "DEFAULTS",
     "DOT",
+    "DP4A",
+    "DP4A_FORMATS",
     "FMA_MAX_M",
     "GEMV_FORMATS",
     "GpuBlocks",
     "HALF2",
     "HALF2_FORMATS",
+    "KINDS",
+    "ONE_ROW",
     "QuantMatmulConfig",
     "choose_config",
     "default_config",

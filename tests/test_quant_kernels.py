@@ -1,10 +1,11 @@
 """The GPU matmul over GGUF blocks (`radixlm.kernels.quant_gemv`) against gguf's own
 dequantization: weights quantized by `gguf.quants.quantize`, dequantized by
 `gguf.quants.dequantize`, a float64 matmul as the reference. The kernel kinds (CUDA-core "acc" and
-"fma" for decode rows, tensor-core "dot" for more, packed-half "half2" for one 16-bit row) on small
-odd shapes under TRITON_INTERPRET=1 in a subprocess (the interpreter must be on before the kernels
-are defined; there "half2" runs an fp32 emulation of its word layout, its inline PTX only compiled),
-and at Llama-3.1-8B shapes in bf16 on a GPU."""
+"fma" for decode rows, tensor-core "dot" for more, packed-half "half2" and integer "dp4a" for one
+16-bit row) on small odd shapes under TRITON_INTERPRET=1 in a subprocess (the interpreter must be
+on before the kernels are defined; there "half2" and "dp4a" run emulations of their word layouts,
+their inline PTX only compiled), and at Llama-3.1-8B shapes in bf16 on a GPU. "dp4a" rounds x to
+int8, so its reference is the float64 matmul with `quantize_x_ref(x)`."""
 
 from __future__ import annotations
 
@@ -54,6 +55,18 @@ HALF2_CASES = [
     ("Q4_0", 19, 160, 16, 64, "bfloat16", 1.0),
 ]
 
+# one 16-bit row, x rounded to int8: (format, N, K, rows per program, block_k, x dtype, x scale)
+DP4A_CASES = [
+    ("Q4_0", 37, 96, 4, 64, "float16", 1.0),
+    ("Q4_1", 20, 288, 8, 128, "bfloat16", 1.0),
+    ("Q4_K", 13, 512, 1, 128, "float16", 1.0),
+    ("Q8_0", 19, 160, 4, 64, "float16", 1.0),
+    ("Q8_0", 9, 256, 16, 256, "bfloat16", 3000.0),
+    ("Q4_0", 5, 64, 2, 64, "float16", 1e-3),
+    ("Q4_K", 40, 256, 32, 128, "bfloat16", 1.0),
+    ("Q4_1", 6, 160, 64, 64, "float16", 1.0),
+]
+
 
 def _raw(qtype: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """Blocks gguf's quantizer writes; for Q4_K, which it cannot write, random bytes with small
@@ -86,6 +99,47 @@ def run_half2_case(
     err = ((y.cpu().double() - ref).norm() / ref.norm()).item()
     own = ((quant_matmul_ref(x, blocks).cpu().double() - ref).norm() / ref.norm()).item()
     return {"err": err, "ref_err": own, "shape": list(y.shape), "finite": bool(torch.isfinite(y).all())}
+
+
+def run_dp4a_case(
+    qtype: str, n: int, k: int, rows: int, bk: int, dtype: str, scale: float, *, device: str
+) -> dict:
+    """y from kind "dp4a" against the float64 matmul of gguf's dequantized weight with x as the
+    kernel rounds it (and with x itself), and the rounding of that reference to x's dtype."""
+    from radixlm.kernels.quant_gemv import QuantMatmulConfig, quant_matmul, repack
+    from radixlm.kernels.quant_gemv_dp4a import quantize_x_ref
+
+    rng = np.random.default_rng(n * 1000 + k)
+    raw = _raw(qtype, n, k, rng)
+    w = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype])).double()
+    x = torch.from_numpy(rng.standard_normal((1, k)).astype(np.float32) * scale).to(
+        device, getattr(torch, dtype)
+    )
+    y = quant_matmul(
+        x, repack(torch.from_numpy(raw).to(device), qtype), QuantMatmulConfig("dp4a", rows, bk, 4)
+    )
+    ref_q = quantize_x_ref(x).cpu().double() @ w.T
+    ref = x.cpu().double() @ w.T
+    own = ((ref_q.to(x.dtype).double() - ref_q).norm() / ref_q.norm()).item()
+    return {
+        "err_q": ((y.cpu().double() - ref_q).norm() / ref_q.norm()).item(),
+        "err": ((y.cpu().double() - ref).norm() / ref.norm()).item(),
+        "round": own,
+        "shape": list(y.shape),
+        "finite": bool(torch.isfinite(y).all()),
+    }
+
+
+def _check_dp4a(results: list[dict]) -> None:
+    """Equal to the quantized-x reference to the rounding of y (an fp32 sum near a rounding
+    boundary may round the other way); a wrong pairing of quants and x,
+    a lost scale or offset would be off by orders of magnitude. Against x itself, within x's
+    int8 rounding."""
+    assert len(results) == len(DP4A_CASES)
+    for case, r in zip(DP4A_CASES, results):
+        assert r["finite"] and r["shape"] == [1, case[1]], (case, r)
+        assert r["err_q"] < 3 * r["round"] + 1e-5, (case, r)
+        assert r["err"] < 2e-2, (case, r)
 
 
 def _check_half2(results: list[dict]) -> None:
@@ -135,6 +189,7 @@ def test_quant_matmul_matches_gguf_under_interpreter() -> None:
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     results = out["cases"]
     _check_half2(out["half2"])
+    _check_dp4a(out["dp4a"])
     assert len(results) == len(CASES)
     for case, r in zip(CASES, results):
         assert r["finite"] and r["shape"] == [case[1], case[2]], (case, r)
@@ -144,12 +199,13 @@ def test_quant_matmul_matches_gguf_under_interpreter() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_quant_matmul_matches_gguf_on_gpu() -> None:
-    from radixlm.kernels.quant_gemv import HALF2, default_config
+    from radixlm.kernels.quant_gemv import DP4A, HALF2, default_config
 
     for case in CASES:
         r = run_case(*case, device="cuda", dtype="float32")
         assert r["finite"] and r["err"] < 1e-5, (case, r)
     _check_half2([run_half2_case(*c, device="cuda") for c in HALF2_CASES])
+    _check_dp4a([run_dp4a_case(*c, device="cuda") for c in DP4A_CASES])
     # Llama-3.1-8B shapes in bf16 with each M's default config: bf16 operands, so ~1e-2
     for qtype, n, k in [
         ("Q4_0", 6144, 4096),
@@ -173,6 +229,8 @@ def test_quant_matmul_matches_gguf_on_gpu() -> None:
                 dtype="bfloat16",
             )
             assert r["finite"] and r["err"] < 2e-2, (qtype, m, r)
+        r = run_dp4a_case(qtype, n, k, DP4A.block_n, DP4A.block_k, "bfloat16", 1.0, device="cuda")
+        assert r["finite"] and r["err_q"] < 3 * r["round"] + 1e-5 and r["err"] < 2e-2, (qtype, "dp4a", r)
         if qtype == "Q8_0":
             continue
         r = run_half2_case(qtype, n, k, HALF2.block_n, HALF2.block_k, "bfloat16", 1.0, device="cuda")
@@ -205,24 +263,36 @@ def test_repack_and_refusals() -> None:
     q8 = repack(torch.zeros(4, 68, dtype=torch.uint8), "Q8_0")
     with pytest.raises(ValueError, match="half2"):
         quant_matmul(torch.randn(1, 64, dtype=torch.bfloat16), q8, QuantMatmulConfig("half2"))
+    with pytest.raises(ValueError, match="dp4a"):
+        quant_matmul(torch.randn(1, 64), q8, QuantMatmulConfig("dp4a"))
+    with pytest.raises(ValueError, match="dp4a"):
+        quant_matmul(torch.randn(3, 64, dtype=torch.float16), q8, QuantMatmulConfig("dp4a"))
     with pytest.raises(ValueError, match="block_k"):
         QuantMatmulConfig("dot", block_k=48)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        QuantMatmulConfig("int4")
 
 
-def test_half2_reads_a_row_at_an_odd_offset() -> None:
-    """x is read as 32-bit pairs; a row view starting mid-pair gives the same y as a fresh copy."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+@pytest.mark.parametrize("kind,offset", [("half2", 1), ("dp4a", 1), ("dp4a", 2)])
+def test_packed_kinds_read_a_row_at_an_unaligned_offset(kind: str, offset: int) -> None:
+    """x is read as 32-bit pairs ("half2") or 64-bit groups of four ("dp4a"); a row view that
+    starts inside one gives the same y as a fresh copy (compiled on a GPU, else interpreted)."""
+    gpu = torch.cuda.is_available()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if not gpu:
+        env["TRITON_INTERPRET"] = "1"
+    device = "cuda" if gpu else "cpu"
     code = (
         "import torch, numpy as np, gguf\n"
         "from radixlm.kernels.quant_gemv import QuantMatmulConfig, quant_matmul, repack\n"
         "raw = gguf.quants.quantize(np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32),"
         " gguf.GGMLQuantizationType.Q4_0)\n"
-        "w = repack(torch.from_numpy(raw), 'Q4_0')\n"
-        "buf = torch.randn(1, 65).to(torch.bfloat16)\n"
-        "cfg = QuantMatmulConfig('half2', 4, 64, 4)\n"
-        "a = quant_matmul(buf[:, 1:], w, cfg)\n"
-        "b = quant_matmul(buf[0, 1:].clone().view(1, -1), w, cfg)\n"
-        "assert buf[:, 1:].storage_offset() == 1 and torch.equal(a, b), (a, b)\n"
+        f"w = repack(torch.from_numpy(raw).to({device!r}), 'Q4_0')\n"
+        f"buf = torch.randn(1, 64 + {offset}).to({device!r}, torch.bfloat16)\n"
+        f"cfg = QuantMatmulConfig({kind!r}, 4, 64, 4)\n"
+        f"a = quant_matmul(buf[:, {offset}:], w, cfg)\n"
+        f"b = quant_matmul(buf[0, {offset}:].clone().view(1, -1), w, cfg)\n"
+        f"assert buf[:, {offset}:].storage_offset() == {offset} and torch.equal(a, b), (a, b)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -232,4 +302,5 @@ if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1"
     cases = [run_case(*c, device="cpu", dtype="float32") for c in CASES]
     half2 = [run_half2_case(*c, device="cpu") for c in HALF2_CASES]
-    print(json.dumps({"cases": cases, "half2": half2}))
+    dp4a = [run_dp4a_case(*c, device="cpu") for c in DP4A_CASES]
+    print(json.dumps({"cases": cases, "half2": half2, "dp4a": dp4a}))
