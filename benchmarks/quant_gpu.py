@@ -55,12 +55,16 @@ HALF2 = [
     for rows in (8, 16, 32)
     for k, w in [(512, 1), (1024, 1), (512, 2), (1024, 2), (2048, 2), (2048, 4), (4096, 4)]
 ]
-DP4A = [
-    QuantMatmulConfig("dp4a", rows, k, w, num_stages=s)
-    for rows in (4, 8, 16, 32)
-    for k, w in [(256, 1), (512, 1), (512, 2), (1024, 2), (1024, 4), (2048, 4)]
-    for s in (1, 3)
-]
+DP4A_KW = [(256, 1), (512, 1), (512, 2), (1024, 2), (1024, 4), (2048, 4), (4096, 4)]
+
+
+def dp4a_configs(rows: tuple[int, ...]) -> list[QuantMatmulConfig]:
+    return [
+        QuantMatmulConfig("dp4a", r, k, w, num_stages=s) for r in rows for k, w in DP4A_KW for s in (1, 3)
+    ]
+
+
+DP4A = dp4a_configs((4, 8, 16, 32))
 FMA = [
     QuantMatmulConfig("fma", n, k, w, magic=magic)
     for n, k, w, magic in [
@@ -163,10 +167,13 @@ def main() -> None:
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--ms", default="1,2,8,16,128,2048")
     p.add_argument("--kinds", default=None, help="sweep only these kernel kinds (comma list)")
+    p.add_argument("--dp4a-rows", default=None, help="rows per program the dp4a sweep tries (comma list)")
     args = p.parse_args()
     t0 = time.perf_counter()
     ms = [int(x) for x in args.ms.split(",")]
     kinds = set(args.kinds.split(",")) if args.kinds else None
+    if args.dp4a_rows:
+        DP4A[:] = dp4a_configs(tuple(int(r) for r in args.dp4a_rows.split(",")))
     res: dict[str, Any] = {
         "benchmark": "quant_gpu",
         "env": environment(),

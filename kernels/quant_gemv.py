@@ -110,7 +110,11 @@ DEFAULTS: dict[int, QuantMatmulConfig] = {
 }
 DOT = QuantMatmulConfig("dot", 128, 64, 8, 128, 3)
 HALF2 = QuantMatmulConfig("half2", 16, 2048, 4)
-DP4A = QuantMatmulConfig("dp4a", 16, 1024, 4)
+DP4A = QuantMatmulConfig("dp4a", 4, 1024, 4, num_stages=1)
+# rows of K >= LONG_K (the MLP's down projection) are few for their length; they measured faster
+# with longer K tiles, pipelined (benchmarks/quant_gpu.py picks both from its sweep)
+DP4A_LONG_K = QuantMatmulConfig("dp4a", 4, 2048, 4, num_stages=3)
+LONG_K = 8192
 
 
 def default_config(m: int) -> QuantMatmulConfig:
@@ -118,17 +122,17 @@ def default_config(m: int) -> QuantMatmulConfig:
 
 
 # one 16-bit row: the packed kind per format, from benchmarks/quant_gpu.py's per-layer sums
-ONE_ROW: dict[str, QuantMatmulConfig] = {"Q4_0": HALF2, "Q4_1": HALF2, "Q4_K": HALF2}
+# (dp4a beat half2 on every Q4 shape and acc on Q8_0)
+ONE_ROW: dict[str, QuantMatmulConfig] = {"Q4_0": DP4A, "Q4_1": DP4A, "Q4_K": DP4A, "Q8_0": DP4A}
 
 
 def choose_config(x: torch.Tensor, w: GpuBlocks) -> QuantMatmulConfig:
-    """The config `quant_matmul` runs without one: ONE_ROW's kind for one 16-bit row of a format
-    it lists (formats it leaves out stay on "acc", which measured faster there), else the row
-    count's default."""
+    """The config `quant_matmul` runs without one: ONE_ROW's for one 16-bit row of a format it
+    lists, else the row count's default."""
     cfg = ONE_ROW.get(w.qtype)
-    if cfg is not None and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16):
-        return cfg
-    return default_config(x.shape[0])
+    if cfg is None or x.shape[0] != 1 or x.dtype not in (torch.bfloat16, torch.float16):
+        return default_config(x.shape[0])
+    return DP4A_LONG_K if cfg is DP4A and w.cols >= LONG_K else cfg
 
 
 @triton.jit
@@ -420,6 +424,7 @@ __all__ = [
     "DOT",
     "DP4A",
     "DP4A_FORMATS",
+    "DP4A_LONG_K",
     "FMA_MAX_M",
     "GEMV_FORMATS",
     "GpuBlocks",
