@@ -49,45 +49,56 @@ class XGrammarCompiled:
 
 
 class XGrammarMatcher:
-    """Thin wrapper; after termination the mask allows only the stop tokens (xgrammar would raise)."""
+    """Thin wrapper; after termination the mask allows only the stop tokens (xgrammar would raise).
+    Whether it terminated is kept here, not asked of xgrammar at every query: each binding call
+    costs microseconds of host time per request and step, and only accepting a stop token
+    terminates (a rollback or reset may undo it, so those ask again)."""
 
     def __init__(self, grammar: XGrammarCompiled) -> None:
         self._g = grammar
         self._m = xgr.GrammarMatcher(grammar.compiled, override_stop_tokens=grammar.stop_token_ids)
+        self._terminated: bool | None = False
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        if self._m.is_terminated():
+        if self.is_terminated():
             bitmask[row].copy_(self._g.eos_mask)
         else:
             self._m.fill_next_token_bitmask(bitmask, row)
 
     def accept_token(self, token_id: int) -> bool:
-        return not self._m.is_terminated() and bool(self._m.accept_token(int(token_id)))
+        if self.is_terminated() or not self._m.accept_token(int(token_id)):
+            return False
+        self._terminated = None if int(token_id) in self._g.stop_token_ids else False
+        return True
 
     def accept_string(self, text: str) -> bool:
-        return not self._m.is_terminated() and bool(self._m.accept_string(text))
+        return not self.is_terminated() and bool(self._m.accept_string(text))
 
     def find_jump_forward_string(self) -> str:
-        return "" if self._m.is_terminated() else self._m.find_jump_forward_string()
+        return "" if self.is_terminated() else self._m.find_jump_forward_string()
 
     def is_terminated(self) -> bool:
-        return self._m.is_terminated()
+        if self._terminated is None:
+            self._terminated = bool(self._m.is_terminated())
+        return self._terminated
 
     def is_accepting(self) -> bool:
         """Whether the text so far is a complete match (a stop token may come now)."""
-        return self._m.is_terminated() or self._m.is_completed()
+        return self.is_terminated() or self._m.is_completed()
 
     def parallel_mask_matcher(self) -> xgr.GrammarMatcher | None:
         """The xgrammar matcher whose mask fill_next_token_bitmask would compute, for a batched fill
         (grammars/masking.py); None once terminated (the row is then the stop-token row)."""
-        return None if self._m.is_terminated() else self._m
+        return None if self.is_terminated() else self._m
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
             self._m.rollback(num_tokens)
+            self._terminated = None
 
     def reset(self) -> None:
         self._m.reset()
+        self._terminated = False
 
 
 # Textual fixes to xgrammar's (0.2.9) JSON-schema EBNF, each making its language a subset:
