@@ -1,11 +1,12 @@
 """Matmul over GGUF blocks on the GPU: y [M, N] = x [M, K] @ W^T for W kept as Q4_0 / Q4_1 / Q8_0 / Q4_K,
 repacked once by `repack` into arrays the kernels read with wide loads (quants, fp16 scales and
 offsets), dequantized inside the loop so each weight byte is read once. Decode rows run on CUDA
-cores (kinds "acc" and "fma"; one 16-bit row of a Q4 format takes "half2", packed half arithmetic
-in `quant_gemv_half2`), more rows dequantize tiles into tensor-core dots (kind "dot"); fp32
+cores (kinds "acc" and "fma"; one 16-bit row by default "dp4a", x rounded to int8, in
+`quant_gemv_dp4a`, or "half2", packed half arithmetic, in `quant_gemv_half2`), more rows dequantize
+tiles into tensor-core dots (kind "dot"); which kind runs is `quant_gemv_configs`'s choice. fp32
 accumulation, y in x's dtype. Promises: `quant_matmul` equals `quant_matmul_ref`, the fp32
 matmul with `quant_blocks.dequantize_blocks` (itself equal to gguf's dequantization), to the
-rounding of the dot's operand dtype ("half2": of its fp16 arithmetic)."""
+rounding of the dot's operand dtype ("half2": of its fp16 arithmetic; "dp4a": of x to int8)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,19 @@ import torch.nn.functional as F
 
 from ._triton import dot_precision, mma, tl, triton, use_triton
 from .quant_blocks import BLOCKS, affine_terms, dequantize_blocks
+from .quant_gemv_configs import (
+    DEFAULTS,
+    DOT,
+    DP4A,
+    DP4A_LONG_K,
+    FMA_MAX_M,
+    HALF2,
+    KINDS,
+    ONE_ROW,
+    QuantMatmulConfig,
+    choose_config,
+    default_config,
+)
 from .quant_gemv_dp4a import DP4A_FORMATS, dp4a_supported, gemv_dp4a
 from .quant_gemv_half2 import HALF2_FORMATS, gemv_half2, half2_supported
 
@@ -62,77 +76,6 @@ def repack(raw: torch.Tensor, qtype: str) -> GpuBlocks:
     qs = b[..., head:].contiguous().reshape(rows, -1)
     m = halves[..., 1].contiguous() if qtype == "Q4_1" else None
     return GpuBlocks(qtype, qs, halves[..., 0].contiguous(), m, nb * 32)
-
-
-KINDS = ("acc", "fma", "dot", "half2", "dp4a")
-
-
-@dataclass(frozen=True)
-class QuantMatmulConfig:
-    """kind "acc": one row of x, products summed elementwise and reduced once at the end; "fma":
-    each program owns block_n weight rows and streams them over K, a static loop over x's rows
-    (M <= 8); "dot": block_m x block_n tiles, weights dequantized per K tile into tensor-core
-    dots; "half2": one bf16/fp16 row of a Q4 format, block_n rows per program (a power of two
-    up to 32); "dp4a": one bf16/fp16 row of any format here, x rounded to int8 and integer dot
-    products (`quant_gemv_dp4a`), block_n rows per program. block_k counts values (a multiple of 32); magic: quants become floats by exponent bits
-    instead of int-to-float conversions."""
-
-    kind: str = "fma"
-    block_n: int = 4
-    block_k: int = 1024
-    num_warps: int = 4
-    block_m: int = 16
-    num_stages: int = 1
-    magic: bool = False
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"quant_matmul kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-        if self.block_k < 32 or self.block_k & (self.block_k - 1):
-            raise ValueError(f"quant_matmul block_k must be a power of two >= 32, got {self.block_k}")
-
-    def label(self) -> str:
-        return (
-            f"{self.kind} m{self.block_m} n{self.block_n} k{self.block_k} w{self.num_warps} "
-            f"s{self.num_stages}{' magic' if self.magic else ''}"
-        )
-
-
-FMA_MAX_M = 8
-# per row count (the smallest key >= M applies; larger M take DOT): CUDA cores while the FMAs
-# per weight byte are few, tensor cores above. benchmarks/quant_gpu.py measures the choices.
-DEFAULTS: dict[int, QuantMatmulConfig] = {
-    1: QuantMatmulConfig("acc", 2, 2048, 4),
-    2: QuantMatmulConfig("fma", 2, 2048, 4),
-    8: QuantMatmulConfig("dot", 64, 128, 4, 16, 3),
-    16: QuantMatmulConfig("dot", 32, 128, 4, 16, 3),
-    128: QuantMatmulConfig("dot", 64, 128, 4, 64, 4),
-}
-DOT = QuantMatmulConfig("dot", 128, 64, 8, 128, 3)
-HALF2 = QuantMatmulConfig("half2", 16, 2048, 4)
-DP4A = QuantMatmulConfig("dp4a", 4, 1024, 4, num_stages=1)
-# rows of K >= LONG_K (the MLP's down projection) are few for their length; they measured faster
-# with longer K tiles, pipelined (benchmarks/quant_gpu.py picks both from its sweep)
-DP4A_LONG_K = QuantMatmulConfig("dp4a", 4, 2048, 4, num_stages=3)
-LONG_K = 8192
-
-
-def default_config(m: int) -> QuantMatmulConfig:
-    return next((DEFAULTS[k] for k in sorted(DEFAULTS) if k >= m), DOT)
-
-
-# one 16-bit row: the packed kind per format, from benchmarks/quant_gpu.py's per-layer sums
-# (dp4a beat half2 on every Q4 shape and acc on Q8_0)
-ONE_ROW: dict[str, QuantMatmulConfig] = {"Q4_0": DP4A, "Q4_1": DP4A, "Q4_K": DP4A, "Q8_0": DP4A}
-
-
-def choose_config(x: torch.Tensor, w: GpuBlocks) -> QuantMatmulConfig:
-    """The config `quant_matmul` runs without one: ONE_ROW's for one 16-bit row of a format it
-    lists, else the row count's default."""
-    cfg = ONE_ROW.get(w.qtype)
-    if cfg is None or x.shape[0] != 1 or x.dtype not in (torch.bfloat16, torch.float16):
-        return default_config(x.shape[0])
-    return DP4A_LONG_K if cfg is DP4A and w.cols >= LONG_K else cfg
 
 
 @triton.jit

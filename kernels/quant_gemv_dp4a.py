@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ._triton import interpreting, tl, triton
+from .quant_gemv_half2 import aligned_row, fp16_bits_to_f32
 
 DP4A_FORMATS = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
 _KIND = {"Q4_0": 0, "Q4_1": 1, "Q4_K": 1, "Q8_0": 2}
@@ -71,18 +72,17 @@ def _round(v):
 
 
 @triton.jit
-def _half(bits):
-    """The fp16 in the low 16 bits of an int32, as float32."""
-    return (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
 def _x_values(g, X_F16: tl.constexpr):
     """Four bf16 or fp16 values packed in an int64 as float32, lowest first."""
     lo = g.to(tl.int32)
     hi = (g >> 32).to(tl.int32)
     if X_F16:
-        return _half(lo), _half(lo >> 16), _half(hi), _half(hi >> 16)
+        return (
+            fp16_bits_to_f32(lo),
+            fp16_bits_to_f32(lo >> 16),
+            fp16_bits_to_f32(hi),
+            fp16_bits_to_f32(hi >> 16),
+        )
     return (
         (lo << 16).to(tl.float32, bitcast=True),
         (lo & -65536).to(tl.float32, bitcast=True),
@@ -198,9 +198,7 @@ def gemv_dp4a(
         raise ValueError(f"gemv_dp4a takes a bf16 or fp16 row of x, got {x.dtype}")
     n = qs.shape[0]
     nb = x.shape[1] // 32
-    x = x.contiguous()
-    if x.data_ptr() % 8:  # x is read as groups of four values
-        x = torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
+    x = aligned_row(x, 8)  # read as groups of four values
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
     block_b = min(block_b, triton.next_power_of_2(nb))
     _gemv_dp4a_kernel[(triton.cdiv(n, rows),)](

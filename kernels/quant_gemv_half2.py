@@ -85,7 +85,7 @@ mul.f16x2 $0, $1, c;
 
 
 @triton.jit
-def _half(bits):
+def fp16_bits_to_f32(bits):
     """The fp16 in the low 16 bits of an int32, as float32 (interpreter path)."""
     return (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
@@ -94,7 +94,7 @@ def _half(bits):
 def _pair_values(xw, X_F16: tl.constexpr):
     """A raw pair word of x (two bf16 or fp16) as float32 (low, high), each divided by 16."""
     if X_F16:
-        return _half(xw) * 0.0625, _half(xw >> 16) * 0.0625
+        return fp16_bits_to_f32(xw) * 0.0625, fp16_bits_to_f32(xw >> 16) * 0.0625
     lo = (xw << 16).to(tl.float32, bitcast=True)
     hi = (xw & -65536).to(tl.float32, bitcast=True)
     return lo * 0.0625, hi * 0.0625
@@ -236,6 +236,15 @@ def _gemv_half2_kernel(
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=offs < N)
 
 
+def aligned_row(x: torch.Tensor, align: int) -> torch.Tensor:
+    """x contiguous, and copied where its data does not start at a multiple of align bytes (the
+    packed one-row kinds read x as wider words; a row view of a wider buffer may start mid-word)."""
+    x = x.contiguous()
+    if x.data_ptr() % align:
+        x = torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
+    return x
+
+
 def half2_supported(x: torch.Tensor, qtype: str) -> bool:
     """Whether `gemv_half2` serves this row and format (one 16-bit row, a Q4 format)."""
     return qtype in HALF2_FORMATS and x.dtype in (torch.bfloat16, torch.float16) and x.shape[0] == 1
@@ -258,9 +267,7 @@ def gemv_half2(
     if rows not in (1, 2, 4, 8, 16, 32):
         raise ValueError(f"gemv_half2 takes a power of two up to 32 rows per program, got {rows}")
     n, nb = qs.shape[0], qs.shape[1] // 16
-    x = x.contiguous()
-    if x.storage_offset() % 2 or x.stride(0) % 2:  # x is read as 32-bit pairs
-        x = torch.empty_like(x, memory_format=torch.contiguous_format).copy_(x)
+    x = aligned_row(x, 4)  # read as 32-bit pairs
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
     block_b = min(block_b, triton.next_power_of_2(nb))
     _gemv_half2_kernel[(triton.cdiv(n, rows),)](
