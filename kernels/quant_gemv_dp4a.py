@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import interpreting, tl, triton
-from .quant_gemv_half2 import aligned_row, fp16_bits_to_f32
+from ._triton import tl, triton
+from .quant_gemv_half2 import aligned_row, fp16_bits_to_f32, launch_one_row
 
 DP4A_FORMATS = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
 _KIND = {"Q4_0": 0, "Q4_1": 1, "Q4_K": 1, "Q8_0": 2}
@@ -196,29 +196,20 @@ def gemv_dp4a(
         raise ValueError(f"gemv_dp4a takes one row of x, got {tuple(x.shape)}")
     if x.dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"gemv_dp4a takes a bf16 or fp16 row of x, got {x.dtype}")
-    n = qs.shape[0]
-    nb = x.shape[1] // 32
     x = aligned_row(x, 8)  # read as groups of four values
-    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    block_b = min(block_b, triton.next_power_of_2(nb))
-    _gemv_dp4a_kernel[(triton.cdiv(n, rows),)](
+    return launch_one_row(
+        _gemv_dp4a_kernel,
+        x,
         x.view(torch.int64),
-        qs.view(torch.int32),
+        qs,
         d,
-        m if m is not None else d,
-        y,
-        n,
-        nb,
-        KIND=_KIND[qtype],
-        ROWS=rows,
-        BLOCK_B=block_b,
-        EVEN_B=nb % block_b == 0,
-        X_F16=x.dtype == torch.float16,
-        ASM=not interpreting(),
-        num_warps=num_warps,
-        num_stages=num_stages,
+        m,
+        _KIND[qtype],
+        rows,
+        block_b,
+        num_warps,
+        num_stages,
     )
-    return y
 
 
 def quantize_x_ref(x: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,8 @@ scaled by 1/16 in fp16, so a lane's four products, |q| <= 15, cannot overflow)."
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ._triton import interpreting, tl, triton
@@ -245,6 +247,45 @@ def aligned_row(x: torch.Tensor, align: int) -> torch.Tensor:
     return x
 
 
+def launch_one_row(
+    kernel: Any,
+    x: torch.Tensor,
+    x_words: torch.Tensor,
+    qs: torch.Tensor,
+    d: torch.Tensor,
+    m: torch.Tensor | None,
+    kind: int,
+    rows: int,
+    block_b: int,
+    num_warps: int,
+    num_stages: int = 1,
+) -> torch.Tensor:
+    """y [1, N] in x's dtype from a one-row kernel over ceil(N / rows) programs: `_gemv_half2_kernel`
+    and `quant_gemv_dp4a`'s kernel take the same arguments (x_words: x viewed as the words the
+    kernel reads)."""
+    n, nb = qs.shape[0], x.shape[1] // 32
+    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    block_b = min(block_b, triton.next_power_of_2(nb))
+    kernel[(triton.cdiv(n, rows),)](
+        x_words,
+        qs.view(torch.int32),
+        d,
+        m if m is not None else d,
+        y,
+        n,
+        nb,
+        KIND=kind,
+        ROWS=rows,
+        BLOCK_B=block_b,
+        EVEN_B=nb % block_b == 0,
+        X_F16=x.dtype == torch.float16,
+        ASM=not interpreting(),
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return y
+
+
 def half2_supported(x: torch.Tensor, qtype: str) -> bool:
     """Whether `gemv_half2` serves this row and format (one 16-bit row, a Q4 format)."""
     return qtype in HALF2_FORMATS and x.dtype in (torch.bfloat16, torch.float16) and x.shape[0] == 1
@@ -266,24 +307,8 @@ def gemv_half2(
         raise ValueError(f"gemv_half2 serves {', '.join(HALF2_FORMATS)}, got {qtype}")
     if rows not in (1, 2, 4, 8, 16, 32):
         raise ValueError(f"gemv_half2 takes a power of two up to 32 rows per program, got {rows}")
-    n, nb = qs.shape[0], qs.shape[1] // 16
     x = aligned_row(x, 4)  # read as 32-bit pairs
-    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    block_b = min(block_b, triton.next_power_of_2(nb))
-    _gemv_half2_kernel[(triton.cdiv(n, rows),)](
-        x.view(torch.int32),
-        qs.view(torch.int32),
-        d,
-        m if m is not None else d,
-        y,
-        n,
-        nb,
-        KIND=0 if qtype == "Q4_0" else 1,
-        ROWS=rows,
-        BLOCK_B=block_b,
-        EVEN_B=nb % block_b == 0,
-        X_F16=x.dtype == torch.float16,
-        ASM=not interpreting(),
-        num_warps=num_warps,
+    kind = 0 if qtype == "Q4_0" else 1
+    return launch_one_row(
+        _gemv_half2_kernel, x, x.view(torch.int32), qs, d, m, kind, rows, block_b, num_warps
     )
-    return y
