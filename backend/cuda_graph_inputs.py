@@ -40,7 +40,7 @@ class StaticDecodeInputs:
     """The device buffers every graph reads, max_bs rows each, allocated once and only written in
     place. Rows >= `live` always hold padding; rows < `live` may hold the last batch."""
 
-    def __init__(self, max_bs: int, pad_row: int, device: torch.device) -> None:
+    def __init__(self, max_bs: int, pad_row: int, device: torch.device, vocab_size: int) -> None:
         def zeros() -> torch.Tensor:
             return torch.zeros(max_bs, dtype=torch.int64, device=device)
 
@@ -55,6 +55,9 @@ class StaticDecodeInputs:
         self.seq_lens = torch.ones(max_bs, dtype=torch.int64, device=device)
         self.extend_lens = torch.ones(max_bs, dtype=torch.int64, device=device)  # decode: never written
         self.arange = torch.arange(max_bs, dtype=torch.int64, device=device)  # start locs and logit rows
+        # one logits buffer for every graph: per-graph outputs would hold Σ sizes × vocab floats
+        # (about 10 GB for Llama-3 at 1,024 rows), and a replay's rows are copied out at once
+        self.logits = torch.empty(max_bs, vocab_size, dtype=torch.float32, device=device)
         self.live = 0
 
     def _pairs(self, fb: ForwardBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -102,6 +105,7 @@ class StaticDecodeInputs:
             req_pool_indices_cpu=[self.pad_row] * gbs,
             extend_start_loc_cpu=list(range(gbs)),
             logits_indices=self.arange[:gbs],
+            logits_out=self.logits[:gbs],
             req_to_token=target.req_table.table,
             kv_pool=target.kv_pool,
             attn_backend=target.attn_backend,

@@ -148,7 +148,7 @@ class CudaGraphRunner:
             raise RuntimeError("no free req_to_token row to reserve for padding")
         self.pad_row: int | None = pad_row
         target.req_table.clear_row(pad_row)  # column 0 → KV slot 0, the padding slot
-        self.inputs = StaticDecodeInputs(self.max_bs, pad_row, target.device)
+        self.inputs = StaticDecodeInputs(self.max_bs, pad_row, target.device, target.config.vocab_size)
         self.cascade_inputs = StaticCascadePlan(self.max_bs, target.device) if cascade else None
         self._capture = capture
 

@@ -87,6 +87,9 @@ class ForwardBatch:
     cascade_plan: CascadePlan | None = None  # groups sharing a cached prefix (backend/cascade_groups.py)
     cascade_shared_splits: int | None = None
     cascade_own_splits: int | None = None
+    # [N, vocab] float32 the forward writes its logits into and returns (None: a fresh tensor).
+    # Every captured graph writes the runner's one buffer, so graphs hold no logits of their own.
+    logits_out: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

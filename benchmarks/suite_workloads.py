@@ -140,6 +140,13 @@ class Timed:
 def generate_ids(engine: Engine, prompts: list[list[int]], params: list[dict] | dict) -> dict[str, Any]:
     with Timed(engine) as res:
         outs = engine.generate(input_ids=prompts, sampling_params=params)
+    aborted = [
+        o["meta_info"]["finish_reason"] for o in outs if o["meta_info"]["finish_reason"]["type"] == "abort"
+    ]
+    if aborted:  # a throughput over requests that failed is no throughput
+        raise RuntimeError(
+            f"{len(aborted)} of {len(outs)} requests aborted, first: {aborted[0].get('message')}"
+        )
     res["output_tokens"] = sum(o["meta_info"]["completion_tokens"] for o in outs)
     res["output_tok_s"] = res["output_tokens"] / res["duration_s"]
     res["_outputs"] = [o["output_ids"] for o in outs]

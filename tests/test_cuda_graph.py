@@ -146,7 +146,7 @@ def test_activation_estimate_covers_the_logits():
 
 # ---- static inputs ---------------------------------------------------------------------------
 def test_static_inputs_pad_and_reset_stale_rows(runner):
-    inp = StaticDecodeInputs(8, pad_row=5, device=torch.device("cpu"))
+    inp = StaticDecodeInputs(8, pad_row=5, device=torch.device("cpu"), vocab_size=97)
     assert inp.req_pool_indices.tolist() == [5] * 8 and inp.seq_lens.tolist() == [1] * 8
     ptrs = [t.data_ptr() for t in (inp.input_ids, inp.out_cache_loc, inp.seq_lens)]
     fb7, rel7 = decode_batch(runner, [3, 4, 5, 6, 7, 8, 9])
@@ -190,6 +190,9 @@ def test_captured_batches_are_static_decode_batches(runner):
             assert fb.is_decode and fb.decode_num_splits is not None and fb.decode_num_splits >= 1
             assert fb.input_ids.data_ptr() == gr.inputs.input_ids.data_ptr()  # views, not copies
             assert fb.req_to_token is runner.req_table.table and fb.kv_pool is runner.kv_pool
+        # every graph writes its logits into the runner's one buffer: none holds memory of its own
+        assert {g.out.data_ptr() for g in gr.graphs.values()} == {gr.inputs.logits.data_ptr()}
+        assert [g.out.shape[0] for g in gr.graphs.values()] == [10, 8, 4, 2, 1]
     finally:
         gr.disable()
 

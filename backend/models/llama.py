@@ -238,8 +238,10 @@ class LlamaForCausalLM(nn.Module):
         """Logits (float32) for the rows fb.logits_indices of the step's tokens."""
         if self.tp_driver is not None:  # tensor parallel rank 0: the other ranks run this step too
             self.tp_driver.send_step(fb, logits=True)
-        logits = linear(self.lm_head, self._hidden_states(fb)).float()
-        return logits if self.tp is None else gather_logits(logits, self.tp)
+        logits = linear(self.lm_head, self._hidden_states(fb))
+        if self.tp is not None:
+            return gather_logits(logits.float(), self.tp)
+        return logits.float() if fb.logits_out is None else fb.logits_out.copy_(logits)
 
     @torch.inference_mode()
     def hidden_states(self, fb: ForwardBatch) -> torch.Tensor:
