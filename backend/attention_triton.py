@@ -12,7 +12,8 @@ import math
 import torch
 
 from radixlm.kernels.cascade_attention import cascade_decode_attention
-from radixlm.kernels.decode_attention import choose_num_splits, decode_attention
+from radixlm.kernels.decode_attention import decode_attention
+from radixlm.kernels.decode_splits import choose_decode_splits
 from radixlm.kernels.extend_attention import extend_attention
 from radixlm.kernels.kv_store import kv_store
 
@@ -36,8 +37,12 @@ class TritonAttentionBackend:
     def decode_splits(self, fb: ForwardBatch, num_kv_heads: int, device: torch.device) -> int:
         """Split count for the whole step (all layers), from host-side lengths only."""
         if fb.decode_num_splits is None:
-            fb.decode_num_splits = choose_num_splits(
-                fb.batch_size, num_kv_heads, max(fb.seq_lens_cpu, default=1), self.num_sms(device)
+            fb.decode_num_splits = choose_decode_splits(
+                fb.batch_size,
+                num_kv_heads,
+                max(fb.seq_lens_cpu, default=1),
+                self.num_sms(device),
+                fb.kv_pool.dtype,
             )
         return fb.decode_num_splits
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.kernels.cascade_attention import CascadePlan, fused_layout, resolve_config
-from radixlm.kernels.decode_attention import choose_num_splits
+from radixlm.kernels.decode_splits import choose_decode_splits, choose_num_splits
 
 from .cuda_graph_inputs import (
     CASCADE_GROUPS_CAP,
@@ -155,7 +155,9 @@ class CudaGraphRunner:
     def num_splits(self, gbs: int) -> int:
         """Fixed per graph: sized for the context limit, so any live length is covered."""
         c = self.target.config
-        return choose_num_splits(gbs, c.num_kv_heads, c.context_len, self._num_sms())
+        return choose_decode_splits(
+            gbs, c.num_kv_heads, c.context_len, self._num_sms(), self.target.kv_pool.dtype
+        )
 
     def _num_sms(self) -> int:
         num_sms = getattr(self.backend, "num_sms", None)  # a Triton backend's; 4 stands in on CPU

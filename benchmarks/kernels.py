@@ -42,7 +42,8 @@ from kernels_common import (  # noqa: E402
 )
 from kernels_fp8 import bench_fp8_decode, fp8_ratios  # noqa: E402
 
-from radixlm.kernels.decode_attention import choose_num_splits, decode_attention  # noqa: E402
+from radixlm.kernels.decode_attention import decode_attention  # noqa: E402
+from radixlm.kernels.decode_splits import choose_num_splits  # noqa: E402
 from radixlm.kernels.extend_attention import extend_attention, extend_config  # noqa: E402
 
 DECODE = [(1, 4096), (64, 4096), (128, 2048), (256, 1024), (32, 16384)]

@@ -19,7 +19,8 @@ from kernels_common import DEV, DT, HKV, HQ, PAGE, D, fi_decode, kv_sets, log, n
 from radixlm.backend.cascade_groups import make_cascade_plan
 from radixlm.kernels import cascade_attention as cas
 from radixlm.kernels.cascade_attention import cascade_decode_attention
-from radixlm.kernels.decode_attention import choose_num_splits, decode_attention
+from radixlm.kernels.decode_attention import decode_attention
+from radixlm.kernels.decode_splits import choose_num_splits
 
 # Fused-cascade sweep: (block_m, block_n, num_warps, num_stages) tiles x shared_waves (shared-prefix
 # programs per SM); the 2 best are then retried own-first and with other own_block_n.

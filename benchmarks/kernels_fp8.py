@@ -27,7 +27,8 @@ from kernels_common import (
     time_fn,
 )
 
-from radixlm.kernels.decode_attention import choose_num_splits, decode_attention
+from radixlm.kernels.decode_attention import decode_attention
+from radixlm.kernels.decode_splits import choose_decode_splits
 from radixlm.kernels.kv_quant import FP8_KV_DTYPE, quantize_kv
 
 FP8_DECODE = [(64, 4096), (128, 2048), (32, 16384)]
@@ -59,7 +60,9 @@ def fp8_decode_shape(fi, bw: float, sweep: bool, bsz: int, L: int) -> dict:
     qs = [torch.randn(bsz, HQ, D, dtype=DT, device=DEV) for _ in bf16_sets]
     lens = torch.tensor(seq, device=DEV)
     ridx = torch.arange(bsz, device=DEV)
-    splits = choose_num_splits(bsz, HKV, L, torch.cuda.get_device_properties(0).multi_processor_count)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = choose_decode_splits(bsz, HKV, L, sms, FP8_KV_DTYPE)
+    bf16_splits = choose_decode_splits(bsz, HKV, L, sms, DT)
     ks = torch.linspace(0.5, 2.0, HKV, device=DEV)
     vs = torch.linspace(2.0, 0.5, HKV, device=DEV)
 
@@ -79,7 +82,9 @@ def fp8_decode_shape(fi, bw: float, sweep: bool, bsz: int, L: int) -> dict:
     row["ours_fp8_scaled_us"] = (
         time_fn([ours(i, sets, k_scale=ks, v_scale=vs) for i in range(n)], label="fp8 decode scaled") * 1e6
     )
-    row["ours_bf16_us"] = time_fn([ours(i, bf16_sets) for i in range(n)], label="bf16 decode") * 1e6
+    row["ours_bf16_us"] = (
+        time_fn([ours(i, bf16_sets, bf16_splits) for i in range(n)], label="bf16 decode") * 1e6
+    )
     if sweep:
         row["sweep"] = _sweep(ours, sets, n, splits)
     if fi is not None:

@@ -28,3 +28,19 @@ def finish_state(m_i, l_i, acc):
     out = acc / l_safe[:, None]
     lse = tl.where(nonempty, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     return out, lse
+
+
+@triton.jit
+def widen_e4m3_f16(x):
+    """fp8 e4m3 → float16, exact, four values per 32-bit register through two packed
+    conversions. Not marked pure, so the compiler keeps it where it stands: it will not sink the
+    widening past a layout change into the tensor cores' operand layout (see
+    decode_attention.widen_v_in_registers)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        "=r,=r,r",
+        [x.to(tl.uint8, bitcast=True)],
+        dtype=tl.float16,
+        is_pure=False,
+        pack=4,
+    )

@@ -11,7 +11,7 @@ import torch
 from ._triton import dot_precision, next_pow2, split_block
 from .cascade_fused_kernels import _cascade_fused_kernel, _cascade_merge_kernel
 from .cascade_plan import CascadePlan, shared_groups_of
-from .decode_attention import choose_num_splits
+from .decode_splits import choose_num_splits
 
 MIN_SHARED_CHUNK = 256  # keys; no shared-prefix program gets fewer (its fixed cost would dominate)
 

@@ -11,7 +11,8 @@ import torch
 from ._attn_common import finish_state, online_update
 from ._triton import dot_precision, mma, next_pow2, tl, triton
 from .cascade_plan import CascadePlan
-from .decode_attention import choose_num_splits, decode_partial
+from .decode_attention import decode_partial
+from .decode_splits import choose_num_splits
 from .merge_state import merge_splits, merge_state
 
 

@@ -2,7 +2,8 @@
 with GQA grouping: one program serves all query heads of a KV head, so each K/V row is read once
 and QK^T / PV run on tensor cores; partial (out, lse) per KV split, then a merge kernel. An fp8
 pool is read as is, its rows widened to float16 in the kernel (the dots then run in float16, q
-scaled into it); its K scale is folded into q, its V scale into the output (kv_quant.py).
+scaled into it; on CUDA, V is widened in registers: widen_v_in_registers); its K scale is folded
+into q, its V scale into the output (kv_quant.py).
 Promises: `decode_attention` equals `decode_attention_ref` (softmax over each request's slots
 kv_start..seq_len-1 read through req_to_token, page size 1, K/V dequantized) and never syncs
 with the host."""
@@ -14,8 +15,9 @@ from typing import Literal, overload
 
 import torch
 
-from ._attn_common import finish_state, online_update
-from ._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
+from ._attn_common import finish_state, online_update, widen_e4m3_f16
+from ._triton import dot_precision, interpreting, mma, next_pow2, tl, triton, use_triton
+from .decode_splits import choose_decode_splits, decode_block_n
 from .kv_quant import apply_v_scale, dequantize_kv, fold_k_scale
 from .merge_state import merge_splits as merge_splits  # re-exported: split-K decode's second stage
 
@@ -51,6 +53,7 @@ def _decode_partial_kernel(
     HAS_START: tl.constexpr,
     DOT_PREC: tl.constexpr,
     WIDEN_F16: tl.constexpr,
+    V_IN_REGISTERS: tl.constexpr,
 ):
     b = tl.program_id(0)
     hb = tl.program_id(1)
@@ -96,41 +99,14 @@ def _decode_partial_kernel(
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         v = tl.load(
             V + slots[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
-        ).to(q.dtype)
+        )
+        v = widen_e4m3_f16(v) if V_IN_REGISTERS else v.to(q.dtype)
         m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
 
     out, lse = finish_state(m_i, l_i, acc)
     base = (b * num_q_heads + heads) * split_stride + split_offset + split
     tl.store(MidO + base[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask_h[:, None] & mask_d[None, :])
     tl.store(MidLse + base, lse, mask=mask_h)
-
-
-# Keys per tile: an fp8 pool's rows are half the bytes, and twice the keys per tile keep the loads
-# in flight (H200, B=64 L=4096: 207 us at 128 against 289 at 64; bf16 pools are best at 64)
-BLOCK_N_BF16, BLOCK_N_FP8 = 64, 128
-
-
-def decode_block_n(k_buffer: torch.Tensor) -> int:
-    return BLOCK_N_FP8 if k_buffer.dtype == torch.float8_e4m3fn else BLOCK_N_BF16
-
-
-def choose_num_splits(
-    batch: int,
-    num_kv_heads: int,
-    max_len: int,
-    num_sms: int = 132,
-    block_n: int = BLOCK_N_BF16,
-    min_per_split: int = 128,
-    max_splits: int = 64,
-) -> int:
-    """Enough programs to fill the GPU about twice over, no split shorter than min_per_split: a
-    lone long sequence needs many splits to occupy the SMs, a batch of 64 or more fills them with
-    one (figures for Hq 32 / Hkv 8 / D 128: benchmarks/results/kernels_h200.json)."""
-    if batch <= 0 or max_len <= 0:
-        return 1
-    want = math.ceil(2 * num_sms / (batch * num_kv_heads))
-    cap = max(1, max_len // max(min_per_split, block_n))
-    return int(max(1, min(want, cap, max_splits)))
 
 
 @overload
@@ -225,7 +201,9 @@ def decode_attention(
     block_n = block_n or decode_block_n(k_buffer)
     if num_splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        num_splits = choose_num_splits(bsz, hkv, max_len if max_len is not None else 4096, sms, block_n)
+        num_splits = choose_decode_splits(
+            bsz, hkv, max_len if max_len is not None else 4096, sms, k_buffer.dtype
+        )
     mid_o = torch.empty((bsz, hq, num_splits, d), dtype=torch.float32, device=q.device)
     mid_lse = torch.empty((bsz, hq, num_splits), dtype=torch.float32, device=q.device)
     out = out if out is not None else torch.empty_like(q)
@@ -314,6 +292,7 @@ def decode_partial(
         HAS_START=kv_start is not None,
         DOT_PREC=dot_precision(q.dtype),
         WIDEN_F16=widen_f16(q, k_buffer),
+        V_IN_REGISTERS=widen_v_in_registers(q, v_buffer),
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -325,6 +304,15 @@ def widen_f16(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
     through float32, and that conversion bounds the fp8 decode kernel. Every e4m3 value is exact in
     float16."""
     return k_buffer.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
+
+
+def widen_v_in_registers(q: torch.Tensor, v_buffer: torch.Tensor) -> bool:
+    """Whether an fp8 pool's V tile is widened to float16 in registers, then staged for the
+    tensor cores as float16. Left to itself, Triton widens V after reading it from shared memory
+    in the tensor cores' operand layout; V's reduction axis (keys) is its strided one, so that
+    read goes one byte at a time (128 byte loads per thread per 128-key tile at D 128). CUDA only:
+    the widening is inline PTX."""
+    return widen_f16(q, v_buffer) and q.is_cuda and not interpreting()
 
 
 def _check_heads(hq: int, hkv: int, d: int, k_buffer: torch.Tensor) -> None:

@@ -272,3 +272,35 @@ def test_engine_fp8_greedy_decode_tracks_full_precision(fp8_engine, full_greedy,
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(__file__))
     main(_checks, GROUPS)
+
+
+@pytest.mark.parametrize(
+    "batch,max_len",
+    [(1, 100), (1, 4096), (8, 16384), (16, 2048), (64, 4096), (128, 2048), (512, 512), (825, 16384)],
+)
+def test_fp8_decode_splits_fill_the_last_wave(batch: int, max_len: int) -> None:
+    """The fp8 split count is the fewest whose last wave of programs is >= 90% full (or that
+    make four waves), within [1, max_len / tile]; bf16 keeps its own rule."""
+    from radixlm.kernels import decode_splits as da
+
+    sms, hkv = 132, 8
+    s = da.choose_decode_splits(batch, hkv, max_len, sms, torch.float8_e4m3fn)
+    cap = max(1, min(64, max_len // da.BLOCK_N_FP8))
+    assert 1 <= s <= cap
+
+    def good(n: int) -> bool:
+        waves = batch * hkv * n / (sms * da.FP8_PROGRAMS_PER_SM)
+        return waves >= 4 or waves / -(-waves // 1) >= 0.9
+
+    assert (good(s) or s == cap) and not any(good(n) for n in range(1, s))
+    assert da.choose_decode_splits(batch, hkv, max_len, sms, torch.bfloat16) == da.choose_num_splits(
+        batch, hkv, max_len, sms
+    )
+
+
+def test_v_widened_in_registers_only_on_cuda_fp8() -> None:
+    from radixlm.kernels.decode_attention import widen_v_in_registers
+
+    q = torch.zeros(1, 4, 8, dtype=torch.bfloat16)
+    assert not widen_v_in_registers(q, torch.zeros(2, 1, 8, dtype=torch.float8_e4m3fn))  # CPU: interpreter
+    assert not widen_v_in_registers(q, torch.zeros(2, 1, 8, dtype=torch.bfloat16))
