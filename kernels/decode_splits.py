@@ -27,7 +27,7 @@ def choose_decode_splits(
     """Split count for a pool of kv_dtype: choose_num_splits for bf16; for fp8, the fewest splits
     whose programs fill their last wave at least 90% (or make four waves or more). The fp8
     kernel's programs are long and few fit an SM, so a part-filled last wave idles most of the GPU
-    for a whole program (H200, L=4096, B=64: 212 us at one split, 183 at two, 172 at three;
+    for a whole program (H200, L=4096, B=64: 210 us at one split, 183 at two, 172 at three;
     benchmarks/results/kernels_h200_fp8_splits.json)."""
     if kv_dtype != torch.float8_e4m3fn:
         return choose_num_splits(batch, num_kv_heads, max_len, num_sms)
