@@ -100,3 +100,36 @@ def test_compare_flags_a_fall_in_either_direction() -> None:
     assert [x.split(":")[0] for x in suite_report.compare(old, new)] == ["a"]
     new["ratios"]["b"]["value"] = 106.0
     assert [x.split(":")[0] for x in suite_report.compare(old, new)] == ["a", "b"]
+
+
+def test_throughput_refuses_a_run_with_aborted_requests() -> None:
+    """A workload whose requests aborted (an OOM in a step, say) raises, so the suite records an
+    error for it instead of a throughput over the requests that survived."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import suite_workloads
+    import torch
+
+    def out(tokens: int, finish: dict) -> dict:
+        return {
+            "output_ids": [1] * tokens,
+            "meta_info": {"completion_tokens": tokens, "finish_reason": finish},
+        }
+
+    class Stub:
+        device = torch.device("cpu")
+
+        def __init__(self, outs: list[dict]) -> None:
+            self.outs = outs
+
+        def get_stats(self) -> dict:
+            return {}
+
+        def generate(self, input_ids: list, sampling_params: dict) -> list[dict]:
+            return self.outs
+
+    ok = out(4, {"type": "length", "length": 4})
+    res = suite_workloads.generate_ids(Stub([ok, ok]), [[1], [2]], {})  # type: ignore[arg-type]
+    assert res["output_tokens"] == 8
+    bad = out(1, {"type": "abort", "message": "CUDA out of memory"})
+    with pytest.raises(RuntimeError, match="1 of 2 requests aborted, first: CUDA out of memory"):
+        suite_workloads.generate_ids(Stub([ok, bad]), [[1], [2]], {})  # type: ignore[arg-type]
