@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import radixlm._hub_kernels  # noqa: F401 - first: routes `kernels` before transformers loads
 from radixlm.api import (
     assistant,
     assistant_begin,

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import radixlm  # noqa: F401 - first: routes the name `kernels` (radixlm/_hub_kernels.py) before tests import transformers
+
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 # Engines here (and servers the tests start) dequantize GGUF weights unless a test asks for
 # quantization="gguf": the exact invariants (greedy output alone == batched == chunked ==

@@ -1,0 +1,42 @@
+"""transformers imports the HF hub-kernels package by its top-level name `kernels` when that
+distribution is installed; from a radixlm checkout the name must not resolve to the checkout's
+kernels/ folder or benchmarks/kernels.py (radixlm/_hub_kernels.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from radixlm._hub_kernels import hub_kernels_init
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(
+    hub_kernels_init() is None, reason="the HF `kernels` distribution is not installed"
+)
+
+
+@pytest.mark.parametrize("cwd", [ROOT, ROOT / "benchmarks"])
+def test_kernels_name_reaches_the_hub_package_from_a_checkout(cwd: Path) -> None:
+    code = (
+        "import sys; sys.path.insert(0, '.'); import radixlm.backend.tokenizer; "
+        "import transformers.integrations.hub_kernels; import kernels; print(kernels.__file__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-800:]
+    assert Path(out.stdout.strip()) == hub_kernels_init()
+
+
+def test_without_the_route_the_checkout_shadows_the_hub_package() -> None:
+    """The control: the same import with radixlm's route removed fails from the benchmarks folder."""
+    code = (
+        "import sys; sys.path.insert(0, '.'); import radixlm._hub_kernels as h; "
+        "sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, h.HubKernelsFinder)]; "
+        "import kernels; print(kernels.__file__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and Path(out.stdout.strip()) == ROOT / "benchmarks" / "kernels.py"
