@@ -2,8 +2,10 @@
 that name whenever its distribution is installed (transformers >= 5.25 depends on it); run from a
 radixlm checkout, the name would first find the checkout's kernels/ folder (the repository root on
 sys.path) or benchmarks/kernels.py (a benchmark script's folder), and importing transformers would
-fail. Promises: once this module is imported (radixlm's first import does it), `import kernels`
-loads the distribution's own package; nothing changes where that distribution is not installed."""
+fail. Promises: once this module is imported (radixlm's first import does it), an `import kernels`
+that would load a file of this checkout loads the distribution's own package instead; any other
+`kernels` (the user's own) resolves as before, and nothing changes where that distribution is not
+installed."""
 
 from __future__ import annotations
 
@@ -19,8 +21,12 @@ from types import ModuleType
 HUB_KERNELS = "kernels"
 
 
+CHECKOUT = Path(__file__).resolve().parents[1]  # the folder holding dsl/, kernels/, benchmarks/
+
+
 class HubKernelsFinder(importlib.abc.MetaPathFinder):
-    """Resolves the top-level name `kernels` to one package folder, ahead of sys.path."""
+    """Resolves the top-level name `kernels` to one package folder where sys.path would resolve it
+    to a file of this checkout."""
 
     def __init__(self, init_file: Path) -> None:
         self.init_file = init_file
@@ -30,6 +36,9 @@ class HubKernelsFinder(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname != HUB_KERNELS:
             return None
+        found = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if found is None or found.origin is None or not Path(found.origin).resolve().is_relative_to(CHECKOUT):
+            return None  # resolves as it would without radixlm
         return importlib.util.spec_from_file_location(
             HUB_KERNELS, self.init_file, submodule_search_locations=[str(self.init_file.parent)]
         )

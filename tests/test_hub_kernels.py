@@ -40,3 +40,12 @@ def test_without_the_route_the_checkout_shadows_the_hub_package() -> None:
         [sys.executable, "-c", code], cwd=ROOT / "benchmarks", capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0 and Path(out.stdout.strip()) == ROOT / "benchmarks" / "kernels.py"
+
+
+def test_a_users_own_kernels_module_is_left_alone(tmp_path: Path) -> None:
+    (tmp_path / "kernels.py").write_text("MINE = True\n")
+    code = "import sys; sys.path.insert(0, '.'); import radixlm; import kernels; print(kernels.MINE)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-800:]
