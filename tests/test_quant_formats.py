@@ -11,7 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.backend.quant_formats import AFFINE_FORMATS, BLOCKS, QuantTensor
-from radixlm.backend.quant_linear import QuantEmbedding, QuantLinear, _int4pack_layout
+from radixlm.backend.quant_linear import (
+    QuantEmbedding,
+    QuantLinear,
+    _direct_packing_matches,
+    _int4pack_layout,
+)
 
 # where each format keeps its fp16 scales (random bytes there could be inf/nan)
 HALF_OFFSETS = {"Q4_0": [0], "Q4_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
@@ -71,10 +76,13 @@ def test_wrong_row_width_is_refused() -> None:
         QuantTensor("Q3_K", torch.zeros(2, 110, dtype=torch.uint8), 256)
 
 
-def test_int4_packing_matches_torch() -> None:
+def test_int4_packing_matches_torch_where_the_layout_says_so() -> None:
+    """torch's CPU int4 tile follows the CPU's vector width: where it is the layout
+    _int4pack_layout writes, the bytes are equal, and _direct_packing_matches must say which case
+    this CPU is (QuantLinear packs through torch's own op otherwise)."""
     q = torch.randint(0, 16, (192, 96), dtype=torch.int32, generator=torch.Generator().manual_seed(3))
     expected = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-    assert torch.equal(_int4pack_layout(q.to(torch.uint8)), expected)
+    assert torch.equal(_int4pack_layout(q.to(torch.uint8)), expected) == _direct_packing_matches()
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

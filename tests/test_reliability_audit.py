@@ -27,6 +27,8 @@ EXPLAINED = {
     "start-up from the command line; requests only name an already registered program",
     ("dsl/cli.py", "dynamic import"): "`radixlm run FILE` runs a file named on the command line",
     ("dsl/__init__.py", "dynamic import"): "lazy attribute import of fixed radixlm module names",
+    ("dsl/_hub_kernels.py", "dynamic import"): "the installed `kernels` distribution's own package "
+    "file, located through its metadata; no request input reaches it",
     ("backend/server/dp.py", "subprocess"): "`radixlm serve --dp N` starts its replicas and the "
     "router once, from the command line's own arguments, as an argument list (no shell); requests "
     "only reach them over HTTP",
