@@ -30,8 +30,8 @@ from .quant_gemv_configs import (
     choose_config,
     default_config,
 )
-from .quant_gemv_dp4a import DP4A_FORMATS, dp4a_supported, gemv_dp4a
-from .quant_gemv_half2 import HALF2_FORMATS, gemv_half2, half2_supported
+from .quant_gemv_dp4a import DP4A_FORMATS, gemv_dp4a
+from .quant_gemv_half2 import HALF2_FORMATS, gemv_half2, one_16bit_row
 
 GEMV_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
 # kernel arithmetic per format: Q4_K's sub-blocks of 32 are Q4_1's affine form with fp32 scales
@@ -271,10 +271,10 @@ def _validate(x: torch.Tensor, w: GpuBlocks) -> None:
 
 def _check_one_row_kind(kind: str, x: torch.Tensor, qtype: str) -> None:
     """The packed one-row kinds serve one 16-bit row of their formats; anything else is refused."""
-    served = {"half2": (half2_supported, HALF2_FORMATS), "dp4a": (dp4a_supported, DP4A_FORMATS)}
-    if kind in served and not served[kind][0](x, qtype):
+    served = {"half2": HALF2_FORMATS, "dp4a": DP4A_FORMATS}
+    if kind in served and not (qtype in served[kind] and one_16bit_row(x)):
         raise ValueError(
-            f"quant_matmul kind {kind!r} serves one bf16/fp16 row of {', '.join(served[kind][1])} "
+            f"quant_matmul kind {kind!r} serves one bf16/fp16 row of {', '.join(served[kind])} "
             f"weights, got M={x.shape[0]}, {x.dtype}, {qtype}"
         )
 

@@ -171,11 +171,6 @@ def _gemv_dp4a_kernel(
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=offs < N)
 
 
-def dp4a_supported(x: torch.Tensor, qtype: str) -> bool:
-    """Whether `gemv_dp4a` serves this row and format (one bf16/fp16 row, a format above)."""
-    return qtype in DP4A_FORMATS and x.dtype in (torch.bfloat16, torch.float16) and x.shape[0] == 1
-
-
 def gemv_dp4a(
     x: torch.Tensor,
     qs: torch.Tensor,
@@ -222,4 +217,4 @@ def quantize_x_ref(x: torch.Tensor) -> torch.Tensor:
     return (torch.floor(xg * inv + 0.5) * (amax / 127.0)).reshape(x.shape)
 
 
-__all__ = ["DP4A_FORMATS", "dp4a_supported", "gemv_dp4a", "quantize_x_ref"]
+__all__ = ["DP4A_FORMATS", "gemv_dp4a", "quantize_x_ref"]

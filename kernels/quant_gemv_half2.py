@@ -286,9 +286,9 @@ def launch_one_row(
     return y
 
 
-def half2_supported(x: torch.Tensor, qtype: str) -> bool:
-    """Whether `gemv_half2` serves this row and format (one 16-bit row, a Q4 format)."""
-    return qtype in HALF2_FORMATS and x.dtype in (torch.bfloat16, torch.float16) and x.shape[0] == 1
+def one_16bit_row(x: torch.Tensor) -> bool:
+    """Whether x is what the one-row kinds (half2, dp4a) take: one bf16 or fp16 row."""
+    return x.dtype in (torch.bfloat16, torch.float16) and x.shape[0] == 1
 
 
 def gemv_half2(
