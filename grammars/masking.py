@@ -17,6 +17,7 @@ import xgrammar as xgr
 from radixlm.kernels.bitmask import unpack_bitmask_cpu
 
 from .base import allocate_token_bitmask, apply_token_bitmask_
+from .xgrammar_backend import XGrammarRows, fill_xgrammar_rows
 
 
 def fill_bitmask(
@@ -29,21 +30,21 @@ def fill_bitmask(
     rows = [i for i, r in enumerate(reqs) if getattr(r, "grammar", None) is not None]
     bitmask = allocate_token_bitmask(len(rows), vocab_size, pin_memory)
     batched: list[tuple[llg.LLMatcher, int]] = []
-    xgr_matchers: list[xgr.GrammarMatcher] = []
-    xgr_rows: list[int] = []
+    xgr_groups: dict[int, tuple[list[xgr.GrammarMatcher], list[int]]] = {}  # by xgrammar vocab size
     for k, i in enumerate(rows):
         grammar = reqs[i].grammar
         source = getattr(grammar, "parallel_mask_matcher", None)
         matcher = source() if source is not None else None
         if matcher is None:
             grammar.fill_next_token_bitmask(bitmask, k)
-        elif isinstance(matcher, xgr.GrammarMatcher):
-            xgr_matchers.append(matcher)
-            xgr_rows.append(k)
+        elif isinstance(matcher, XGrammarRows):
+            matchers, ks = xgr_groups.setdefault(matcher.vocab_size, ([], []))
+            matchers.append(matcher.matcher)
+            ks.append(k)
         else:
             batched.append((matcher, k))
-    if xgr_matchers:
-        _xgrammar_batch().batch_fill_next_token_bitmask(xgr_matchers, bitmask, xgr_rows)
+    for xgr_vocab, (matchers, ks) in xgr_groups.items():
+        fill_xgrammar_rows(bitmask, matchers, ks, xgr_vocab)
     if len(batched) == 1:
         matcher, k = batched[0]
         matcher.unsafe_compute_mask_ptr(bitmask[k].data_ptr(), bitmask.shape[1] * 4)
@@ -79,12 +80,6 @@ def _executor() -> llg.LLExecutor:
     lexer cache), and every thread it adds takes a core from the scheduler and the tokenizer."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return llg.LLExecutor(num_threads=mask_threads(usable))
-
-
-@functools.cache
-def _xgrammar_batch() -> xgr.BatchGrammarMatcher:
-    """One thread: an xgrammar row takes microseconds, less than handing it to another thread."""
-    return xgr.BatchGrammarMatcher(max_threads=1)
 
 
 def mask_threads(usable_cpus: int) -> int:

@@ -10,7 +10,6 @@ from typing import Any
 
 import jsonschema
 import llguidance as llg
-import xgrammar as xgr
 
 from .base import allocate_token_bitmask
 from .guard_mask import TokenFeatures, allowed_ids, prune_open_scalars, refine_mask, token_features
@@ -19,7 +18,7 @@ from .llguidance_backend import LLGuidanceCompiled, LLGuidanceCompiler, LLGuidan
 from .schema_formats import format_checker
 from .schema_guard import GuardPlan, verdict_validator
 from .schema_policy import locate
-from .xgrammar_backend import XGrammarCompiled, XGrammarMatcher
+from .xgrammar_backend import XGrammarCompiled, XGrammarMatcher, XGrammarRows
 
 ModeGrammar = LLGuidanceCompiled | XGrammarCompiled
 ModeMatcher = LLGuidanceMatcher | XGrammarMatcher
@@ -238,7 +237,7 @@ class SchemaMatcher:
         self._m.rollback(1)
         return allowed_ids(probe[0], self._g.compiler.vocab_size)
 
-    def parallel_mask_matcher(self) -> llg.LLMatcher | xgr.GrammarMatcher | None:
+    def parallel_mask_matcher(self) -> llg.LLMatcher | XGrammarRows | None:
         """The engine matcher for a batched fill (grammars/masking.py); None while a value check
         may refine the mask (the row is then filled on its own)."""
         if self._tracker is not None and self._tracker.live_depth() >= 0:

@@ -1,11 +1,14 @@
 """xgrammar adapter: regex, JSON schema, EBNF and built-in JSON through xgrammar, behind our
 GrammarMatcher interface. Promises: the same vocabulary view as our FSM (special tokens blanked so
-they are never allowed, the same stop tokens); xgrammar errors become ValueError."""
+they are never allowed, the same stop tokens, ids past the tokenizer's own never allowed);
+xgrammar errors become ValueError."""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import xgrammar as xgr
 
@@ -20,23 +23,76 @@ _VOCAB_TYPES = {
 }
 
 
+def defined_vocab_size(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> int:
+    """How many leading ids of the model's vocab_size the tokenizer defines. A model may pad its
+    vocabulary (a 49,152-token tokenizer on a 128,256-row LM head): xgrammar would take every
+    padding id as a special token, and it scans its special-token list on every accept_token,
+    which then costs tens of microseconds instead of one or two."""
+    ids = [*tokenizer.get_vocab().values(), *stop_token_ids]
+    return min(vocab_size, max(ids, default=-1) + 1)
+
+
 def make_tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> xgr.TokenizerInfo:
-    """xgrammar's TokenizerInfo, decoding tokens itself, with special tokens blanked (never allowed)."""
+    """xgrammar's TokenizerInfo, decoding tokens itself, with special tokens blanked (never allowed),
+    over the ids the tokenizer defines (defined_vocab_size): padding ids are not xgrammar's."""
     vocab = tokenizer.get_vocab()
     specials = special_token_ids(tokenizer)
-    encoded = [""] * vocab_size
+    size = defined_vocab_size(tokenizer, vocab_size, stop_token_ids)
+    encoded = [""] * size
     for tok, idx in vocab.items():
-        if idx < vocab_size and idx not in specials:
+        if idx < size and idx not in specials:
             encoded[idx] = tok
     vtype = _VOCAB_TYPES[detect_vocab_type(tokenizer, vocab)]
-    return xgr.TokenizerInfo(encoded, vocab_type=vtype, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+    return xgr.TokenizerInfo(encoded, vocab_type=vtype, vocab_size=size, stop_token_ids=stop_token_ids)
+
+
+class XGrammarRows(NamedTuple):
+    """A matcher handed to a batched fill (grammars/masking.py), with the size of xgrammar's own
+    vocabulary (its bitmask rows are that wide; the model's may be wider)."""
+
+    matcher: xgr.GrammarMatcher
+    vocab_size: int
+
+
+def fill_xgrammar_rows(
+    bitmask: torch.Tensor, matchers: list[xgr.GrammarMatcher], rows: list[int], vocab_size: int
+) -> None:
+    """Fill bitmask[rows] (int32 words, CPU, as wide as the model's vocabulary) from xgrammar
+    matchers over a vocabulary of vocab_size ids, in one call; ids past vocab_size are not allowed."""
+    words = (vocab_size + 31) // 32
+    if words == bitmask.shape[1]:
+        _batch().batch_fill_next_token_bitmask(matchers, bitmask, rows)
+    else:
+        narrow = torch.empty((len(rows), words), dtype=torch.int32)
+        _batch().batch_fill_next_token_bitmask(matchers, narrow, list(range(len(rows))))
+        bitmask.numpy()[rows, :words] = narrow.numpy()
+        bitmask.numpy()[rows, words:] = 0
+    if vocab_size % 32:  # xgrammar leaves the last word's bits past its vocabulary as they were
+        out = bitmask.numpy().view(np.uint32)
+        out[rows, words - 1] &= np.uint32((1 << (vocab_size % 32)) - 1)
+
+
+@functools.cache
+def _batch() -> xgr.BatchGrammarMatcher:
+    """One thread: an xgrammar row takes microseconds, less than handing it to another thread."""
+    return xgr.BatchGrammarMatcher(max_threads=1)
 
 
 class XGrammarCompiled:
     engine = "xgrammar"
 
-    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int, stop_token_ids: list[int]) -> None:
+    def __init__(
+        self,
+        compiled: xgr.CompiledGrammar,
+        vocab_size: int,
+        stop_token_ids: list[int],
+        xgrammar_vocab_size: int | None = None,
+    ) -> None:
+        """vocab_size: the model's (the width of the masks it reads); xgrammar_vocab_size: that
+        of the TokenizerInfo the grammar was compiled with (default: the same)."""
         self.compiled = compiled
+        self.vocab_size = vocab_size
+        self.xgrammar_vocab_size = xgrammar_vocab_size or vocab_size
         self.stop_token_ids = list(stop_token_ids)
         words = torch.zeros((vocab_size + 31) // 32 * 32, dtype=torch.bool)
         words[self.stop_token_ids] = True
@@ -63,7 +119,7 @@ class XGrammarMatcher:
         if self.is_terminated():
             bitmask[row].copy_(self._g.eos_mask)
         else:
-            self._m.fill_next_token_bitmask(bitmask, row)
+            fill_xgrammar_rows(bitmask, [self._m], [row], self._g.xgrammar_vocab_size)
 
     def accept_token(self, token_id: int) -> bool:
         if self.is_terminated() or not self._m.accept_token(int(token_id)):
@@ -86,10 +142,10 @@ class XGrammarMatcher:
         """Whether the text so far is a complete match (a stop token may come now)."""
         return self.is_terminated() or self._m.is_completed()
 
-    def parallel_mask_matcher(self) -> xgr.GrammarMatcher | None:
+    def parallel_mask_matcher(self) -> XGrammarRows | None:
         """The xgrammar matcher whose mask fill_next_token_bitmask would compute, for a batched fill
         (grammars/masking.py); None once terminated (the row is then the stop-token row)."""
-        return None if self.is_terminated() else self._m
+        return None if self.is_terminated() else XGrammarRows(self._m, self._g.xgrammar_vocab_size)
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
@@ -175,4 +231,4 @@ class XGrammarCompiler:
         except (RuntimeError, xgr.InvalidJSONError) as e:
             msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise ValueError(f"invalid {kind}: {msg}") from e
-        return XGrammarCompiled(out, self.vocab_size, self.stop_token_ids)
+        return XGrammarCompiled(out, self.vocab_size, self.stop_token_ids, self.info.vocab_size)

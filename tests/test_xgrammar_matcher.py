@@ -59,5 +59,45 @@ def test_kept_termination_matches_xgrammar_through_random_walks() -> None:
                 elif m.is_terminated():
                     assert not m.accept_token(pick)
             assert m.is_terminated() == m._m.is_terminated()
-            assert m.parallel_mask_matcher() is (None if m._m.is_terminated() else m._m)
+            rows = m.parallel_mask_matcher()
+            assert (rows is None) if m._m.is_terminated() else (rows is not None and rows.matcher is m._m)
     assert terminations > 0 and rollbacks_of_a_stop > 0  # both sides of the cache were exercised
+
+
+def test_padded_model_vocabulary_is_not_xgrammar_special_tokens() -> None:
+    """A model whose LM head is wider than its tokenizer (padding ids): xgrammar sees only the ids
+    the tokenizer defines (it scans its special-token list on every accept, so 79,104 padding ids
+    cost ~25 us per token), and masks as wide as the model's vocabulary, filled one row at a time or
+    batched, equal the unpadded masks with every padding id disallowed."""
+    from radixlm.grammars import GrammarBackend
+    from radixlm.grammars.masking import fill_bitmask
+
+    tok = default_tokenizer()
+    padded = VOCAB + 1003  # not a multiple of 32: the last word is part tokenizer, part padding
+    stops = [tok.eos_token_id]
+    assert len(make_tokenizer_info(tok, padded, stops).special_token_ids) == len(
+        make_tokenizer_info(tok, VOCAB, stops).special_token_ids
+    )
+    ref = GrammarBackend(tok, VOCAB, stop_token_ids=stops).compile("json_schema", SCHEMA, "xgrammar")
+    wide = GrammarBackend(tok, padded, stop_token_ids=stops).compile("json_schema", SCHEMA, "xgrammar")
+    rng = random.Random(1)
+    walks = [(ref.new_matcher(), wide.new_matcher()) for _ in range(3)]
+    for _ in range(30):
+        reqs = [type("Req", (), {"grammar": w})() for _, w in walks]
+        batched, _ = fill_bitmask(reqs, padded)
+        for k, (r, w) in enumerate(walks):
+            one = xgr.allocate_token_bitmask(1, padded)
+            w.fill_next_token_bitmask(one, 0)
+            assert torch.equal(one[0], batched[k])
+            expected = xgr.allocate_token_bitmask(1, VOCAB)
+            r.fill_next_token_bitmask(expected, 0)
+            bits = ((one[0].to(torch.int64)[:, None] >> torch.arange(32)) & 1).flatten()
+            ref_bits = ((expected[0].to(torch.int64)[:, None] >> torch.arange(32)) & 1).flatten()
+            assert torch.equal(bits[:VOCAB], ref_bits[:VOCAB])
+            assert not bits[VOCAB:].any()
+            allowed = torch.nonzero(ref_bits[:VOCAB]).flatten().tolist()
+            if not allowed or r.is_terminated():
+                continue
+            pick = rng.choice(allowed)
+            assert r.accept_token(pick) and w.accept_token(pick)
+    assert not walks[0][1].accept_token(VOCAB + 5)  # a padding id is never accepted
