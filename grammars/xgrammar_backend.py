@@ -60,15 +60,15 @@ def fill_xgrammar_rows(
     """Fill bitmask[rows] (int32 words, CPU, as wide as the model's vocabulary) from xgrammar
     matchers over a vocabulary of vocab_size ids, in one call; ids past vocab_size are not allowed."""
     words = (vocab_size + 31) // 32
+    out = bitmask.numpy().view(np.uint32)
     if words == bitmask.shape[1]:
         _batch().batch_fill_next_token_bitmask(matchers, bitmask, rows)
     else:
         narrow = torch.empty((len(rows), words), dtype=torch.int32)
         _batch().batch_fill_next_token_bitmask(matchers, narrow, list(range(len(rows))))
-        bitmask.numpy()[rows, :words] = narrow.numpy()
-        bitmask.numpy()[rows, words:] = 0
+        out[rows, :words] = narrow.numpy().view(np.uint32)
+        out[rows, words:] = 0
     if vocab_size % 32:  # xgrammar leaves the last word's bits past its vocabulary as they were
-        out = bitmask.numpy().view(np.uint32)
         out[rows, words - 1] &= np.uint32((1 << (vocab_size % 32)) - 1)
 
 
@@ -81,18 +81,11 @@ def _batch() -> xgr.BatchGrammarMatcher:
 class XGrammarCompiled:
     engine = "xgrammar"
 
-    def __init__(
-        self,
-        compiled: xgr.CompiledGrammar,
-        vocab_size: int,
-        stop_token_ids: list[int],
-        xgrammar_vocab_size: int | None = None,
-    ) -> None:
-        """vocab_size: the model's (the width of the masks it reads); xgrammar_vocab_size: that
-        of the TokenizerInfo the grammar was compiled with (default: the same)."""
+    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int, stop_token_ids: list[int]) -> None:
+        """vocab_size: the model's (the width of the masks it reads); the grammar's own TokenizerInfo
+        may cover fewer ids (make_tokenizer_info)."""
         self.compiled = compiled
-        self.vocab_size = vocab_size
-        self.xgrammar_vocab_size = xgrammar_vocab_size or vocab_size
+        self.xgrammar_vocab_size: int = compiled.tokenizer_info.vocab_size
         self.stop_token_ids = list(stop_token_ids)
         words = torch.zeros((vocab_size + 31) // 32 * 32, dtype=torch.bool)
         words[self.stop_token_ids] = True
@@ -231,4 +224,4 @@ class XGrammarCompiler:
         except (RuntimeError, xgr.InvalidJSONError) as e:
             msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise ValueError(f"invalid {kind}: {msg}") from e
-        return XGrammarCompiled(out, self.vocab_size, self.stop_token_ids, self.info.vocab_size)
+        return XGrammarCompiled(out, self.vocab_size, self.stop_token_ids)
