@@ -17,7 +17,7 @@ import xgrammar as xgr
 from radixlm.kernels.bitmask import unpack_bitmask_cpu
 
 from .base import allocate_token_bitmask, apply_token_bitmask_
-from .xgrammar_backend import XGrammarRows, fill_xgrammar_rows
+from .xgrammar_backend import XGrammarRows, XGrammarVocab, fill_xgrammar_rows
 
 
 def fill_bitmask(
@@ -30,7 +30,7 @@ def fill_bitmask(
     rows = [i for i, r in enumerate(reqs) if getattr(r, "grammar", None) is not None]
     bitmask = allocate_token_bitmask(len(rows), vocab_size, pin_memory)
     batched: list[tuple[llg.LLMatcher, int]] = []
-    xgr_groups: dict[int, tuple[list[xgr.GrammarMatcher], list[int]]] = {}  # by xgrammar vocab size
+    xgr_groups: dict[XGrammarVocab, tuple[list[xgr.GrammarMatcher], list[int]]] = {}  # by id layout
     for k, i in enumerate(rows):
         grammar = reqs[i].grammar
         source = getattr(grammar, "parallel_mask_matcher", None)
@@ -38,13 +38,13 @@ def fill_bitmask(
         if matcher is None:
             grammar.fill_next_token_bitmask(bitmask, k)
         elif isinstance(matcher, XGrammarRows):
-            matchers, ks = xgr_groups.setdefault(matcher.vocab_size, ([], []))
+            matchers, ks = xgr_groups.setdefault(matcher.layout, ([], []))
             matchers.append(matcher.matcher)
             ks.append(k)
         else:
             batched.append((matcher, k))
-    for xgr_vocab, (matchers, ks) in xgr_groups.items():
-        fill_xgrammar_rows(bitmask, matchers, ks, xgr_vocab)
+    for layout, (matchers, ks) in xgr_groups.items():
+        fill_xgrammar_rows(bitmask, matchers, ks, layout)
     if len(batched) == 1:
         matcher, k = batched[0]
         matcher.unsafe_compute_mask_ptr(bitmask[k].data_ptr(), bitmask.shape[1] * 4)

@@ -23,42 +23,63 @@ _VOCAB_TYPES = {
 }
 
 
-def defined_vocab_size(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> int:
+def defined_vocab_size(tokenizer: Any, vocab_size: int) -> int:
     """How many leading ids of the model's vocab_size the tokenizer defines. A model may pad its
     vocabulary (a 49,152-token tokenizer on a 128,256-row LM head): xgrammar would take every
     padding id as a special token, and it scans its special-token list on every accept_token,
     which then costs tens of microseconds instead of one or two."""
-    ids = [*tokenizer.get_vocab().values(), *stop_token_ids]
-    return min(vocab_size, max(ids, default=-1) + 1)
+    return min(vocab_size, max(tokenizer.get_vocab().values(), default=-1) + 1)
 
 
 def make_tokenizer_info(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> xgr.TokenizerInfo:
     """xgrammar's TokenizerInfo, decoding tokens itself, with special tokens blanked (never allowed),
-    over the ids the tokenizer defines (defined_vocab_size): padding ids are not xgrammar's."""
+    over the ids the tokenizer defines (defined_vocab_size): padding ids are not xgrammar's. Stop
+    ids past those (a model's EOS ids beyond its tokenizer's, as in a Llama-3 shape over a smaller
+    tokenizer) are not brought in with the padding before them: xgrammar stops on one blanked
+    special token in their place, its proxy (XGrammarCompiled maps it back)."""
     vocab = tokenizer.get_vocab()
     specials = special_token_ids(tokenizer)
-    size = defined_vocab_size(tokenizer, vocab_size, stop_token_ids)
+    size = defined_vocab_size(tokenizer, vocab_size)
+    stops = [s for s in stop_token_ids if s < size]
+    if len(stops) < len(stop_token_ids):
+        proxy = min((i for i in specials if i < size and i not in stop_token_ids), default=None)
+        if proxy is None:  # no spare special token: the far stops come in, padding and all
+            size, stops = min(vocab_size, max(stop_token_ids) + 1), list(stop_token_ids)
+        else:
+            stops.append(proxy)
     encoded = [""] * size
     for tok, idx in vocab.items():
         if idx < size and idx not in specials:
             encoded[idx] = tok
     vtype = _VOCAB_TYPES[detect_vocab_type(tokenizer, vocab)]
-    return xgr.TokenizerInfo(encoded, vocab_type=vtype, vocab_size=size, stop_token_ids=stop_token_ids)
+    return xgr.TokenizerInfo(encoded, vocab_type=vtype, vocab_size=size, stop_token_ids=stops)
+
+
+class XGrammarVocab(NamedTuple):
+    """Where xgrammar's ids sit among the model's: its first `size` ids are the model's own; the
+    model's stop ids past them (far_stops) are xgrammar's `proxy` id, which is never allowed
+    itself."""
+
+    size: int
+    proxy: int | None
+    far_stops: tuple[int, ...]
 
 
 class XGrammarRows(NamedTuple):
-    """A matcher handed to a batched fill (grammars/masking.py), with the size of xgrammar's own
-    vocabulary (its bitmask rows are that wide; the model's may be wider)."""
+    """A matcher handed to a batched fill (grammars/masking.py), with its vocabulary layout (its
+    bitmask rows are `layout.size` ids wide; the model's may be wider)."""
 
     matcher: xgr.GrammarMatcher
-    vocab_size: int
+    layout: XGrammarVocab
 
 
 def fill_xgrammar_rows(
-    bitmask: torch.Tensor, matchers: list[xgr.GrammarMatcher], rows: list[int], vocab_size: int
+    bitmask: torch.Tensor, matchers: list[xgr.GrammarMatcher], rows: list[int], layout: XGrammarVocab
 ) -> None:
     """Fill bitmask[rows] (int32 words, CPU, as wide as the model's vocabulary) from xgrammar
-    matchers over a vocabulary of vocab_size ids, in one call; ids past vocab_size are not allowed."""
+    matchers of one layout, in one call: ids past layout.size are not allowed, except the far stop
+    ids where xgrammar allows their proxy (which is then cleared)."""
+    vocab_size = layout.size
     words = (vocab_size + 31) // 32
     out = bitmask.numpy().view(np.uint32)
     if words == bitmask.shape[1]:
@@ -70,6 +91,12 @@ def fill_xgrammar_rows(
         out[rows, words:] = 0
     if vocab_size % 32:  # xgrammar leaves the last word's bits past its vocabulary as they were
         out[rows, words - 1] &= np.uint32((1 << (vocab_size % 32)) - 1)
+    if layout.proxy is not None:
+        word, bit = divmod(layout.proxy, 32)
+        stopping = np.asarray(rows)[np.flatnonzero(out[rows, word] >> np.uint32(bit) & 1)]
+        out[stopping, word] &= ~np.uint32(1 << bit)
+        for s in layout.far_stops:
+            out[stopping, s // 32] |= np.uint32(1 << (s % 32))
 
 
 @functools.cache
@@ -83,15 +110,25 @@ class XGrammarCompiled:
 
     def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int, stop_token_ids: list[int]) -> None:
         """vocab_size: the model's (the width of the masks it reads); the grammar's own TokenizerInfo
-        may cover fewer ids (make_tokenizer_info)."""
+        may cover fewer ids, and stand in one proxy id for the stop ids past them
+        (make_tokenizer_info)."""
         self.compiled = compiled
-        self.xgrammar_vocab_size: int = compiled.tokenizer_info.vocab_size
+        info = compiled.tokenizer_info
         self.stop_token_ids = list(stop_token_ids)
+        far = tuple(s for s in stop_token_ids if s >= info.vocab_size)
+        proxies = [s for s in info.stop_token_ids if s not in self.stop_token_ids]
+        self.layout = XGrammarVocab(info.vocab_size, proxies[0] if far and proxies else None, far)
+        self.xgrammar_stop_ids = [s for s in stop_token_ids if s < info.vocab_size] + proxies[:1]
         words = torch.zeros((vocab_size + 31) // 32 * 32, dtype=torch.bool)
         words[self.stop_token_ids] = True
         shifts = torch.arange(32, dtype=torch.int64)
         packed = (words.view(-1, 32).to(torch.int64) << shifts).sum(dim=1)
         self.eos_mask = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+    def xgrammar_id(self, token_id: int) -> int:
+        """The id xgrammar knows token_id by (a far stop id is its proxy)."""
+        proxy = self.layout.proxy
+        return proxy if proxy is not None and token_id in self.layout.far_stops else token_id
 
     def new_matcher(self) -> XGrammarMatcher:
         return XGrammarMatcher(self)
@@ -105,17 +142,17 @@ class XGrammarMatcher:
 
     def __init__(self, grammar: XGrammarCompiled) -> None:
         self._g = grammar
-        self._m = xgr.GrammarMatcher(grammar.compiled, override_stop_tokens=grammar.stop_token_ids)
+        self._m = xgr.GrammarMatcher(grammar.compiled, override_stop_tokens=grammar.xgrammar_stop_ids)
         self._terminated: bool | None = False
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         if self.is_terminated():
             bitmask[row].copy_(self._g.eos_mask)
         else:
-            fill_xgrammar_rows(bitmask, [self._m], [row], self._g.xgrammar_vocab_size)
+            fill_xgrammar_rows(bitmask, [self._m], [row], self._g.layout)
 
     def accept_token(self, token_id: int) -> bool:
-        if self.is_terminated() or not self._m.accept_token(int(token_id)):
+        if self.is_terminated() or not self._m.accept_token(self._g.xgrammar_id(int(token_id))):
             return False
         self._terminated = None if int(token_id) in self._g.stop_token_ids else False
         return True
@@ -138,7 +175,7 @@ class XGrammarMatcher:
     def parallel_mask_matcher(self) -> XGrammarRows | None:
         """The xgrammar matcher whose mask fill_next_token_bitmask would compute, for a batched fill
         (grammars/masking.py); None once terminated (the row is then the stop-token row)."""
-        return None if self.is_terminated() else XGrammarRows(self._m, self._g.xgrammar_vocab_size)
+        return None if self.is_terminated() else XGrammarRows(self._m, self._g.layout)
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
