@@ -160,9 +160,9 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, qtype: str, rows: int) -> torch.
 @functools.cache
 def dense_dtype() -> torch.dtype:
     """The dtype the many-row path dequantizes to and multiplies in: bf16 where the CPU has bf16
-    dot products (AVX512-BF16, AMX), else fp32. Without them torch's bf16 matmul ran about six
-    times slower than fp32 (17-20 against 100-170 GFLOP/s at the default model's shapes on a
-    2-core AVX2 machine)."""
+    dot products (AVX512-BF16, AMX), else fp32. Without them torch's bf16 matmul converts as it
+    goes and runs about six times slower than fp32 (17-20 against 100-170 GFLOP/s at the
+    default model's shapes on a 2-core AVX2 machine)."""
     flags = _cpu_flags().split()
     return torch.bfloat16 if "avx512_bf16" in flags or "amx_bf16" in flags else torch.float32
 
