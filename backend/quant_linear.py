@@ -113,9 +113,8 @@ class BlockSegment(nn.Module):
         if x.shape[0] <= quant_gemv_cpu.GEMV_MAX_ROWS:
             y = quant_gemv_cpu.gemm(x, self.packed, self.qtype, self.rows)
         else:
-            dtype = quant_gemv_cpu.dense_dtype()
-            w = quant_gemv_cpu.dequantize(self.packed, self.qtype, self.rows, self.cols, dtype)
-            y = F.linear(x.to(dtype), w)
+            w = quant_gemv_cpu.dequantize_bf16(self.packed, self.qtype, self.rows, self.cols)
+            y = F.linear(x.to(torch.bfloat16), w)
         return y if native else y.to(x.dtype)
 
 
