@@ -25,8 +25,11 @@ VOCAB = 49152
 def _allowed(m: XGrammarMatcher) -> list[int]:
     mask = xgr.allocate_token_bitmask(1, VOCAB)
     m.fill_next_token_bitmask(mask, 0)
-    bits = (mask[0].to(torch.int64)[:, None] >> torch.arange(32)) & 1
-    return [t for t in torch.nonzero(bits.flatten()).flatten().tolist() if t < VOCAB]
+    return [t for t in torch.nonzero(_bits(mask[0])).flatten().tolist() if t < VOCAB]
+
+
+def _bits(mask_row: torch.Tensor) -> torch.Tensor:
+    return ((mask_row.to(torch.int64)[:, None] >> torch.arange(32)) & 1).flatten()
 
 
 def test_kept_termination_matches_xgrammar_through_random_walks() -> None:
@@ -91,8 +94,7 @@ def test_padded_model_vocabulary_is_not_xgrammar_special_tokens() -> None:
             assert torch.equal(one[0], batched[k])
             expected = xgr.allocate_token_bitmask(1, VOCAB)
             r.fill_next_token_bitmask(expected, 0)
-            bits = ((one[0].to(torch.int64)[:, None] >> torch.arange(32)) & 1).flatten()
-            ref_bits = ((expected[0].to(torch.int64)[:, None] >> torch.arange(32)) & 1).flatten()
+            bits, ref_bits = _bits(one[0]), _bits(expected[0])
             assert torch.equal(bits[:VOCAB], ref_bits[:VOCAB])
             assert not bits[VOCAB:].any()
             allowed = torch.nonzero(ref_bits[:VOCAB]).flatten().tolist()
@@ -101,10 +103,6 @@ def test_padded_model_vocabulary_is_not_xgrammar_special_tokens() -> None:
             pick = rng.choice(allowed)
             assert r.accept_token(pick) and w.accept_token(pick)
     assert not walks[0][1].accept_token(VOCAB + 5)  # a padding id is never accepted
-
-
-def _bits(mask_row: torch.Tensor) -> torch.Tensor:
-    return ((mask_row.to(torch.int64)[:, None] >> torch.arange(32)) & 1).flatten()
 
 
 def test_stop_ids_past_the_tokenizer_are_not_brought_in_with_the_padding() -> None:
