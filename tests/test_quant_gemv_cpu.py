@@ -1,6 +1,6 @@
 """The CPU kernel over GGUF blocks (radixlm.kernels.quant_gemv_cpu) against exact arithmetic: the
 decode path equals the float64 product with the activations quantized as the kernel documents
-(int8 per block of 32, exact block sums), so any wrong lane, pair order, tail row or tail
+(int8 per block of 32, offsets on the rounded block sums), so any wrong lane, pair order, tail row or tail
 block shows as an error far above float rounding; the many-row path's bf16 weights equal
 gguf's dequantization; each row of x gives the same bits whatever rows come with it; the
 huge-page arena holds exact copies. Also the CPU decode pieces that
@@ -24,22 +24,13 @@ FORMATS = ["Q4_0", "Q4_1", "Q8_0"]
 
 
 def simulated(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:
-    """What the kernel computes, in float64: x rounded to int8 * scale per block of 32 for the
-    dot products; the offset terms (Q4_1's m, Q4_0's -8 d) against x's exact block sums."""
+    """What the kernel computes, in float64: x rounded to int8 * scale per block of 32, times the
+    dequantized weights; the offset terms (Q4_1's m, Q4_0's -8 d) see the rounded x too."""
     m, k = x.shape
     xb = x.double().view(m, -1, 32)
     d = xb.abs().amax(-1, keepdim=True) / 127
     xq = torch.round(xb / torch.where(d > 0, d, torch.ones_like(d))) * d
-    w = reference(raw.numpy(), qtype).double()
-    out = xq.reshape(m, k) @ w.T
-    nbytes = K.BLOCK_BYTES[qtype]
-    halves = raw.view(raw.shape[0], -1, nbytes)[..., :4].contiguous().view(torch.float16).double()
-    exact_minus_rounded = xb.sum(-1) - xq.sum(-1)  # [m, nb]
-    if qtype == "Q4_1":
-        out += exact_minus_rounded @ halves[..., 1].T
-    if qtype == "Q4_0":
-        out -= 8 * exact_minus_rounded @ halves[..., 0].T
-    return out
+    return xq.reshape(m, k) @ reference(raw.numpy(), qtype).double().T
 
 
 @needs_kernel

@@ -39,16 +39,18 @@ static inline float hsum(__m256 v) {
 #define MASKED_TAIL 0
 #endif
 
-/* x [m, nb * 32] -> int8 qx, per-block scale dx (qx * dx ~ x), exact per-block sum sx and sum of
-   qx. With USE512 and 4-bit weights a row's block pairs (b, b+1) are stored as b's values 0-15,
+/* x [m, nb * 32] -> int8 qx, per-block scale dx (qx * dx ~ x), sum of qx, and sx = dx * sum(qx):
+   the block's sum as quantized, so that the offset term of Q4_0/Q4_1 (-8 d sum(x), m sum(x)) sees
+   the same x as the dot product and the error is sum(w * (x - qx * dx)), llama.cpp's Q8_1 choice.
+   The exact sum would leave only d * q (all of one sign, twice w's spread) against the error. With USE512 and 4-bit weights a row's block pairs (b, b+1) are stored as b's values 0-15,
    b+1's 0-15, b's 16-31, b+1's 16-31: the order their nibbles unpack in. */
 static void quantize_x(const float *x, int64_t m, int64_t nb, int fmt, int8_t *qx, float *dx, float *sx,
                        float *qsum) {
     for (int64_t i = 0; i < m; i++)
         for (int64_t b = 0; b < nb; b++) {
             const float *v = x + (i * nb + b) * 32;
-            float amax = 0.f, sum = 0.f;
-            for (int j = 0; j < 32; j++) { float a = fabsf(v[j]); amax = a > amax ? a : amax; sum += v[j]; }
+            float amax = 0.f;
+            for (int j = 0; j < 32; j++) { float a = fabsf(v[j]); amax = a > amax ? a : amax; }
             const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
             int8_t *o = qx + (i * nb + b) * 32;
             int lo = 0, hi = 16, qs = 0;
@@ -61,7 +63,7 @@ static void quantize_x(const float *x, int64_t m, int64_t nb, int fmt, int8_t *q
                 const int a = (int)lrintf(v[j] * id), c = (int)lrintf(v[j + 16] * id);
                 o[lo + j] = (int8_t)a; o[hi + j] = (int8_t)c; qs += a + c;
             }
-            dx[i * nb + b] = d; sx[i * nb + b] = sum; qsum[i * nb + b] = (float)qs;
+            dx[i * nb + b] = d; sx[i * nb + b] = d * (float)qs; qsum[i * nb + b] = (float)qs;
         }
 }
 
