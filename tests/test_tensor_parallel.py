@@ -104,9 +104,16 @@ def test_gguf_blocks_split_on_block_boundaries_only():
         list(shard_weights([(name, k)], ModelConfig.from_hf_dict({**TINY, "intermediate_size": 256}), a))
 
 
-def _tp2(model_dir: Path, quantization: str, prompt: list[int], steps: int, tmp_path: Path) -> dict:
+def _tp2(
+    model_dir: Path,
+    quantization: str,
+    prompt: list[int],
+    steps: int,
+    tmp_path: Path,
+    forced: list[int] | None = None,
+) -> dict:
     out = tmp_path / "tp2.pt"
-    args = (2, free_port(), str(model_dir), quantization, prompt, steps, str(out))
+    args = (2, free_port(), str(model_dir), quantization, prompt, steps, str(out), forced)
     mp.start_processes(tp_rank, args=args, nprocs=2, start_method="spawn", join=True)
     return torch.load(out)
 
@@ -116,11 +123,12 @@ def _compare(model_dir: Path, quantization: str, prompt: list[int], steps: int, 
     ref_tokens, ref_logits = greedy_run(make_runner(model_dir, quantization, None), prompt, steps)
     tp = _tp2(model_dir, quantization, prompt, steps, tmp_path)
     assert tp["tokens"] == ref_tokens
-    return _worst_rel(tp["logits"], ref_logits)
+    return _rel(tp["logits"], ref_logits).max().item()
 
 
-def _worst_rel(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((a - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Each row's relative logits error."""
+    return (a - ref).norm(dim=-1) / ref.norm(dim=-1)
 
 
 @pytest.mark.parametrize("kind", ["llama3", "qwen2", "qwen3"])
@@ -132,17 +140,24 @@ def test_tp2_equals_tp1_on_tiny_models(kind, tmp_path, default_model_dir):
 
 def test_tp2_equals_tp1_on_the_default_model(tmp_path, tokenizer):
     """Uneven shards: 6 query heads / 2 KV heads on rank 0, 3 / 1 on rank 1. Float32 weights:
-    fp32 agreement. Kept as GGUF blocks, the CPU kernels quantize each rank's slice of the
-    activations on their own, so TP=2 agrees with TP=1 at those kernels' own error level: within
-    twice the gap between GGUF blocks and the same weights dequantized, on a prompt whose greedy
-    choices are not near-ties."""
+    fp32 agreement, the same greedy tokens. Kept as GGUF blocks, decode rows round each rank's
+    activations to int8 per block of 32, and a last-bit difference upstream (the all-reduce adds
+    in another order) flips some roundings; after a few layers TP=2's decode logits differ from
+    TP=1's by about as much as TP=1's differ from the dequantized weights (two independent
+    roundings: about sqrt(2) times), so near-ties may go either way. Both are teacher forced on
+    TP=1's greedy tokens, and TP=2 must stay within three times that kernel error on average
+    (a lost shard or a wrong reduction is off by the whole signal)."""
     model_dir = resolve_model_dir(None)
     assert [s.q1 - s.q0 for s in plan_shards(load_config(model_dir), 2)] == [6, 3]
     prompt = tokenizer.encode("The capital of France is Paris. The capital of Germany is")
     assert _compare(model_dir, "dequantize", prompt, 10, tmp_path) <= 1e-5
-    _, dense = greedy_run(make_runner(model_dir, "dequantize", None), prompt, 10)
-    _, blocks = greedy_run(make_runner(model_dir, "gguf", None), prompt, 10)
-    assert _compare(model_dir, "gguf", prompt, 10, tmp_path) <= 2 * _worst_rel(blocks, dense)
+    tokens, tp1 = greedy_run(make_runner(model_dir, "gguf", None), prompt, 10)
+    _, dense = greedy_run(make_runner(model_dir, "dequantize", None), prompt, 10, tokens)
+    tp2 = _tp2(model_dir, "gguf", prompt, 10, tmp_path, forced=tokens)["logits"]
+    gap, kernel_err = _rel(tp2, tp1), _rel(tp1, dense)
+    # the prompt's 12 rows take the many-row path: no activations rounded before the LM head
+    assert gap[0] <= 2 * kernel_err[0] + 1e-5
+    assert gap[1:].mean() <= 3 * kernel_err[1:].mean(), (gap, kernel_err)
 
 
 def test_engine_tp2_generates_what_tp1_does(tmp_path, default_model_dir):

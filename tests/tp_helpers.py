@@ -22,9 +22,12 @@ def make_runner(model_dir: Path, quantization: str, tp: TPShard | None) -> Model
     )
 
 
-def greedy_run(runner: ModelRunner, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
+def greedy_run(
+    runner: ModelRunner, prompt: list[int], steps: int, forced: list[int] | None = None
+) -> tuple[list[int], torch.Tensor]:
     """Greedy tokens after prompt, and the logits [steps + 1, vocab] that chose them (the last row
-    scores the token after the last one)."""
+    scores the token after the last one). With forced, those tokens are fed instead of the picks
+    (teacher forcing), so two runs score the same sequence."""
     row = runner.req_table.alloc()
     slots = runner.allocator.alloc(len(prompt) + steps)
     assert row is not None and slots is not None
@@ -34,7 +37,8 @@ def greedy_run(runner: ModelRunner, prompt: list[int], steps: int) -> tuple[list
     tokens: list[int] = []
     for pos in range(n, n + steps):
         tokens.append(int(logits[-1].argmax()))
-        fb = runner.build_batch([ScheduledItem(row, [tokens[-1]], pos, [0])], slots[pos : pos + 1])
+        fed = tokens[-1] if forced is None else forced[pos - n]
+        fb = runner.build_batch([ScheduledItem(row, [fed], pos, [0])], slots[pos : pos + 1])
         logits.append(runner.model(fb)[-1])
     return tokens, torch.stack(logits)
 
@@ -48,6 +52,7 @@ def tp_rank(
     prompt: list[int],
     steps: int,
     out: str,
+    forced: list[int] | None = None,
 ) -> None:
     """One rank of a gloo group: its shard of the model, the same greedy loop as every rank."""
     dist.init_process_group(
@@ -60,7 +65,7 @@ def tp_rank(
     torch.set_num_threads(1)
     try:
         shard = plan_shards(load_config(Path(model_dir)), size)[rank]
-        tokens, logits = greedy_run(make_runner(Path(model_dir), quantization, shard), prompt, steps)
+        tokens, logits = greedy_run(make_runner(Path(model_dir), quantization, shard), prompt, steps, forced)
         if rank == 0:
             torch.save({"tokens": tokens, "logits": logits}, out)
     finally:
