@@ -100,7 +100,7 @@ def _direct_packing_matches() -> bool:
 class BlockSegment(nn.Module):
     """Rows kept as their GGUF blocks on the CPU (each row's scales, then its quants) for
     radixlm.kernels.quant_gemv_cpu: a few rows (decode) run its int8 dot-product kernel, more
-    rows dequantize into bf16 once per call and run one matmul."""
+    rows dequantize once per call (fp32, or bf16 where the CPU multiplies bf16) and run one matmul."""
 
     packed: torch.Tensor
 
@@ -113,8 +113,9 @@ class BlockSegment(nn.Module):
         if x.shape[0] <= quant_gemv_cpu.GEMV_MAX_ROWS:
             y = quant_gemv_cpu.gemm(x, self.packed, self.qtype, self.rows)
         else:
-            w = quant_gemv_cpu.dequantize_bf16(self.packed, self.qtype, self.rows, self.cols)
-            y = F.linear(x.to(torch.bfloat16), w)
+            dtype = quant_gemv_cpu.dense_dtype()
+            w = quant_gemv_cpu.dequantize(self.packed, self.qtype, self.rows, self.cols, dtype)
+            y = F.linear(x.to(dtype), w)
         return y if native else y.to(x.dtype)
 
 

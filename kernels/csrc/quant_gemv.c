@@ -262,6 +262,29 @@ static inline uint16_t to_bf16(float f) {  /* round to nearest even (weights are
     return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 
+/* n repacked rows -> fp32 [n, nb * 32]: the block values as the format defines them, unrounded */
+void dequant_f32(const uint8_t *w, int64_t n, int64_t nb, int fmt, float *out) {
+    const int64_t hdr = header_bytes(fmt, nb), qb = quant_bytes(fmt), stride = hdr + qb * nb;
+    for (int64_t r = 0; r < n; r++) {
+        const uint8_t *row = w + r * stride;
+        const uint16_t *d = (const uint16_t *)row;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *qs = row + hdr + b * qb;
+            float *o = out + (r * nb + b) * 32;
+            const float dv = _cvtsh_ss(d[b]), mv = fmt == 1 ? _cvtsh_ss(d[nb + b]) : 0.f;
+            if (fmt == 2) {
+                for (int j = 0; j < 32; j++) o[j] = dv * (int8_t)qs[j];
+            } else {
+                const int z = fmt == 0 ? 8 : 0;
+                for (int j = 0; j < 16; j++) {
+                    o[j] = dv * ((qs[j] & 15) - z) + mv;
+                    o[j + 16] = dv * ((qs[j] >> 4) - z) + mv;
+                }
+            }
+        }
+    }
+}
+
 /* n repacked rows -> bf16 [n, nb * 32] */
 void dequant_bf16(const uint8_t *w, int64_t n, int64_t nb, int fmt, uint16_t *out) {
     const int64_t hdr = header_bytes(fmt, nb), qb = quant_bytes(fmt), stride = hdr + qb * nb;
