@@ -89,7 +89,7 @@ class BatchPlanner:
         assert slots is not None, "decode slots were ensured above"
         rows = [r.req_pool_idx for r in batch]
         cols = [r.kv_len for r in batch]
-        self.kv.req_table.write_many(rows, cols, slots)  # type: ignore[arg-type]
+        self.kv.req_table.write_many(rows, cols, slots)  # type: ignore[arg-type]  # one scatter for the batch
         for k, req in enumerate(batch):
             # a token still in flight is written -1 - its index in that step's samples, which the
             # model runner reads on the device

@@ -46,15 +46,14 @@ class Step:
 def forked_steps(pool: KVPool, backend: AttentionBackend, device: str) -> Iterator[Step]:
     """The steps in order; a caller that keeps per-request histories copies request 0's first
     FORK_LEN entries to requests 1 and 2 at step 1."""
-    # a mirrored table on every device: the deferred writes are exercised on the CPU too
-    alloc, table = TokenSlotAllocator(pool.size), ReqToTokenTable(4, 32, device, host_mirror=True)
+    alloc, table = TokenSlotAllocator(pool.size), ReqToTokenTable(4, 32, device)
     rows = [table.alloc() for _ in range(3)]
     lens = [0, 0, 0]
     as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
     for i, (reqs, ext, mode) in enumerate(STEPS):
         if i == 1:
             for r in (1, 2):
-                table.write(rows[r], 0, table.read(rows[0], 0, FORK_LEN))
+                table.table[rows[r], :FORK_LEN] = table.table[rows[0], :FORK_LEN]
                 lens[r] = FORK_LEN
         prefix = [lens[r] for r in reqs]
         slots = alloc.alloc(sum(ext)).to(device)
@@ -62,7 +61,6 @@ def forked_steps(pool: KVPool, backend: AttentionBackend, device: str) -> Iterat
         for r, p, e, s0 in zip(reqs, prefix, ext, starts):
             table.write(rows[r], p, slots[s0 : s0 + e])
             lens[r] = p + e
-        table.sync_device()  # as ModelRunner.build_batch does before a forward
         seq = [p + e for p, e in zip(prefix, ext)]
         fb = ForwardBatch(
             input_ids=as_t([0] * sum(ext)),
