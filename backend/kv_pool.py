@@ -154,28 +154,16 @@ class KVPool:
 class ReqToTokenTable:
     """[max_requests, max_context_len] int64 map: row r, column i → KV slot of token i of the
     request holding row r. Rows are handed out and returned like slots. A host mirror answers
-    every read the scheduler makes, so reading a row never waits for the device. Writes land in
-    the mirror at once and reach the device table in one scatter at sync_device() (the model
-    runner calls it before every forward): a step's writes cost one host→device copy, not one
-    per request."""
+    every read the scheduler makes, so reading a row never waits for the device."""
 
-    def __init__(
-        self,
-        max_requests: int,
-        max_context_len: int,
-        device: torch.device | str,
-        host_mirror: bool | None = None,
-    ) -> None:
-        """host_mirror: keep a separate host copy (default: when the table is not on the CPU)."""
+    def __init__(self, max_requests: int, max_context_len: int, device: torch.device | str) -> None:
         self.max_requests = max_requests
         self.max_context_len = max_context_len
         self.table = torch.zeros((max_requests, max_context_len), dtype=torch.int64, device=device)
-        if host_mirror is None:
-            host_mirror = self.table.device.type != "cpu"
-        self.host = torch.zeros_like(self.table, device="cpu") if host_mirror else self.table
+        self.host = (
+            self.table if self.table.device.type == "cpu" else torch.zeros_like(self.table, device="cpu")
+        )
         self._free_rows = list(range(max_requests - 1, -1, -1))
-        # cells written to the mirror since the last sync_device: spans (row, start, n)
-        self._pending: tuple[list[int], list[int], list[int]] = ([], [], [])
 
     def available_size(self) -> int:
         return len(self._free_rows)
@@ -193,44 +181,21 @@ class ReqToTokenTable:
         return self.host[row, start:stop].clone()
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
-        n = slots.numel()
-        self.host[row, start : start + n] = slots.to("cpu")
-        if self.table is not self.host and n:
-            rows, starts, counts = self._pending
-            rows.append(row)
-            starts.append(start)
-            counts.append(n)
+        slots = slots.to("cpu")
+        self.host[row, start : start + slots.numel()] = slots
+        if self.table is not self.host:
+            self.table[row, start : start + slots.numel()] = slots.to(self.table.device, non_blocking=True)
 
     def write_many(self, rows: list[int], cols: list[int], slots: torch.Tensor) -> None:
-        """table[rows[i], cols[i]] = slots[i] for a whole decode batch."""
-        self.host[torch.tensor(rows, dtype=torch.int64), torch.tensor(cols, dtype=torch.int64)] = slots.to(
-            "cpu"
-        )
+        """table[rows[i], cols[i]] = slots[i] for a whole decode batch, in one scatter."""
+        slots = slots.to("cpu")
+        r = torch.tensor(rows, dtype=torch.int64)
+        c = torch.tensor(cols, dtype=torch.int64)
+        self.host[r, c] = slots
         if self.table is not self.host:
-            pending_rows, starts, counts = self._pending
-            pending_rows.extend(rows)
-            starts.extend(cols)
-            counts.extend([1] * len(rows))
-
-    def sync_device(self) -> None:
-        """Bring the device table up to the mirror for every cell written since the last call:
-        one host→device copy of (row, column, slot) triples and one scatter. Values are read from
-        the mirror now, so a cell written twice (or cleared since) gets its latest value."""
-        rows, starts, counts = self._pending
-        if not rows:
-            return
-        self._pending = ([], [], [])
-        n = torch.tensor(counts, dtype=torch.int64)
-        total = int(n.sum())
-        r = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64), n, output_size=total)
-        # column of each cell: its span's start plus its index inside the span
-        first = torch.cumsum(n, 0) - n
-        c = torch.arange(total) + torch.repeat_interleave(
-            torch.tensor(starts, dtype=torch.int64) - first, n, output_size=total
-        )
-        packed = torch.cat([r, c, self.host[r, c]]).to(self.table.device, non_blocking=True)
-        r_d, c_d, s_d = packed.split(total)
-        self.table[r_d, c_d] = s_d
+            packed = torch.cat([r, c, slots.to(torch.int64)]).to(self.table.device, non_blocking=True)
+            r_d, c_d, s_d = packed.split([r.numel(), c.numel(), slots.numel()])
+            self.table[r_d, c_d] = s_d  # one host→device copy for the whole scatter
 
     def clear_row(self, row: int) -> None:
         """Point a whole row at slot 0 (the padding slot)."""

@@ -209,7 +209,6 @@ class ModelRunner:
         """One ForwardBatch for the step. A negative token id -1-k stands for future_tokens[k] (a
         token the in-flight step samples) and is resolved on the device, without a sync. cascade:
         CascadeGroups over the first num_decode items (already in group order)."""
-        self.req_table.sync_device()  # the step's table writes, in one copy
         if self._runs_as_decode_rows(items):
             items, cascade = decode_rows(items), None
         ids: list[int] = []
