@@ -1,6 +1,6 @@
 """Quality of the default model with its GGUF blocks kept against the same weights dequantized to
-fp32: greedy agreement (teacher forced on the fp32 model's greedy continuations of 8 prompts),
-logit error, perplexity on a fixed text; and Engine() load time in a fresh process. Used by
+fp32: greedy agreement (teacher forced on the fp32 model's greedy continuations of 8 prompts,
+scored in one prefill and one decode row at a time), logit error, perplexity on a fixed text; and Engine() load time in a fresh process. Used by
 cpu_quant.py --quality and by tests/test_quant_engine.py."""
 
 from __future__ import annotations
@@ -51,16 +51,18 @@ def greedy_reference(ref_engine: Any, prompts: list[str], tokens: int) -> list[l
 
 
 def agreement(
-    engine: Any, ref_engine: Any, seqs: list[list[int]], prompt_lens: list[int]
+    engine: Any, ref_engine: Any, seqs: list[list[int]], prompt_lens: list[int], decode_rows: bool = False
 ) -> dict[str, float]:
     """Share of generated positions where engine's argmax equals the reference continuation
-    (both teacher forced on it), and the relative logit error there."""
-    from engine_helpers import position_logits
+    (both teacher forced on it), and the relative logit error there. decode_rows: engine scores
+    them one decode row at a time, as generation does (on the CPU, the int8 kernel), instead of
+    in one prefill (the many-row path)."""
+    from engine_helpers import decode_logits, position_logits
 
     same = total = 0
     errs = []
     for seq, n in zip(seqs, prompt_lens):
-        ours = position_logits(engine, seq)[n - 1 : -1]
+        ours = decode_logits(engine, seq, n) if decode_rows else position_logits(engine, seq)[n - 1 : -1]
         ref = position_logits(ref_engine, seq)[n - 1 : -1]
         same += int((ours.argmax(-1) == torch.tensor(seq[n:])).sum())
         total += len(seq) - n
@@ -72,11 +74,13 @@ def agreement(
     }
 
 
-def perplexity(engine: Any, text: str = TEXT) -> float:
-    from engine_helpers import position_logits
+def perplexity(engine: Any, text: str = TEXT, decode_rows: bool = False) -> float:
+    """exp(mean NLL) of text after its first token; decode_rows: scored one decode row at a time."""
+    from engine_helpers import decode_logits, position_logits
 
     ids = engine.tokenizer.encode(text)
-    logp = torch.log_softmax(position_logits(engine, ids)[:-1].double(), -1)
+    logits = decode_logits(engine, ids, 1) if decode_rows else position_logits(engine, ids)[:-1]
+    logp = torch.log_softmax(logits.double(), -1)
     nll = -logp.gather(1, torch.tensor(ids[1:]).unsqueeze(1)).mean().item()
     return math.exp(nll)
 
@@ -105,7 +109,9 @@ def quality(threads: int, tokens: int = 64) -> dict[str, Any]:
         seqs = greedy_reference(ref, PROMPTS, tokens)
         lens = [len(ref.tokenizer.encode(p)) for p in PROMPTS]
         out: dict[str, Any] = agreement(quant, ref, seqs, lens)
+        out["decode_rows"] = agreement(quant, ref, seqs, lens, decode_rows=True)
         ppl_q, ppl_f = perplexity(quant), perplexity(ref)
+        out["decode_rows"]["perplexity_ratio"] = perplexity(quant, decode_rows=True) / ppl_f
     finally:
         quant.shutdown()
         ref.shutdown()
