@@ -1,7 +1,8 @@
 """Quality of the default model with its GGUF blocks kept against the same weights dequantized to
 fp32: greedy agreement (teacher forced on the fp32 model's greedy continuations of 8 prompts,
-scored in one prefill and one decode row at a time), logit error, perplexity on a fixed text; and Engine() load time in a fresh process. Used by
-cpu_quant.py --quality and by tests/test_quant_engine.py."""
+scored in one prefill and one decode row at a time), logit error, perplexity on a fixed text; and
+Engine() load time in a fresh process. Used by cpu_quant.py --quality and by
+tests/test_quant_engine.py."""
 
 from __future__ import annotations
 

@@ -76,6 +76,8 @@ def test_weights_load_under_3_s(quant_engine) -> None:
 
 
 def test_greedy_agreement_and_perplexity_vs_fp32(quant_engine, engine) -> None:
+    """Scored in one prefill: the many-row path, which multiplies the dequantized weights (fp32,
+    or bf16 where the CPU has bf16 dot products)."""
     prompts_ids = [engine.tokenizer.encode(p) for p in PROMPTS]
     seqs = greedy_reference(engine, PROMPTS, 32)
     res = agreement(quant_engine, engine, seqs, [len(x) for x in prompts_ids])

@@ -42,7 +42,8 @@ static inline float hsum(__m256 v) {
 /* x [m, nb * 32] -> int8 qx, per-block scale dx (qx * dx ~ x), sum of qx, and sx = dx * sum(qx):
    the block's sum as quantized, so that the offset term of Q4_0/Q4_1 (-8 d sum(x), m sum(x)) sees
    the same x as the dot product and the error is sum(w * (x - qx * dx)), llama.cpp's Q8_1 choice.
-   The exact sum would leave only d * q (all of one sign, twice w's spread) against the error. With USE512 and 4-bit weights a row's block pairs (b, b+1) are stored as b's values 0-15,
+   The exact sum would leave only d * q (all of one sign, twice w's spread) against the error.
+   With USE512 and 4-bit weights a row's block pairs (b, b+1) are stored as b's values 0-15,
    b+1's 0-15, b's 16-31, b+1's 16-31: the order their nibbles unpack in. */
 static void quantize_x(const float *x, int64_t m, int64_t nb, int fmt, int8_t *qx, float *dx, float *sx,
                        float *qsum) {
