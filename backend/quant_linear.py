@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.kernels import quant_gemv_cpu
+from radixlm.kernels import cpu_decode, quant_gemv_cpu
 from radixlm.kernels.quant_gemv import GEMV_FORMATS, quant_matmul, repack
 
 from .quant_formats import AFFINE_FORMATS, AffineGroups, QuantTensor, stack_rows
@@ -97,6 +97,11 @@ def _direct_packing_matches() -> bool:
     return _PACKING_CHECKED[0]
 
 
+# Output rows per thread below which a decode matmul runs on one thread: a hand-off to the team
+# costs microseconds, which a layer-sized matmul called from Python does not repay; the LM head does.
+THREAD_ROWS = 4096
+
+
 class BlockSegment(nn.Module):
     """Rows kept as their GGUF blocks on the CPU (each row's scales, then its quants) for
     radixlm.kernels.quant_gemv_cpu: a few rows (decode) run its int8 dot-product kernel, more
@@ -111,7 +116,11 @@ class BlockSegment(nn.Module):
 
     def forward(self, x: torch.Tensor, native: bool = False) -> torch.Tensor:
         if x.shape[0] <= quant_gemv_cpu.GEMV_MAX_ROWS:
-            y = quant_gemv_cpu.gemm(x, self.packed, self.qtype, self.rows)
+            threads = min(torch.get_num_threads(), self.rows // THREAD_ROWS)
+            if threads > 1 and cpu_decode.available():  # the same bits, columns shared by threads
+                y = cpu_decode.gemm_threads(x, self.packed, self.qtype, self.rows, threads)
+            else:
+                y = quant_gemv_cpu.gemm(x, self.packed, self.qtype, self.rows)
         else:
             dtype = quant_gemv_cpu.dense_dtype()
             w = quant_gemv_cpu.dequantize(self.packed, self.qtype, self.rows, self.cols, dtype)

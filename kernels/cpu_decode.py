@@ -2,7 +2,8 @@
 small torch ops it replaces (at batch 1 on the CPU a decode step is bound by the count of ops as
 much as by the weights): residual add + RMSNorm of a few rows, and rope + KV store + attention
 of one request's few new tokens (a decode token, or a verify step's token and drafts) over its
-slots. Each row's arithmetic is the same however many rows come with it, so a verify step's
+slots; and, for GGUF-block weights, every decoder layer of such a step as one call
+(decode_layers). Each row's arithmetic is the same however many rows come with it, so a verify step's
 rows equal the decode steps they stand for. Built like radixlm.kernels.quant_gemv_cpu;
 `available()` is False where that cannot build, and callers keep their torch ops."""
 
@@ -15,13 +16,15 @@ from pathlib import Path
 
 import torch
 
-from .quant_gemv_cpu import GEMV_MAX_ROWS, build_c
+from .quant_gemv_cpu import FORMATS, GEMV_MAX_ROWS, build_c
 
 # Steps of up to as many rows as the GEMV kernel takes are bound by op count, like decode, and run
 # these calls; larger ones (prefill) keep torch's batched, multi-threaded attention and norms.
 MAX_ROWS = GEMV_MAX_ROWS
 
-_SOURCE = (Path(__file__).parent / "csrc" / "cpu_decode.c").read_text()
+_CSRC = Path(__file__).parent / "csrc"
+# one library: the layer loop calls the block matmul and the pieces above it directly
+_SOURCE = "\n".join((_CSRC / f).read_text() for f in ("quant_gemv.c", "cpu_decode.c", "cpu_layers.c"))
 
 _lock = threading.Lock()
 _lib: list[ctypes.CDLL | None] = []
@@ -38,22 +41,38 @@ def available() -> bool:
                     lib.add_rmsnorm.restype = None
                     lib.rope_store_attend.argtypes = [p, i, i, i, i, p, p, p, p, p, p, i, f, p]
                     lib.rope_store_attend.restype = None
+                    lib.silu_mul.argtypes = [p, i, i, p]
+                    lib.silu_mul.restype = None
+                    lib.decode_layers.argtypes = [p, i, p, i, p, p, p, p, i, p, p, ctypes.c_int]
+                    lib.matmul_threads.argtypes = [p, i, i, p, i, ctypes.c_int, p, ctypes.c_int]
+                    lib.matmul_threads.restype = None
+                    lib.decode_layers.restype = None
                 _lib.append(lib)
     return _lib[0] is not None
 
 
 def add_rmsnorm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rmsnorm(x + residual) * weight, x + residual) for float32 contiguous rows [m, n]."""
+    """(rmsnorm(x + residual) * weight, x + residual) for float32 contiguous rows [m, n]; without
+    a residual the plain norm (and x)."""
     lib = _lib[0]
     assert lib is not None
-    total, h = torch.empty_like(residual), torch.empty_like(residual)
-    m, n = residual.shape
-    lib.add_rmsnorm(
-        x.data_ptr(), residual.data_ptr(), weight.data_ptr(), eps, m, n, total.data_ptr(), h.data_ptr()
-    )
+    total, h = torch.empty_like(x), torch.empty_like(x)
+    m, n = x.shape
+    res = None if residual is None else residual.data_ptr()
+    lib.add_rmsnorm(x.data_ptr(), res, weight.data_ptr(), eps, m, n, total.data_ptr(), h.data_ptr())
     return h, total
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of float32 contiguous rows [m, 2 inter] (gate first) → [m, inter]."""
+    lib = _lib[0]
+    assert lib is not None and gate_up.dtype == torch.float32 and gate_up.is_contiguous()
+    m, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(m, inter)
+    lib.silu_mul(gate_up.data_ptr(), m, inter, out.data_ptr())
+    return out
 
 
 def rope_store_attend(
@@ -81,3 +100,78 @@ def rope_store_attend(
         d**-0.5, out.data_ptr(),
     )  # fmt: skip
     return out
+
+
+class DecodeLayer(ctypes.Structure):
+    """One layer's weights for decode_layers: RMSNorm weights (float32 [hidden]), the four
+    projections as quant_gemv_cpu.repack() rows with their format index, the KV pool buffers."""
+
+    _fields_ = [  # noqa: RUF012 (ctypes reads the class attribute)
+        ("attn_norm", ctypes.c_void_p),
+        ("mlp_norm", ctypes.c_void_p),
+        ("qkv", ctypes.c_void_p),
+        ("o", ctypes.c_void_p),
+        ("gate_up", ctypes.c_void_p),
+        ("down", ctypes.c_void_p),
+        ("qkv_fmt", ctypes.c_int32),
+        ("o_fmt", ctypes.c_int32),
+        ("gate_up_fmt", ctypes.c_int32),
+        ("down_fmt", ctypes.c_int32),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+    ]
+
+
+class DecodeShape(ctypes.Structure):
+    _fields_ = [  # noqa: RUF012
+        ("hidden", ctypes.c_int64),
+        ("inter", ctypes.c_int64),
+        ("hq", ctypes.c_int64),
+        ("hkv", ctypes.c_int64),
+        ("d", ctypes.c_int64),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+    ]
+
+
+def format_index(qtype: str) -> int:
+    return FORMATS.index(qtype)
+
+
+def decode_layers(
+    layers: ctypes.Array[DecodeLayer],
+    shape: DecodeShape,
+    h: torch.Tensor,
+    residual: torch.Tensor,
+    cos_rows: torch.Tensor,
+    sin_signed_rows: torch.Tensor,
+    new_slots: torch.Tensor,
+    slots: torch.Tensor,
+    threads: int,
+) -> None:
+    """Every layer of one request's n new tokens on `threads` threads, in place: h [n, hidden]
+    (the embedding rows) becomes the last layer's output and residual the stream before it. The tensors are
+    float32 / int64 and contiguous; n <= MAX_ROWS; slots end with new_slots."""
+    lib = _lib[0]
+    assert lib is not None and h.is_contiguous() and residual.is_contiguous()
+    assert new_slots.dtype == slots.dtype == torch.int64 and slots.is_contiguous()
+    n = h.shape[0]
+    assert n <= MAX_ROWS and cos_rows.is_contiguous() and sin_signed_rows.is_contiguous()
+    lib.decode_layers(
+        layers, len(layers), ctypes.byref(shape), n, cos_rows.data_ptr(), sin_signed_rows.data_ptr(),
+        new_slots.data_ptr(), slots.data_ptr(), slots.numel() - n, h.data_ptr(), residual.data_ptr(), threads,
+    )  # fmt: skip
+
+
+def gemm_threads(x: torch.Tensor, packed: torch.Tensor, qtype: str, rows: int, threads: int) -> torch.Tensor:
+    """quant_gemv_cpu.gemm with the output columns shared by `threads` threads (the C team that
+    decode_layers uses): the same bits, for a weight large enough to repay the hand-off."""
+    lib = _lib[0]
+    assert lib is not None and packed.is_contiguous() and x.shape[0] <= MAX_ROWS
+    xf = x.to(torch.float32).contiguous()
+    m, k = xf.shape
+    y = torch.empty(m, rows)
+    lib.matmul_threads(
+        xf.data_ptr(), m, k, packed.data_ptr(), rows, FORMATS.index(qtype), y.data_ptr(), threads
+    )
+    return y

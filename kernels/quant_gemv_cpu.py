@@ -33,7 +33,7 @@ GEMV_MAX_ROWS = 8
 
 _SOURCE = (Path(__file__).parent / "csrc" / "quant_gemv.c").read_text()
 
-_FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno"]
+_FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-pthread"]
 _lock = threading.Lock()
 _lib: list[ctypes.CDLL | None] = []
 

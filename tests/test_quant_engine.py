@@ -16,7 +16,7 @@ from radixlm.backend.engine import Engine
 from radixlm.backend.gguf_loader import SOURCE_FILE
 from radixlm.backend.loader import keeps_gguf_blocks
 from radixlm.backend.quant_linear import BlockSegment, Int4PackSegment, QuantEmbedding, QuantLinear
-from radixlm.kernels import quant_gemv_cpu
+from radixlm.kernels import cpu_decode, quant_gemv_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from cpu_quant_quality import PROMPTS, agreement, greedy_reference, perplexity  # noqa: E402
@@ -105,3 +105,25 @@ def test_decode_rows_agreement_and_perplexity_vs_fp32(quant_engine, engine) -> N
 def test_quantized_engine_generates_text(quant_engine) -> None:
     out = quant_engine.generate("The capital of France is", {"max_new_tokens": 8, "temperature": 0})
     assert "Paris" in out["text"]
+
+
+def test_one_call_layer_loop_matches_the_modules(quant_engine, monkeypatch) -> None:
+    """One-request CPU steps run every layer in one C call (backend/models/cpu_layers.py); the
+    modules run the same C pieces one by one, so greedy decode gives the same tokens either way,
+    and the one-call loop really ran (once per step after the prompt's)."""
+    model = quant_engine.runner.model
+    calls = []
+    real = cpu_decode.decode_layers
+    monkeypatch.setattr(cpu_decode, "decode_layers", lambda *a: calls.append(a[2].shape[0]) or real(*a))
+    params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    outs = {}
+    for mode in ("one_call", "modules"):
+        model._cpu_plan = None if mode == "one_call" else [None]
+        quant_engine.flush_cache()
+        outs[mode] = [quant_engine.generate(p, params)["output_ids"] for p in PROMPTS[:3]]
+        if mode == "one_call":
+            assert calls.count(1) >= 3 * 23, calls
+            calls.clear()
+    model._cpu_plan = None
+    assert not calls
+    assert outs["one_call"] == outs["modules"]

@@ -26,6 +26,7 @@ from ..model_config import ModelConfig
 from ..quant_formats import QuantTensor
 from ..quant_linear import QuantLinear, install_quantized
 from ..tensor_parallel import StepSender, TPShard, embed_rows, gather_logits, reduce_partial
+from .cpu_layers import CpuDecodeLayers
 from .rotary import RotaryEmbedding, rotate_and_store
 
 
@@ -38,6 +39,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:  # one Triton pass (radixlm.kernels.rmsnorm); CPU keeps the torch ops below
             return fused_rmsnorm(x, self.weight, self.eps)
+        if x.dim() == 2 and _few_f32_rows(x, self.weight) and cpu_decode.available():
+            return cpu_decode.add_rmsnorm(x, None, self.weight, self.eps)[0]  # as the one-call loop
         if x.dtype == self.weight.dtype == torch.float32:  # one op, not ten: decode is op-bound
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float()
@@ -166,7 +169,10 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_cuda:  # bf16 from the packed matmul on: the down projection casts to it anyway
-            gate, up = native(self.gate_up_proj, x).chunk(2, dim=-1)
+            gate_up = native(self.gate_up_proj, x)
+            if _few_f32_rows(gate_up) and cpu_decode.available():  # one C call, as the one-call loop
+                return native(self.down_proj, cpu_decode.silu_mul(gate_up))
+            gate, up = gate_up.chunk(2, dim=-1)
             return native(self.down_proj, F.silu(gate) * up)
         gate, up = linear(self.gate_up_proj, x).chunk(2, dim=-1)
         return linear(self.down_proj, silu_mul(gate, up))  # fused SiLU-and-mul kernel on the GPU
@@ -222,6 +228,7 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
         self.tp_driver: StepSender | None = None
         self.tp: TPShard | None = None  # this rank's share, when the model is split over ranks
+        self._cpu_plan: list[CpuDecodeLayers | None] | None = None
 
     if TYPE_CHECKING:  # nn.Module.__call__ runs forward (with hooks); torch types it as returning Any
 
@@ -255,11 +262,25 @@ class LlamaForCausalLM(nn.Module):
         h = embed(fb.input_ids) if self.tp is None else embed_rows(embed, fb.input_ids, self.tp)
         residual = None
         with self.model.rotary.step(fb.positions):  # cos/sin gathered once for all layers
-            for layer in self.model.layers:
-                h, residual = layer(fb.positions, h, residual, fb)
+            cpu_layers = self._cpu_layers()
+            if cpu_layers is not None and cpu_layers.accepts(fb, h):
+                h, residual = cpu_layers.run(fb, h)
+            else:
+                for layer in self.model.layers:
+                    h, residual = layer(fb.positions, h, residual, fb)
         rows = fb.logits_indices
         h, _ = self.model.norm.add_forward(h[rows], residual[rows])  # type: ignore[index]
         return h
+
+    def _cpu_layers(self) -> CpuDecodeLayers | None:
+        """The one-call layer loop for one-request CPU steps (models/cpu_layers.py), built on
+        first use: weights are final by then (loaded, quantized blocks installed)."""
+        if self._cpu_plan is None:
+            plan = (
+                None if self.tp is not None else CpuDecodeLayers.build(self.model.layers, self.model.rotary)
+            )
+            self._cpu_plan = [plan]
+        return self._cpu_plan[0]
 
     def _stacked(self) -> dict[str, tuple[str, int, int]]:
         """HF weight name part → (our fused parameter's name part, row offset, rows)."""

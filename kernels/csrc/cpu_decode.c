@@ -16,14 +16,28 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return r;
 }
 
-/* per row of m rows of n: sum = x + residual; h = sum * rsqrt(mean(sum^2) + eps) * w */
+/* per row of m rows of n: sum = x + residual; h = sum * rsqrt(mean(sum^2) + eps) * w. Without a
+   residual (NULL) the plain norm: sum = x. */
 void add_rmsnorm(const float *x, const float *residual, const float *w, float eps, int64_t m, int64_t n,
                  float *sum, float *h) {
-    for (int64_t row = 0; row < m; row++, x += n, residual += n, sum += n, h += n) {
-        for (int64_t i = 0; i < n; i++) sum[i] = x[i] + residual[i];
+    for (int64_t row = 0; row < m; row++, x += n, sum += n, h += n) {
+        for (int64_t i = 0; i < n; i++) sum[i] = residual ? x[i] + residual[row * n + i] : x[i];
         const float r = 1.f / sqrtf(dot(sum, sum, n) / (float)n + eps);
         for (int64_t i = 0; i < n; i++) h[i] = w[i] * (sum[i] * r);
     }
+}
+
+/* m rows, columns c0 .. c1: out [m, inter] = silu(gate) * up of gate_up [m, 2 inter] (gate first) */
+static void silu_mul_cols(const float *gate_up, int64_t m, int64_t inter, int64_t c0, int64_t c1, float *out) {
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t i = c0; i < c1; i++) {
+            const float g = gate_up[r * 2 * inter + i];
+            out[r * inter + i] = g / (1.f + expf(-g)) * gate_up[r * 2 * inter + inter + i];
+        }
+}
+
+void silu_mul(const float *gate_up, int64_t m, int64_t inter, float *out) {
+    silu_mul_cols(gate_up, m, inter, 0, inter, out);
 }
 
 /* x [d] rotated in HF's rotate-half layout: x * cos + [x2, x1] * sin_signed */
@@ -33,25 +47,29 @@ static inline void rope(const float *x, const float *c, const float *s, int64_t 
     for (int64_t i = half; i < d; i++) o[i] = x[i] * c[i] + x[i - half] * s[i];
 }
 
-/* One token of one request: qkv [(hq + 2 hkv) d] -> q, k rotated at cos/sin (rows of the
-   tables), k and v stored at slot new_slot of the pool [slots, hkv, d], then out [hq d] =
-   softmax(q . K[slots] * scale) V[slots] with kv head h / (hq / hkv) for query head h; q and
-   the scores live in work [hq d + len]. */
-static void attend_one(const float *qkv, int64_t hq, int64_t hkv, int64_t d, const float *c, const float *s,
-                       float *kbuf, float *vbuf, int64_t new_slot, const int64_t *slots, int64_t len,
-                       float scale, float *work, float *out) {
-    float *q = work, *p = work + hq * d;
-    for (int64_t h = 0; h < hq; h++) rope(qkv + h * d, c, s, d, q + h * d);
+/* One token of one request, qkv [(hq + 2 hkv) d]: k rotated at cos/sin (rows of the tables) and
+   stored with v at slot new_slot of the pool [slots, hkv, d]. */
+static void store_kv(const float *qkv, int64_t hq, int64_t hkv, int64_t d, const float *c, const float *s,
+                     float *kbuf, float *vbuf, int64_t new_slot) {
     for (int64_t h = 0; h < hkv; h++) {
         rope(qkv + (hq + h) * d, c, s, d, kbuf + (new_slot * hkv + h) * d);
         for (int64_t i = 0; i < d; i++) vbuf[(new_slot * hkv + h) * d + i] = qkv[(hq + hkv + h) * d + i];
     }
+}
+
+/* Query heads h0 .. h1 of that token: q rotated, then out [hq d] = softmax(q . K[slots] * scale)
+   V[slots] with kv head h / (hq / hkv) for query head h; q and the scores live in work [d + len]. */
+static void attend_heads(const float *qkv, int64_t hq, int64_t hkv, int64_t d, const float *c, const float *s,
+                         const float *kbuf, const float *vbuf, const int64_t *slots, int64_t len, float scale,
+                         int64_t h0, int64_t h1, float *work, float *out) {
+    float *q = work, *p = work + d;
     const int64_t group = hq / hkv;
-    for (int64_t h = 0; h < hq; h++) {
+    for (int64_t h = h0; h < h1; h++) {
         const int64_t g = h / group;
         float mx = -INFINITY, sum = 0.f;
+        rope(qkv + h * d, c, s, d, q);
         for (int64_t t = 0; t < len; t++) {
-            p[t] = dot(q + h * d, kbuf + (slots[t] * hkv + g) * d, d) * scale;
+            p[t] = dot(q, kbuf + (slots[t] * hkv + g) * d, d) * scale;
             mx = p[t] > mx ? p[t] : mx;
         }
         for (int64_t t = 0; t < len; t++) { p[t] = expf(p[t] - mx); sum += p[t]; }
@@ -70,9 +88,12 @@ static void attend_one(const float *qkv, int64_t hq, int64_t hkv, int64_t d, con
 void rope_store_attend(const float *qkv, int64_t n, int64_t hq, int64_t hkv, int64_t d, const float *c,
                        const float *s, float *kbuf, float *vbuf, const int64_t *new_slots,
                        const int64_t *slots, int64_t prefix, float scale, float *out) {
-    float *work = (float *)malloc(sizeof(float) * (hq * d + prefix + n));
-    for (int64_t i = 0; i < n; i++)
-        attend_one(qkv + i * (hq + 2 * hkv) * d, hq, hkv, d, c + i * d, s + i * d, kbuf, vbuf, new_slots[i],
-                   slots, prefix + i + 1, scale, work, out + i * hq * d);
+    float *work = (float *)malloc(sizeof(float) * (d + prefix + n));
+    for (int64_t i = 0; i < n; i++) {
+        const float *row = qkv + i * (hq + 2 * hkv) * d;
+        store_kv(row, hq, hkv, d, c + i * d, s + i * d, kbuf, vbuf, new_slots[i]);
+        attend_heads(row, hq, hkv, d, c + i * d, s + i * d, kbuf, vbuf, slots, prefix + i + 1, scale, 0, hq, work,
+                     out + i * hq * d);
+    }
     free(work);
 }

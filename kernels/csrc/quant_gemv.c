@@ -208,12 +208,13 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
 #define TILE(ROWS_, IM_) tile(w, r, ROWS_, IM_, n, nb, qx + i0 * nb * 32, dx + i0 * nb, sx + i0 * nb, \
                               qsum + i0 * nb, y + i0 * n, fmt)
 
-/* y [m, n] = x [m, k] @ w^T, w n repacked rows of nb blocks, x given quantized */
+/* columns r0 .. r1 of y [m, n] = x [m, k] @ w^T, w n repacked rows of nb blocks, x given quantized */
 static __attribute__((noinline)) void gemm(const uint8_t *w, int64_t n, int64_t nb, const int8_t *qx, const float *dx,
-                        const float *sx, const float *qsum, int64_t m, float *y, const int fmt) {
+                        const float *sx, const float *qsum, int64_t m, float *y, const int fmt, int64_t r0,
+                        int64_t r1) {
     const int64_t stride = header_bytes(fmt, nb) + quant_bytes(fmt) * nb;
-    for (int64_t r = 0; r < n; r += ROWS) {
-        const int rows = n - r < ROWS ? (int)(n - r) : ROWS;
+    for (int64_t r = r0; r < r1; r += ROWS) {
+        const int rows = r1 - r < ROWS ? (int)(r1 - r) : ROWS;
         /* the whole group AHEAD on, line by line; past the last row this runs into the weight the
            arena (arena() below) placed next, the one the next call reads (prefetches never fault) */
         for (int64_t off = 0; off < ROWS * stride; off += 64)
@@ -241,13 +242,15 @@ static __attribute__((noinline)) void gemm(const uint8_t *w, int64_t n, int64_t 
     }
 }
 
-/* y [m, n] = x [m, k] (float) @ w^T: x quantized into per-thread scratch, then gemm. One call
-   from Python per matmul (a ctypes call and its argument conversion cost microseconds). */
+/* Columns r0 .. r1 of y [m, n] = x [m, k] (float) @ w^T: x quantized into per-thread scratch, then
+   gemm. matmul() is all columns, one call from Python per matmul (a ctypes call and its argument
+   conversion cost microseconds); threads that share a matmul each take a range of columns. */
 #define MAXM 8
 static __thread int8_t scratch_q[MAXM * MAXNB * 32];
 static __thread float scratch_d[MAXM * MAXNB], scratch_s[MAXM * MAXNB], scratch_qs[MAXM * MAXNB];
 
-void matmul(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n, int fmt, float *y) {
+static void matmul_cols(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n, int fmt, float *y,
+                        int64_t r0, int64_t r1) {
     const int64_t nb = k / 32;
     int8_t *qx = scratch_q;
     float *dx = scratch_d, *sx = scratch_s, *qsum = scratch_qs;
@@ -255,7 +258,11 @@ void matmul(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n, i
        up again (a libc call each) at every use inside its loops */
     __asm__("" : "+r"(qx), "+r"(dx), "+r"(sx), "+r"(qsum));
     quantize_x(x, m, nb, fmt, qx, dx, sx, qsum);
-    gemm(w, n, nb, qx, dx, sx, qsum, m, y, fmt);
+    gemm(w, n, nb, qx, dx, sx, qsum, m, y, fmt, r0, r1);
+}
+
+void matmul(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n, int fmt, float *y) {
+    matmul_cols(x, m, k, w, n, fmt, y, 0, n);
 }
 
 static inline uint16_t to_bf16(float f) {  /* round to nearest even (weights are finite) */
