@@ -116,8 +116,8 @@ class BlockSegment(nn.Module):
 
     def forward(self, x: torch.Tensor, native: bool = False) -> torch.Tensor:
         if x.shape[0] <= quant_gemv_cpu.GEMV_MAX_ROWS:
-            threads = min(torch.get_num_threads(), self.rows // THREAD_ROWS)
-            if threads > 1 and cpu_decode.available():  # the same bits, columns shared by threads
+            threads = cpu_decode.team_threads(self.rows // THREAD_ROWS) if cpu_decode.available() else 1
+            if threads > 1:  # the same bits, columns shared by threads
                 y = cpu_decode.gemm_threads(x, self.packed, self.qtype, self.rows, threads)
             else:
                 y = quant_gemv_cpu.gemm(x, self.packed, self.qtype, self.rows)

@@ -102,6 +102,15 @@ def rope_store_attend(
     return out
 
 
+def team_threads(limit: int) -> int:
+    """Threads for a job of the C team: torch's intra-op count (the user's setting), at most limit.
+    One where torch's OpenMP workers never leave the cores (OMP_WAIT_POLICY=active): the team's
+    threads would wait on them at every barrier."""
+    if os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "active":
+        return 1
+    return max(1, min(torch.get_num_threads(), limit))
+
+
 class DecodeLayer(ctypes.Structure):
     """One layer's weights for decode_layers: RMSNorm weights (float32 [hidden]), the four
     projections as quant_gemv_cpu.repack() rows with their format index, the KV pool buffers."""

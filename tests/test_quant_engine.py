@@ -108,10 +108,15 @@ def test_quantized_engine_generates_text(quant_engine) -> None:
 
 
 def test_one_call_layer_loop_matches_the_modules(quant_engine, monkeypatch) -> None:
-    """One-request CPU steps run every layer in one C call (backend/models/cpu_layers.py); the
-    modules run the same C pieces one by one, so greedy decode gives the same tokens either way,
-    and the one-call loop really ran (once per step after the prompt's)."""
+    """One-request CPU steps run every layer in one C call (backend/models/cpu_layers.py), its
+    matmuls and attention heads shared by two threads; the modules run the same C pieces one by
+    one on one thread, so greedy decode gives the same tokens either way, and the one-call loop
+    really ran (once per step after the prompt's)."""
     model = quant_engine.runner.model
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert cpu_decode.team_threads(9) == 2
     calls = []
     real = cpu_decode.decode_layers
     monkeypatch.setattr(cpu_decode, "decode_layers", lambda *a: calls.append(a[2].shape[0]) or real(*a))
@@ -125,5 +130,6 @@ def test_one_call_layer_loop_matches_the_modules(quant_engine, monkeypatch) -> N
             assert calls.count(1) >= 3 * 23, calls
             calls.clear()
     model._cpu_plan = None
+    torch.set_num_threads(threads)
     assert not calls
     assert outs["one_call"] == outs["modules"]

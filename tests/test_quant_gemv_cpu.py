@@ -81,6 +81,18 @@ def test_threads_share_the_columns_with_the_same_bits(qtype, rows) -> None:
             assert torch.equal(cpu_decode.gemm_threads(x, packed, qtype, rows, threads), one), (m, threads)
 
 
+def test_team_threads_follow_torch_and_step_aside_for_spinning_workers(monkeypatch) -> None:
+    threads = torch.get_num_threads()
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    try:
+        torch.set_num_threads(2)
+        assert cpu_decode.team_threads(9) == 2 and cpu_decode.team_threads(1) == 1
+        monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+        assert cpu_decode.team_threads(9) == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
 @needs_kernel
 @pytest.mark.parametrize("qtype", FORMATS)
 def test_many_rows_dequantize_to_gguf_values(qtype) -> None:

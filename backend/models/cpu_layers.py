@@ -163,7 +163,7 @@ class CpuDecodeLayers:
             sin_signed,
             fb.out_cache_loc,
             slots.contiguous(),
-            min(torch.get_num_threads(), self.max_threads),
+            cpu_decode.team_threads(self.max_threads),
         )
         return h, residual
 

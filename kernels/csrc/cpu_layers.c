@@ -75,8 +75,9 @@ static void *worker(void *arg) {
     return NULL;
 }
 
-/* fn(args, tid, nt) on nt threads (this one is tid 0); returns when all have returned from fn,
-   which must end with sync_team. Runs alone where the team is busy or cannot start. */
+/* fn(args, tid, nt) on nt threads (this one is tid 0); returns once all have reached fn's last
+   sync_team, which must end it: args live on the caller's stack, so fn copies what it reads of
+   them before that barrier. Runs alone where the team is busy or cannot start. */
 static void run_job(JobFn fn, const void *args, int nt) {
     if (nt > MAXT) nt = MAXT;
     if (nt <= 1 || pthread_mutex_trylock(&team.busy) != 0) { fn(args, 0, 1); return; }
@@ -123,7 +124,7 @@ typedef struct {
 } MatmulJob;
 
 static void matmul_job(const void *args, int tid, int nt) {
-    const MatmulJob *j = (const MatmulJob *)args;
+    const MatmulJob job = *(const MatmulJob *)args, *j = &job;
     uint32_t phase = atomic_load(&team.phase);
     matmul_share(j->x, j->m, j->k, j->w, j->n, j->fmt, j->y, tid, nt);
     sync_team(nt, &phase);
@@ -157,8 +158,9 @@ typedef struct {
 } LayersJob;
 
 static void layers_job(const void *args, int tid, int nt) {
-    const LayersJob *j = (const LayersJob *)args;
-    const DecodeShape *s = j->s;
+    /* copies: the caller's job and shape may be gone once the last barrier lets it return */
+    const LayersJob job = *(const LayersJob *)args, *j = &job;
+    const DecodeShape shape = *j->s, *s = &shape;
     const int64_t n = j->n, H = s->hidden, I = s->inter, qkv_w = (s->hq + 2 * s->hkv) * s->d,
                   attn_w = s->hq * s->d;
     float *x = j->buf, *sum = x + n * H, *qkv = sum + n * H, *attn = qkv + n * qkv_w, *gu = attn + n * attn_w,
