@@ -11,11 +11,25 @@ from pathlib import Path
 from typing import Any
 
 
+def cpu_model() -> str:
+    """The CPU's model name and last-level cache (CPU results depend on whether weights fit it)."""
+    name = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        pass
+    caches = sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"))
+    last = caches[-1].read_text().strip() if caches else "?"
+    return f"{name}, last-level cache {last}"
+
+
 def environment() -> dict[str, Any]:
     env: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
+        "cpu": cpu_model(),
         "load_average_1_5_15": os.getloadavg(),
         "gpu": "none",
     }
