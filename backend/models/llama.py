@@ -276,10 +276,9 @@ class LlamaForCausalLM(nn.Module):
         """The one-call layer loop for one-request CPU steps (models/cpu_layers.py), built on
         first use: weights are final by then (loaded, quantized blocks installed)."""
         if self._cpu_plan is None:
-            plan = (
-                None if self.tp is not None else CpuDecodeLayers.build(self.model.layers, self.model.rotary)
-            )
-            self._cpu_plan = [plan]
+            layers = [m for m in self.model.layers if isinstance(m, LlamaDecoderLayer)]
+            whole = self.tp is None and len(layers) == len(self.model.layers)
+            self._cpu_plan = [CpuDecodeLayers.build(layers, self.model.rotary) if whole else None]
         return self._cpu_plan[0]
 
     def _stacked(self) -> dict[str, tuple[str, int, int]]:
