@@ -2,9 +2,9 @@
 small torch ops it replaces (at batch 1 on the CPU a decode step is bound by the count of ops as
 much as by the weights): residual add + RMSNorm of a few rows, and rope + KV store + attention
 of one request's few new tokens (a decode token, or a verify step's token and drafts) over its
-slots; and, for GGUF-block weights, every decoder layer of such a step as one call
-(decode_layers). Each row's arithmetic is the same however many rows come with it, so a verify step's
-rows equal the decode steps they stand for. Built like radixlm.kernels.quant_gemv_cpu;
+slots; and, for GGUF-block weights, every decoder layer of such a step as one call on a small
+thread team (decode_layers, csrc/cpu_layers.c). Each row's arithmetic is the same however many
+rows and threads come with it, so a verify step's rows equal the decode steps they stand for. Built like radixlm.kernels.quant_gemv_cpu;
 `available()` is False where that cannot build, and callers keep their torch ops."""
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ def available() -> bool:
                     lib.silu_mul.argtypes = [p, i, i, p]
                     lib.silu_mul.restype = None
                     lib.decode_layers.argtypes = [p, i, p, i, p, p, p, p, i, p, p, ctypes.c_int]
+                    lib.decode_layers.restype = None
                     lib.matmul_threads.argtypes = [p, i, i, p, i, ctypes.c_int, p, ctypes.c_int]
                     lib.matmul_threads.restype = None
-                    lib.decode_layers.restype = None
                 _lib.append(lib)
     return _lib[0] is not None
 
@@ -159,8 +159,8 @@ def decode_layers(
     threads: int,
 ) -> None:
     """Every layer of one request's n new tokens on `threads` threads, in place: h [n, hidden]
-    (the embedding rows) becomes the last layer's output and residual the stream before it. The tensors are
-    float32 / int64 and contiguous; n <= MAX_ROWS; slots end with new_slots."""
+    (the embedding rows) becomes the last layer's output and residual the stream before it. The
+    tensors are float32 / int64 and contiguous; n <= MAX_ROWS; slots end with new_slots."""
     lib = _lib[0]
     assert lib is not None and h.is_contiguous() and residual.is_contiguous()
     assert new_slots.dtype == slots.dtype == torch.int64 and slots.is_contiguous()
