@@ -43,7 +43,7 @@ def available() -> bool:
                     lib.rope_store_attend.restype = None
                     lib.silu_mul.argtypes = [p, i, i, p]
                     lib.silu_mul.restype = None
-                    lib.decode_layers.argtypes = [p, i, p, i, p, p, p, p, i, p, p, ctypes.c_int]
+                    lib.decode_layers.argtypes = [p, i, p, i, p, p, p, p, p, p, p, ctypes.c_int]
                     lib.decode_layers.restype = None
                     lib.matmul_threads.argtypes = [p, i, i, p, i, ctypes.c_int, p, ctypes.c_int]
                     lib.matmul_threads.restype = None
@@ -155,20 +155,26 @@ def decode_layers(
     cos_rows: torch.Tensor,
     sin_signed_rows: torch.Tensor,
     new_slots: torch.Tensor,
-    slots: torch.Tensor,
+    row_slots: list[int],
+    row_lens: list[int],
     threads: int,
 ) -> None:
-    """Every layer of one request's n new tokens on `threads` threads, in place: h [n, hidden]
-    (the embedding rows) becomes the last layer's output and residual the stream before it. The
-    tensors are float32 / int64 and contiguous; n <= MAX_ROWS; slots end with new_slots."""
+    """Every layer of n new tokens on `threads` threads, in place: h [n, hidden] (the embedding
+    rows) becomes the last layer's output and residual the stream before it. Token i is stored at
+    new_slots[i] and attends to the row_lens[i] int64 slots at address row_slots[i], itself last:
+    one request's tokens share its slots with lengths prefix + 1, prefix + 2, ...; a decode batch
+    gives each request's own. The tensors are float32 / int64 and contiguous; n <= MAX_ROWS."""
     lib = _lib[0]
-    assert lib is not None and h.is_contiguous() and residual.is_contiguous()
-    assert new_slots.dtype == slots.dtype == torch.int64 and slots.is_contiguous()
     n = h.shape[0]
-    assert n <= MAX_ROWS and cos_rows.is_contiguous() and sin_signed_rows.is_contiguous()
+    assert lib is not None and h.is_contiguous() and residual.is_contiguous() and n <= MAX_ROWS
+    assert (
+        new_slots.dtype == torch.int64 and new_slots.is_contiguous() and len(row_slots) == len(row_lens) == n
+    )
+    assert cos_rows.is_contiguous() and sin_signed_rows.is_contiguous()
     lib.decode_layers(
         layers, len(layers), ctypes.byref(shape), n, cos_rows.data_ptr(), sin_signed_rows.data_ptr(),
-        new_slots.data_ptr(), slots.data_ptr(), slots.numel() - n, h.data_ptr(), residual.data_ptr(), threads,
+        new_slots.data_ptr(), (ctypes.c_void_p * n)(*row_slots), (ctypes.c_int64 * n)(*row_lens),
+        h.data_ptr(), residual.data_ptr(), threads,
     )  # fmt: skip
 
 

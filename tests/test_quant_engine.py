@@ -133,3 +133,22 @@ def test_one_call_layer_loop_matches_the_modules(quant_engine, monkeypatch) -> N
     torch.set_num_threads(threads)
     assert not calls
     assert outs["one_call"] == outs["modules"]
+
+
+def test_decode_batch_rows_equal_each_request_alone(quant_engine, monkeypatch) -> None:
+    """A decode step of a few requests runs the one-call loop too, each row as it would run
+    alone: with the prompts' KV computed alone first (cached), three requests decoded together give
+    each one's tokens alone, bit for bit, and the loop saw three-row steps."""
+    rows = []
+    real = cpu_decode.decode_layers
+    monkeypatch.setattr(cpu_decode, "decode_layers", lambda *a: rows.append(a[2].shape[0]) or real(*a))
+    params = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+    prompts = PROMPTS[3:6]
+    quant_engine.flush_cache()
+    for p in prompts:  # the prompts' KV, each computed alone
+        quant_engine.generate(p, {**params, "max_new_tokens": 1})
+    alone = [quant_engine.generate(p, params)["output_ids"] for p in prompts]
+    rows.clear()
+    together = [out["output_ids"] for out in quant_engine.generate(prompts, params)]
+    assert rows.count(3) >= 10, rows
+    assert together == alone

@@ -1,9 +1,12 @@
-"""One-request CPU steps of a GGUF Llama through one C call over all decoder layers
-(radixlm.kernels.cpu_decode.decode_layers): at the default model's size a batch-1 step is bound
-by per-op Python dispatch as much as by weight bytes. It runs the same C pieces the modules call
-one by one (block matmul, add + RMSNorm, rope + KV store + attention), so it applies exactly where
-those apply: every projection one bias-free GGUF-block segment, float32 norms and KV pool, no q/k
-norm, no tensor parallel, batch 1 with at most cpu_decode.MAX_ROWS new tokens."""
+"""Small CPU steps of a GGUF Llama through one C call over all decoder layers
+(radixlm.kernels.cpu_decode.decode_layers): one request's few new tokens (decode, a verify step)
+or one decode token of each of a few requests. At the default model's size such a step is bound
+by per-op Python dispatch as much as by weight bytes. The call runs the C pieces the modules run
+for one request (block matmul, add + RMSNorm, rope + KV store + attention, SiLU-and-mul), each
+row as it would run alone, so a one-request step gives the modules' bits and a batch's rows give
+their requests' bits alone. It applies where every projection is one bias-free GGUF-block
+segment, norms and KV pool are float32, with no q/k norm and no tensor parallel, and the step
+has at most cpu_decode.MAX_ROWS rows."""
 
 from __future__ import annotations
 
@@ -135,13 +138,15 @@ class CpuDecodeLayers:
         return CpuDecodeLayers(layers, first, rope) if cpu_decode.available() else None
 
     def accepts(self, fb: ForwardBatch, h: torch.Tensor) -> bool:
-        """Whether this step is one request's few new tokens over a float32 pool the torch
-        attention backend reads (the conditions of the modules' own C calls)."""
-        pool = fb.kv_pool
+        """Whether this step is one request's few new tokens, or a decode step of a few requests,
+        over a float32 pool the torch attention backend reads."""
+        pool, rows = fb.kv_pool, h.shape[0]
         return (
-            fb.batch_size == 1
-            and h.shape[0] <= cpu_decode.MAX_ROWS
+            (fb.batch_size == 1 or (fb.is_decode and fb.batch_size == rows))
+            and rows <= cpu_decode.MAX_ROWS
             and h.dtype == torch.float32
+            and fb.req_to_token.dtype == fb.out_cache_loc.dtype == torch.int64
+            and fb.req_to_token.is_contiguous()
             and isinstance(fb.attn_backend, TorchAttentionBackend)
             and all(b.dtype == torch.float32 and b.is_contiguous() for b in pool.k_buffers)
             and all(b.dtype == torch.float32 and b.is_contiguous() for b in pool.v_buffers)
@@ -153,17 +158,18 @@ class CpuDecodeLayers:
         h = h.contiguous().clone()
         residual = torch.empty_like(h)
         cos, sin_signed = self.rope.rows(fb.positions)
-        slots = fb.req_to_token[fb.req_pool_indices_cpu[0], : fb.seq_lens_cpu[0]]
+        table = fb.req_to_token
+        row_bytes = table.stride(0) * table.element_size()
+        starts = [table.data_ptr() + i * row_bytes for i in fb.req_pool_indices_cpu]
+        n = h.shape[0]
+        if fb.batch_size == 1:  # one request's n tokens, causal among themselves
+            row_slots, row_lens = starts * n, [fb.seq_lens_cpu[0] - n + i + 1 for i in range(n)]
+        else:  # one decode token per request
+            row_slots, row_lens = starts, list(fb.seq_lens_cpu)
+        threads = cpu_decode.team_threads(self.max_threads)
+        out_slots = fb.out_cache_loc.contiguous()
         cpu_decode.decode_layers(
-            self.table,
-            self.shape,
-            h,
-            residual,
-            cos,
-            sin_signed,
-            fb.out_cache_loc,
-            slots.contiguous(),
-            cpu_decode.team_threads(self.max_threads),
+            self.table, self.shape, h, residual, cos, sin_signed, out_slots, row_slots, row_lens, threads
         )
         return h, residual
 

@@ -150,10 +150,10 @@ typedef struct {
 
 typedef struct {
     const DecodeLayer *layers;
-    int64_t nlayers, n, prefix;
+    int64_t nlayers, n, max_len;
     const DecodeShape *s;
     const float *c, *sn;
-    const int64_t *new_slots, *slots;
+    const int64_t *new_slots, *const *row_slots, *row_lens;
     float *h, *residual, *buf;
 } LayersJob;
 
@@ -165,7 +165,7 @@ static void layers_job(const void *args, int tid, int nt) {
                   attn_w = s->hq * s->d;
     float *x = j->buf, *sum = x + n * H, *qkv = sum + n * H, *attn = qkv + n * qkv_w, *gu = attn + n * attn_w,
           *act = gu + n * 2 * I, *h = j->h, *residual = j->residual;
-    float *work = (float *)malloc(sizeof(float) * (s->d + j->prefix + n));
+    float *work = (float *)malloc(sizeof(float) * (s->d + j->max_len));
     uint32_t phase = atomic_load(&team.phase);
     int64_t h0, h1, c0, c1;
     share(s->hq, 1, tid, nt, &h0, &h1);
@@ -183,7 +183,7 @@ static void layers_job(const void *args, int tid, int nt) {
         sync_team(nt, &phase);
         for (int64_t i = 0; i < n; i++)
             attend_heads(qkv + i * qkv_w, s->hq, s->hkv, s->d, j->c + i * s->d, j->sn + i * s->d, L->k, L->v,
-                         j->slots, j->prefix + i + 1, s->scale, h0, h1, work, attn + i * attn_w);
+                         j->row_slots[i], j->row_lens[i], s->scale, h0, h1, work, attn + i * attn_w);
         sync_team(nt, &phase);
         matmul_share(attn, n, attn_w, L->o, H, L->o_fmt, h, tid, nt);
         sync_team(nt, &phase);
@@ -199,17 +199,20 @@ static void layers_job(const void *args, int tid, int nt) {
     free(work);
 }
 
-/* n new tokens of one request through every layer on nt threads. h [n, hidden] is the token
-   embedding (the first layer norms it alone: no residual yet); on return h is the last layer's
-   output and residual [n, hidden] the stream before it, as LlamaDecoderLayer leaves them.
-   cos/sin [n, d] are the tokens' rope rows, new_slots their KV slots, slots the request's
-   prefix + n slots. */
+/* n new tokens through every layer on nt threads: one request's few tokens, or one decode token of
+   each of n requests. h [n, hidden] is the token embedding (the first layer norms it alone: no
+   residual yet); on return h is the last layer's output and residual [n, hidden] the stream
+   before it, as LlamaDecoderLayer leaves them. cos/sin [n, d] are the tokens' rope rows and
+   new_slots their KV slots; token i attends to the row_lens[i] slots at row_slots[i], its own
+   last (every token's K and V are stored before any attends). */
 void decode_layers(const DecodeLayer *layers, int64_t nlayers, const DecodeShape *s, int64_t n, const float *c,
-                   const float *sn, const int64_t *new_slots, const int64_t *slots, int64_t prefix, float *h,
-                   float *residual, int nt) {
+                   const float *sn, const int64_t *new_slots, const int64_t *const *row_slots,
+                   const int64_t *row_lens, float *h, float *residual, int nt) {
     const int64_t qkv_w = (s->hq + 2 * s->hkv) * s->d;
+    int64_t max_len = 0;
+    for (int64_t i = 0; i < n; i++) max_len = row_lens[i] > max_len ? row_lens[i] : max_len;
     float *buf = (float *)malloc(sizeof(float) * n * (2 * s->hidden + qkv_w + s->hq * s->d + 3 * s->inter));
-    const LayersJob j = {layers, nlayers, n, prefix, s, c, sn, new_slots, slots, h, residual, buf};
+    const LayersJob j = {layers, nlayers, n, max_len, s, c, sn, new_slots, row_slots, row_lens, h, residual, buf};
     run_job(layers_job, &j, nt);
     free(buf);
 }
