@@ -61,7 +61,7 @@ SMALL: dict[str, Any] = {
         },
         "multi_turn": {"num_sessions": 3, "turns": 3, "system_len": 64, "user_len": 8, "output_len": 4},
     },
-    "forks": {"shared_len": 128, "forks": 3, "output_len": 4},
+    "forks": {"shared_len": 128, "forks": 3, "output_len": 32},
     "json": {"batch": 2, "max_new_tokens": 256},
     "serving": {"num_requests": 6, "input_len": 32, "output_len": 6, "ratio": 0.5, "rates": ["inf", 4]},
     "programs": {"batch": 2, "kinds": ["few_shot_qa"]},
