@@ -1,5 +1,6 @@
 /* The CPU decode pieces of radixlm.kernels.cpu_decode (built there with the system compiler):
-   add + RMSNorm, and rope + KV store + attention for a few rows. */
+   add + RMSNorm, SiLU-and-mul, and rope + KV store + attention for a few rows; cpu_layers.c runs
+   them layer after layer. */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
