@@ -20,6 +20,7 @@ from radixlm.kernels import cpu_decode
 
 from ..attention import TorchAttentionBackend
 from ..forward_batch import ForwardBatch
+from ..kv_pool import KVPool
 from ..quant_linear import BlockSegment, QuantLinear
 from .rotary import RotaryEmbedding
 
@@ -109,7 +110,7 @@ def _shape(layer: DecoderLayer) -> cpu_decode.DecodeShape | None:
 
 class CpuDecodeLayers:
     """The layers' weights as the C call's table, built once; the KV pool's buffers are filled in
-    per step (re-read only when the pool's buffers are not the ones seen last)."""
+    when a step brings a pool other than the last one."""
 
     def __init__(
         self, layers: Sequence[DecoderLayer], shape: cpu_decode.DecodeShape, rope: RotaryEmbedding
@@ -126,7 +127,7 @@ class CpuDecodeLayers:
             for name, seg in zip(("qkv", "o", "gate_up", "down"), segs):
                 setattr(entry, name, seg.packed.data_ptr())
                 setattr(entry, f"{name}_fmt", cpu_decode.format_index(seg.qtype))
-        self._pool_ptrs: tuple[int, ...] = ()
+        self._pool: KVPool | None = None  # the pool whose buffers the table holds
 
     @staticmethod
     def build(layers: Sequence[DecoderLayer], rope: RotaryEmbedding) -> CpuDecodeLayers | None:
@@ -148,8 +149,8 @@ class CpuDecodeLayers:
             and fb.req_to_token.dtype == fb.out_cache_loc.dtype == torch.int64
             and fb.req_to_token.is_contiguous()
             and isinstance(fb.attn_backend, TorchAttentionBackend)
-            and all(b.dtype == torch.float32 and b.is_contiguous() for b in pool.k_buffers)
-            and all(b.dtype == torch.float32 and b.is_contiguous() for b in pool.v_buffers)
+            and pool.dtype == torch.float32  # its buffers are made contiguous, one per layer
+            and len(pool.k_buffers) == len(pool.v_buffers) == len(self.layers)
         )
 
     def run(self, fb: ForwardBatch, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,11 +175,10 @@ class CpuDecodeLayers:
         return h, residual
 
     def _bind_pool(self, fb: ForwardBatch) -> None:
+        """The pool's buffers into the table: a pool makes its buffers once, so once per pool."""
         pool = fb.kv_pool
-        ptrs = tuple(b.data_ptr() for b in (*pool.k_buffers, *pool.v_buffers))
-        if ptrs == self._pool_ptrs:
+        if pool is self._pool:
             return
-        n = len(self.layers)
-        for entry, k, v in zip(self.table, ptrs[:n], ptrs[n:]):
-            entry.k, entry.v = k, v
-        self._pool_ptrs = ptrs
+        for entry, k, v in zip(self.table, pool.k_buffers, pool.v_buffers):
+            entry.k, entry.v = k.data_ptr(), v.data_ptr()
+        self._pool = pool
