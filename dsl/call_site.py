@@ -4,6 +4,7 @@ so an error raised later on a worker thread names the program line that added th
 from __future__ import annotations
 
 import contextlib
+import functools
 import linecache
 import os
 import sys
@@ -25,12 +26,22 @@ class CallSite:
         return f'File "{self.filename}", line {self.lineno}, in {self.function}: {line}'
 
 
+@functools.lru_cache(maxsize=4096)
+def _program_file(co_filename: str) -> str | None:
+    """The absolute path of a code object's file, or None when it is radixlm's own code.
+    Memoized: every `s += ...` walks a few frames, and abspath is most of the walk's cost."""
+    name = os.path.abspath(co_filename)
+    if name.startswith(_DSL_DIR + os.sep) or name in _SKIP_FILES:
+        return None
+    return name
+
+
 def call_site() -> CallSite | None:
     """The innermost frame outside radixlm's own code (the program line)."""
     f: FrameType | None = sys._getframe(1)
     while f is not None:
-        name = os.path.abspath(f.f_code.co_filename)
-        if not name.startswith(_DSL_DIR + os.sep) and name not in _SKIP_FILES:
+        name = _program_file(f.f_code.co_filename)
+        if name is not None:
             return CallSite(name, f.f_lineno, f.f_code.co_name)
         f = f.f_back
     return None

@@ -1,8 +1,8 @@
-"""The interpreter: one Executor per program state runs its expressions in order on a
-worker thread (so `s += gen(...)` returns at once) and keeps the state's text, token ids,
-messages and variables. Promise: the committed token ids are exactly what the backend saw
-and generated; an error in any expression is kept with the program line that added it and
-re-raised to whoever waits on the state."""
+"""The interpreter: one Executor per program state runs its expressions in order (on a worker
+thread, so `s += gen(...)` returns at once, or inline for a non-streamed run's own state) and
+keeps the state's text, token ids, messages and variables. Promise: the committed token ids are
+exactly what the backend saw and generated; an error in any expression is kept with the program
+line that added it and re-raised to whoever waits on the state."""
 
 from __future__ import annotations
 
@@ -38,7 +38,12 @@ class _StopTrace(Exception):
 
 
 class Executor:
-    """Runs one program state's expressions. Fields ending in `_` belong to the worker."""
+    """Runs one program state's expressions. Fields ending in `_` belong to the worker.
+
+    `inline=True` runs each expression in the thread that adds it. A non-streamed run's root
+    state takes it: its body is the only thread that adds to or reads the state, `run` returns
+    only after every expression ran either way, and a worker would only add two thread
+    hand-offs before each model call. Forks always get workers, so they run concurrently."""
 
     def __init__(
         self,
@@ -49,6 +54,7 @@ class Executor:
         stream: bool = False,
         program_name: str = "<program>",
         trace: bool = False,
+        inline: bool = False,
     ) -> None:
         self.backend = backend
         self.codec = backend.codec
@@ -59,6 +65,9 @@ class Executor:
         self.stream = stream
         self.program_name = program_name
         self.trace = trace
+        self.inline = inline or trace
+        if self.inline and stream:
+            raise ValueError("a streamed program state runs its expressions on a worker thread, not inline")
 
         self.text_ = ""
         self.ids_: list[int] = []
@@ -87,7 +96,7 @@ class Executor:
         self.stream_chunks: dict[str, list[tuple[str, dict[str, Any]]]] = {}
         self._queue: queue.Queue = queue.Queue()
         self._worker: Future[None] | None = None
-        if not trace:
+        if not self.inline:
             self._worker = PROGRAM_THREADS.submit(self._loop)
 
     # ---- caller side -------------------------------------------------------------------
@@ -102,10 +111,13 @@ class Executor:
             raise RuntimeError("this program state has ended; it accepts no more expressions")
         if self.error_ is not None:
             self._release_waiters()
-        self._queue.put((expr, site))
+        if self.inline:
+            self._run_one(expr, site, reraise_interrupts=True)
+        else:
+            self._queue.put((expr, site))
 
     def sync(self) -> None:
-        if not self.trace:
+        if not self.inline:
             self._queue.join()
 
     def raise_error(self) -> None:
@@ -140,6 +152,8 @@ class Executor:
         if self._worker is not None:
             self._queue.put(None)
             self._worker.result()
+        elif not self.trace:
+            self.is_finished = True
         for child in self.children:
             child.end()
         for handle in self._pins:
@@ -168,8 +182,8 @@ class Executor:
 
     def commit_now(self) -> list[int]:
         """Tokenize pending text (through the worker) and return the committed ids."""
-        if self._ended or self.trace:
-            self._commit()  # no worker runs any more: safe to do here
+        if self._ended or self.inline:
+            self._commit()  # no worker runs (any more): safe to do here
         else:
             self.submit(Commit())
             self.sync()
@@ -180,7 +194,7 @@ class Executor:
         # type(self): a subclass's forks are of that class too (a traced run's branches are traced)
         kid = type(self)(
             self.backend, self.arguments, self.sampling, self.logprob, self.stream, self.program_name
-        )
+        )  # never inline: forks run concurrently
         kid.text_, kid.ids_, kid.pending_ = self.text_, list(self.ids_), self.pending_
         kid.messages_ = [dict(m) for m in self.messages_]
         kid.cur_role, kid.cur_role_begin_pos = self.cur_role, self.cur_role_begin_pos
@@ -209,12 +223,8 @@ class Executor:
             try:
                 if item is None:
                     break
-                if self.error_ is None:
-                    expr, site = item
-                    try:
-                        self._execute(expr)
-                    except BaseException as e:  # noqa: BLE001 - kept and re-raised to the caller
-                        self._fail(e, site)
+                expr, site = item
+                self._run_one(expr, site, reraise_interrupts=False)
             finally:
                 self._queue.task_done()
                 if self.stream_text_event is not None:
@@ -222,6 +232,19 @@ class Executor:
         self.is_finished = True
         if self.stream_text_event is not None:
             self.stream_text_event.set()
+
+    def _run_one(self, expr: Expr, site: CallSite | None, reraise_interrupts: bool) -> None:
+        """Execute one expression unless an earlier one failed; its error is kept for whoever
+        reads the state. In the program's own thread a KeyboardInterrupt or SystemExit also
+        goes on up, so Ctrl-C stops the program there and then."""
+        if self.error_ is not None:
+            return
+        try:
+            self._execute(expr)
+        except BaseException as e:  # noqa: BLE001 - kept and re-raised to the caller
+            self._fail(e, site)
+            if reraise_interrupts and not isinstance(e, Exception):
+                raise
 
     def _fail(self, error: BaseException, site: CallSite | None) -> None:
         where = site.describe() if site is not None else "(unknown line)"

@@ -125,7 +125,10 @@ class Program:
         trace: bool = False,
     ) -> Executor:
         sampling, logprob = _split_options({**self.options, **options})
-        return Executor(backend, kwargs, sampling, logprob, stream, self.__name__, trace=trace)
+        # a streamed run's body runs on a thread of its own while the caller reads the stream,
+        # so its expressions need a worker; otherwise the body's thread runs them itself
+        inline = not stream
+        return Executor(backend, kwargs, sampling, logprob, stream, self.__name__, trace=trace, inline=inline)
 
     def run(
         self,

@@ -1,6 +1,6 @@
-"""ProgramState (the `s` a program receives) and ProgramStateGroup (what `s.fork(n)`
-returns). Promise: `+=` never blocks; reading a variable, the text or the messages waits
-for what it needs and raises the program's error (with its line) if one happened."""
+"""ProgramState (the `s` a program receives) and ProgramStateGroup (what `s.fork(n)` returns).
+Promise: reading a variable, the text or the messages waits for what it needs and raises the
+program's error (with its line) if one happened; `+=` on a fork or a streamed state never blocks."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 
 import pytest
 from pydantic import BaseModel, ConfigDict
@@ -244,6 +245,60 @@ def test_state_text_roles_vars_and_forks_on_text_backend():
     assert st["tail"] == "T" and st["a"] == "<1>"
     assert sorted(st["g"]) == ["<2>", "<3>", "<4>"] and len(st.get_meta_info("g")) == 3
     assert sorted(be.prompts[1:]) == [st.text() + f"f{i}" for i in range(3)]
+
+
+class ThreadRecordingBackend(ScriptedBackend):
+    """Records the thread of every generate; fork branches ("f" in the prompt) meet at a
+    barrier, so branches run one after another fail it."""
+
+    def __init__(self, branches: int):
+        super().__init__()
+        self.threads: list[tuple[str, int]] = []
+        self.barrier = threading.Barrier(branches, timeout=5)
+
+    def generate(self, ex, sampling, logprob):
+        if ex.text_.endswith("f"):
+            self.barrier.wait()
+        out = super().generate(ex, sampling, logprob)
+        self.threads.append((ex.text_, threading.get_ident()))
+        return out
+
+
+def test_a_run_executes_its_own_state_inline_and_its_forks_concurrently():
+    be = ThreadRecordingBackend(branches=3)
+    body_thread = []
+
+    @sgl.function
+    def prog(s):
+        body_thread.append(threading.get_ident())
+        s += "root" + sgl.gen("a")
+        forks = s.fork(3)
+        forks += "f"
+        forks += sgl.gen("g")
+        forks.join()
+
+    st = prog.run(backend=be)
+    assert st["a"] == "<1>" and sorted(st["g"]) == ["<2>", "<3>", "<4>"]
+    assert be.threads[0] == ("root", body_thread[0])  # the body's own thread ran its gen
+    fork_threads = {t for text, t in be.threads if text.endswith("f")}
+    assert len(fork_threads) == 3 and body_thread[0] not in fork_threads
+
+
+def test_an_interrupt_in_an_inline_expression_stops_the_program_there():
+    class InterruptingBackend(ScriptedBackend):
+        def generate(self, ex, sampling, logprob):
+            raise KeyboardInterrupt
+
+    seen = []
+
+    @sgl.function
+    def prog(s):
+        s += sgl.gen("x")
+        seen.append("after")
+
+    with pytest.raises(KeyboardInterrupt):
+        prog.run(backend=InterruptingBackend())
+    assert seen == []
 
 
 def test_stream_mode_error_ends_iteration_with_the_error():
