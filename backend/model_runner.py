@@ -28,9 +28,13 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 CPU_DEFAULT_KV_TOKENS = 32768
-# Longest item run as decode rows: each row reads its request's whole KV, so a longer run of new
-# tokens is cheaper as one extend (which reads it once).
+# Decode rows: each row reads its request's whole KV, where one extend reads it about once. Items
+# of up to DECODE_ROWS_MAX_PER_ITEM new tokens always take them; longer ones while the rows' extra
+# KV reads stay under DECODE_ROWS_MAX_EXTRA_KV_BYTES per layer: 16k rows at Llama-3-8B's 4 KiB
+# per token and layer (one fresh prompt of up to ~180 tokens), about 16 us of HBM per layer on an
+# H200, against about 470 us of host time per layer for an eager extend measured there.
 DECODE_ROWS_MAX_PER_ITEM = 16
+DECODE_ROWS_MAX_EXTRA_KV_BYTES = 64 * 2**20
 
 
 @dataclass
@@ -57,6 +61,14 @@ def decode_rows(items: list[ScheduledItem]) -> list[ScheduledItem]:
             for j, tok in enumerate(it.token_ids)
         )
     return rows
+
+
+def _extra_row_reads(items: list[ScheduledItem]) -> int:
+    """KV rows (per layer) that decode rows read beyond one pass over each item's KV: row j of an
+    item of n new tokens from start s reads s + j + 1 rows, one extend about s + n."""
+    return sum(
+        (len(it.token_ids) - 1) * it.start + len(it.token_ids) * (len(it.token_ids) - 1) // 2 for it in items
+    )
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -205,11 +217,13 @@ class ModelRunner:
         future_tokens: torch.Tensor | None = None,
         cascade: CascadeGroups | None = None,
         num_decode: int = 0,
+        keep_extend: bool = False,
     ) -> ForwardBatch:
         """One ForwardBatch for the step. A negative token id -1-k stands for future_tokens[k] (a
         token the in-flight step samples) and is resolved on the device, without a sync. cascade:
-        CascadeGroups over the first num_decode items (already in group order)."""
-        if self._runs_as_decode_rows(items):
+        CascadeGroups over the first num_decode items (already in group order). keep_extend: never
+        turn the items into decode rows (the warm-up compiles the extend kernels this way)."""
+        if not keep_extend and self._runs_as_decode_rows(items):
             items, cascade = decode_rows(items), None
         ids: list[int] = []
         positions: list[int] = []
@@ -254,14 +268,24 @@ class ModelRunner:
         return fb
 
     def _runs_as_decode_rows(self, items: list[ScheduledItem]) -> bool:
-        """A step of few new tokens per request (a verify step's token and drafts, jump-forward's
-        forced tokens beside decodes) runs as decode rows when a captured graph holds them all:
-        one graph replay instead of an eager extend forward, which costs several decode steps."""
+        """A step of few new tokens (a verify step's token and drafts, jump-forward's forced
+        tokens beside decodes, a short fresh prompt) runs as decode rows when a captured graph
+        holds them all: one graph replay instead of an eager extend forward, whose host time
+        costs several decode steps."""
         graphs = self.graph_runner
         if graphs is None or not graphs.enabled or not items:
             return False
         sizes = [len(it.token_ids) for it in items]
-        return 1 < max(sizes) <= DECODE_ROWS_MAX_PER_ITEM and sum(sizes) <= graphs.max_bs
+        if not 1 < max(sizes) or sum(sizes) > graphs.max_bs:
+            return False
+        if max(sizes) <= DECODE_ROWS_MAX_PER_ITEM:
+            return True
+        return _extra_row_reads(items) * self._kv_row_bytes() <= DECODE_ROWS_MAX_EXTRA_KV_BYTES
+
+    def _kv_row_bytes(self) -> int:
+        """Bytes of one token's K and V in one layer of the pool."""
+        pool = self.kv_pool
+        return 2 * pool.num_kv_heads * pool.head_dim * pool.dtype.itemsize
 
     @staticmethod
     def _resolve_ids(ids: torch.Tensor, future_tokens: torch.Tensor | None) -> torch.Tensor:

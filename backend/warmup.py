@@ -73,7 +73,7 @@ def warm_request_path(generate: Callable[..., object], vocab_size: int, context_
 
 def _forward_eager(runner: ModelRunner, items: list[ScheduledItem]) -> None:
     n = sum(len(it.token_ids) for it in items)
-    runner.model(runner.build_batch(items, torch.zeros(n, dtype=torch.int64)))
+    runner.model(runner.build_batch(items, torch.zeros(n, dtype=torch.int64), keep_extend=True))
 
 
 def _extend_and_decode(runner: ModelRunner, row: int) -> None:

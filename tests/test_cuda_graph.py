@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from radixlm.backend import model_runner as model_runner_module
 from radixlm.backend.cascade_groups import make_cascade_plan
 from radixlm.backend.cuda_graph_runner import (
     CudaGraphRunner,
@@ -27,7 +28,7 @@ from radixlm.backend.cuda_graph_runner import (
 )
 from radixlm.backend.forward_batch import ForwardBatch
 from radixlm.backend.model_config import ModelConfig
-from radixlm.backend.model_runner import ModelRunner, ScheduledItem, decode_rows
+from radixlm.backend.model_runner import ModelRunner, ScheduledItem, _extra_row_reads, decode_rows
 
 TINY = {
     "model_type": "llama",
@@ -322,6 +323,68 @@ def verify_rows_vs_extend(runner: ModelRunner, graphs: CudaGraphRunner) -> tuple
 def test_verify_and_forced_tokens_run_as_decode_rows_in_a_graph(runner, graphs):
     got, eager = verify_rows_vs_extend(runner, graphs)
     torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("start,n", [(0, 1), (0, 2), (0, 20), (7, 1), (7, 5), (100, 33)])
+def test_extra_row_reads_count_what_rows_read_beyond_one_pass(start, n):
+    rows_read = sum(start + j + 1 for j in range(n))  # row j attends to its first start + j + 1 slots
+    assert _extra_row_reads([ScheduledItem(0, [1] * n, start, [])]) == rows_read - (start + n)
+
+
+def fresh_prompt_graph_vs_eager(
+    runner: ModelRunner, graphs: CudaGraphRunner, n: int
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """One fresh prompt of n tokens (more than DECODE_ROWS_MAX_PER_ITEM), its last logit, run
+    eagerly and then with the graphs: (graph-path logits, eager logits, whether a graph ran)."""
+    row, slots = runner.req_table.alloc(), runner.allocator.alloc(n)
+    assert row is not None and slots is not None
+    runner.req_table.write(row, 0, slots)
+    ids = torch.randint(
+        0, runner.config.vocab_size, (n,), generator=torch.Generator().manual_seed(5)
+    ).tolist()
+    items = [ScheduledItem(row, ids, 0, [n - 1])]
+    loc = slots.to(runner.device)
+    try:
+        runner.graph_runner = None
+        eager = runner.forward(runner.build_batch(items, loc)).clone()
+        runner.graph_runner = graphs
+        hits = sum(graphs.bucket_hits.values())
+        got = runner.forward(runner.build_batch(items, loc))
+        return got, eager, sum(graphs.bucket_hits.values()) == hits + 1
+    finally:
+        runner.graph_runner = graphs
+        runner.allocator.free(slots)
+        runner.req_table.free(row)
+
+
+def test_a_short_fresh_prompt_runs_as_decode_rows_in_a_graph(runner, monkeypatch):
+    gr = CudaGraphRunner(runner.graph_target(), 32, eager_capture)
+    assert gr.capture_all()
+    try:
+        got, eager, graphed = fresh_prompt_graph_vs_eager(runner, gr, 20)
+        assert graphed and got.shape == eager.shape == (1, runner.config.vocab_size)
+        torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
+        # past the extra-read bound (20 tokens: 190 extra rows of 128 bytes) it stays an extend
+        monkeypatch.setattr(model_runner_module, "DECODE_ROWS_MAX_EXTRA_KV_BYTES", 189 * 128)
+        got, eager, graphed = fresh_prompt_graph_vs_eager(runner, gr, 20)
+        assert not graphed
+        torch.testing.assert_close(got, eager)
+    finally:
+        runner.graph_runner = None
+        gr.disable()
+
+
+def test_keep_extend_builds_the_items_as_given(runner, graphs):
+    row, slots = runner.req_table.alloc(), runner.allocator.alloc(3)
+    assert row is not None and slots is not None
+    try:
+        items = [ScheduledItem(row, [1, 2, 3], 0, [2])]
+        assert runner.build_batch(items, slots).batch_size == 3  # decode rows, one per token
+        kept = runner.build_batch(items, slots, keep_extend=True)
+        assert not kept.is_decode and kept.batch_size == 1 and kept.extend_lens_cpu == [3]
+    finally:
+        runner.allocator.free(slots)
+        runner.req_table.free(row)
 
 
 def test_capture_failure_falls_back_to_eager(runner, caplog):

@@ -205,6 +205,22 @@ def test_verify_rows_replay_matches_eager_extend():
     assert rel < 1e-4
 
 
+def test_short_fresh_prompt_rows_replay_matches_eager_extend():
+    """The same tiny model: a fresh 40-token prompt (past the per-item row limit, inside the
+    extra-read bound) runs as decode rows through a real graph and gives the eager extend's logit."""
+    from test_cuda_graph import fresh_prompt_graph_vs_eager
+
+    from radixlm.backend.cuda_graph_runner import CudaGraphCapture, CudaGraphRunner
+
+    runner = _tiny_cuda_runner(torch.float32)
+    graphs = CudaGraphRunner(runner.graph_target(), 48, CudaGraphCapture(runner.device))
+    assert graphs.capture_all()
+    got, eager, graphed = fresh_prompt_graph_vs_eager(runner, graphs, 40)
+    rel = ((got - eager).norm() / eager.norm()).item()
+    print(f"fresh prompt rows vs eager extend: rel err {rel:.2e}")
+    assert graphed and rel < 1e-4
+
+
 def _tiny_cuda_runner(dtype: torch.dtype):
     """test_cuda_graph's tiny random model (hidden 128) on the GPU, without graphs of its own."""
     from test_cuda_graph import TINY
