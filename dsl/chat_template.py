@@ -4,29 +4,37 @@ program's text equals `apply_chat_template(messages)` for the messages it built.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 Messages = list[dict[str, Any]]
 _SENTINEL = "\x00RADIXLM_CONTENT\x00"
+# Role texts kept per template: a batch of programs renders the same roles after the same
+# messages (two Jinja renders each, about half a short program's own host time).
+MEMO_ENTRIES = 4096
 
 
 class ChatTemplate:
     """Renders role prefixes/suffixes from a `render(messages) -> str` function."""
 
-    def __init__(self, render: Callable[[Messages], str], name: str = "jinja") -> None:
+    def __init__(self, render: Callable[[Messages], str], name: str = "jinja", memoize: bool = False) -> None:
+        """memoize: render is a pure function of the messages, so role texts may be kept."""
         self._render = render
         self.name = name
+        self._memo: dict[Hashable, tuple[str, str]] | None = {} if memoize else None
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> ChatTemplate:
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        """The tokenizer's template; its role texts are memoized unless it reads the clock
+        (transformers' strftime_now), when the same messages may render differently."""
+        source = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
+        if not source:
             return PlainChatTemplate()
 
         def render(messages: Messages) -> str:
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
 
-        return cls(render, name="tokenizer")
+        return cls(render, name="tokenizer", memoize="strftime" not in str(source))
 
     def _safe_render(self, messages: Messages) -> str:
         if not messages:
@@ -38,6 +46,18 @@ class ChatTemplate:
 
     def prefix_and_suffix(self, role: str, messages: Messages) -> tuple[str, str]:
         """Text before and after a new `role` message appended after `messages`."""
+        key = _memo_key(role, messages) if self._memo is not None else None
+        if key is None or self._memo is None:
+            return self._prefix_and_suffix(role, messages)
+        out = self._memo.get(key)
+        if out is None:
+            out = self._prefix_and_suffix(role, messages)
+            if len(self._memo) >= MEMO_ENTRIES:
+                self._memo.clear()
+            self._memo[key] = out
+        return out
+
+    def _prefix_and_suffix(self, role: str, messages: Messages) -> tuple[str, str]:
         if role not in ("system", "user", "assistant"):
             raise ValueError(f"unknown role {role!r}; expected system, user or assistant")
         base = self._safe_render(messages)
@@ -52,6 +72,16 @@ class ChatTemplate:
             )
         cut = full.index(_SENTINEL)
         return full[len(base) : cut], full[cut + len(_SENTINEL) :]
+
+
+def _memo_key(role: str, messages: Messages) -> Hashable | None:
+    """The role and every message's items, or None when a value is unhashable (content parts)."""
+    try:
+        key = (role, tuple(tuple(sorted(m.items())) for m in messages))
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 class PlainChatTemplate(ChatTemplate):

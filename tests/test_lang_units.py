@@ -169,6 +169,44 @@ def test_chat_template_prefix_suffix_from_render():
         t.prefix_and_suffix("robot", [])
 
 
+def test_chat_template_memo_renders_each_role_and_messages_once():
+    calls = []
+
+    def render(msgs):
+        calls.append(len(msgs))
+        return "".join(f"[{m['role']}]{m['content']}[/{m['role']}]" for m in msgs)
+
+    t = ChatTemplate(render, memoize=True)
+    user = [{"role": "user", "content": "x"}]
+    first = t.prefix_and_suffix("assistant", user)
+    assert t.prefix_and_suffix("assistant", [{"role": "user", "content": "x"}]) == first
+    assert len(calls) == 2  # with and without the new message, once
+    assert t.prefix_and_suffix("assistant", [{"role": "user", "content": "y"}]) == first
+    assert len(calls) == 4  # other messages: rendered again
+    parts = [{"role": "user", "content": [{"type": "text", "text": "x"}]}]  # unhashable: no memo
+    t.prefix_and_suffix("assistant", parts)
+    t.prefix_and_suffix("assistant", parts)
+    assert len(calls) == 8
+
+
+def test_a_template_that_reads_the_clock_is_not_memoized():
+    class Tokenizer:
+        def __init__(self, source):
+            self.chat_template = source
+            self.renders = 0
+
+        def apply_chat_template(self, msgs, tokenize, add_generation_prompt):
+            self.renders += 1
+            return "".join(f"<{m['role']}>{m['content']}" for m in msgs)
+
+    plain, clock = Tokenizer("{{ messages }}"), Tokenizer("{{ strftime_now('%d %b %Y') }}")
+    for tok in (plain, clock):
+        t = ChatTemplate.from_tokenizer(tok)
+        for _ in range(3):
+            assert t.prefix_and_suffix("user", []) == ("<user>", "")
+    assert plain.renders == 2 and clock.renders == 6
+
+
 def test_chat_template_rejects_non_incremental_template():
     def render(msgs):  # the last message is rendered differently: not incremental
         return "".join(("LAST:" if i == len(msgs) - 1 else "") + m["content"] for i, m in enumerate(msgs))
