@@ -10,8 +10,10 @@ from typing import Any
 Messages = list[dict[str, Any]]
 _SENTINEL = "\x00RADIXLM_CONTENT\x00"
 # Role texts kept per template: a batch of programs renders the same roles after the same
-# messages (two Jinja renders each, about half a short program's own host time).
-MEMO_ENTRIES = 4096
+# messages (two Jinja renders each, about half a short program's own host time). Bounded in
+# entries and in the text a key may hold (long histories are rendered, not kept).
+MEMO_ENTRIES = 1024
+MEMO_KEY_CHARS = 16384
 
 
 class ChatTemplate:
@@ -75,7 +77,10 @@ class ChatTemplate:
 
 
 def _memo_key(role: str, messages: Messages) -> Hashable | None:
-    """The role and every message's items, or None when a value is unhashable (content parts)."""
+    """The role and every message's items, or None when a value is unhashable (content parts)
+    or the messages' text is longer than MEMO_KEY_CHARS."""
+    if sum(len(v) for m in messages for v in m.values() if isinstance(v, str)) > MEMO_KEY_CHARS:
+        return None
     try:
         key = (role, tuple(tuple(sorted(m.items())) for m in messages))
         hash(key)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 import radixlm as sgl
 from radixlm.backend_base import GenOutput, ProgramBackend
-from radixlm.chat_template import ChatTemplate, PlainChatTemplate
+from radixlm.chat_template import MEMO_KEY_CHARS, ChatTemplate, PlainChatTemplate
 from radixlm.ir import REGEX_INT, convert_value, make_gen, normalize_json_schema
 
 
@@ -187,6 +187,10 @@ def test_chat_template_memo_renders_each_role_and_messages_once():
     t.prefix_and_suffix("assistant", parts)
     t.prefix_and_suffix("assistant", parts)
     assert len(calls) == 8
+    long = [{"role": "user", "content": "z" * (MEMO_KEY_CHARS + 1)}]  # too long to keep
+    t.prefix_and_suffix("assistant", long)
+    t.prefix_and_suffix("assistant", long)
+    assert len(calls) == 12
 
 
 def test_a_template_that_reads_the_clock_is_not_memoized():
