@@ -280,12 +280,9 @@ class ModelRunner:
             return False
         if max(sizes) <= DECODE_ROWS_MAX_PER_ITEM:
             return True
-        return _extra_row_reads(items) * self._kv_row_bytes() <= DECODE_ROWS_MAX_EXTRA_KV_BYTES
-
-    def _kv_row_bytes(self) -> int:
-        """Bytes of one token's K and V in one layer of the pool."""
         pool = self.kv_pool
-        return 2 * pool.num_kv_heads * pool.head_dim * pool.dtype.itemsize
+        row_bytes = KVPool.bytes_per_token(1, pool.num_kv_heads, pool.head_dim, pool.dtype)
+        return _extra_row_reads(items) * row_bytes <= DECODE_ROWS_MAX_EXTRA_KV_BYTES
 
     @staticmethod
     def _resolve_ids(ids: torch.Tensor, future_tokens: torch.Tensor | None) -> torch.Tensor:

@@ -48,15 +48,16 @@ class ChatTemplate:
 
     def prefix_and_suffix(self, role: str, messages: Messages) -> tuple[str, str]:
         """Text before and after a new `role` message appended after `messages`."""
-        key = _memo_key(role, messages) if self._memo is not None else None
-        if key is None or self._memo is None:
+        memo = self._memo
+        key = None if memo is None else _memo_key(role, messages)
+        if memo is None or key is None:
             return self._prefix_and_suffix(role, messages)
-        out = self._memo.get(key)
+        out = memo.get(key)
         if out is None:
             out = self._prefix_and_suffix(role, messages)
-            if len(self._memo) >= MEMO_ENTRIES:
-                self._memo.clear()
-            self._memo[key] = out
+            if len(memo) >= MEMO_ENTRIES:
+                memo.clear()
+            memo[key] = out
         return out
 
     def _prefix_and_suffix(self, role: str, messages: Messages) -> tuple[str, str]:

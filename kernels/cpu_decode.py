@@ -4,8 +4,9 @@ much as by the weights): residual add + RMSNorm of a few rows, and rope + KV sto
 of one request's few new tokens (a decode token, or a verify step's token and drafts) over its
 slots; and, for GGUF-block weights, every decoder layer of such a step as one call on a small
 thread team (decode_layers, csrc/cpu_layers.c). Each row's arithmetic is the same however many
-rows and threads come with it, so a verify step's rows equal the decode steps they stand for. Built like radixlm.kernels.quant_gemv_cpu;
-`available()` is False where that cannot build, and callers keep their torch ops."""
+rows and threads come with it, so a verify step's rows equal the decode steps they stand for.
+Built like radixlm.kernels.quant_gemv_cpu; `available()` is False where that cannot build, and
+callers keep their torch ops."""
 
 from __future__ import annotations
 

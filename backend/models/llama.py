@@ -273,8 +273,9 @@ class LlamaForCausalLM(nn.Module):
         return h
 
     def _cpu_layers(self) -> CpuDecodeLayers | None:
-        """The one-call layer loop for one-request CPU steps (models/cpu_layers.py), built on
-        first use: weights are final by then (loaded, quantized blocks installed)."""
+        """The one-call layer loop for small CPU steps (models/cpu_layers.py: one request's few
+        tokens, or a decode step of a few requests), built on first use: weights are final by
+        then (loaded, quantized blocks installed)."""
         if self._cpu_plan is None:
             layers = [m for m in self.model.layers if isinstance(m, LlamaDecoderLayer)]
             whole = self.tp is None and len(layers) == len(self.model.layers)
