@@ -138,9 +138,7 @@ class BatchPlanner:
                 min_saved_fraction=0.0,
                 min_saved_tokens=0,
             )
-            if groups is not None and not cost.pays(
-                groups.saved_tokens, len(batch), sum(1 for s in groups.shared_lens if s > 0)
-            ):
+            if groups is not None and not cost.pays(groups.saved_tokens, len(batch), *groups.shared_shape()):
                 self.stats.extra["cascade_declined_steps"] = (
                     self.stats.extra.get("cascade_declined_steps", 0) + 1
                 )

@@ -13,8 +13,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# (batch size, groups with a shared part) -> (plain decode runs as a graph, cascade runs as a graph)
-GraphFit = Callable[[int, int], tuple[bool, bool]]
+# (batch size, groups with a shared part, members of the largest such group)
+#   -> (plain decode runs as a graph, cascade runs as a graph)
+GraphFit = Callable[[int, int, int], tuple[bool, bool]]
 
 
 @dataclass
@@ -25,8 +26,8 @@ class CascadeCostModel:
     graph_fit: GraphFit
     margin: float = 1.25  # savings must beat the costs by this factor
 
-    def pays(self, saved_tokens: int, batch_size: int, shared_groups: int) -> bool:
-        plain_graph, cascade_graph = self.graph_fit(batch_size, shared_groups)
+    def pays(self, saved_tokens: int, batch_size: int, shared_groups: int, max_members: int) -> bool:
+        plain_graph, cascade_graph = self.graph_fit(batch_size, shared_groups, max_members)
         extra = self.cascade_extra_s + (self.eager_penalty_s if plain_graph and not cascade_graph else 0.0)
         return saved_tokens * self.kv_row_s > self.margin * extra
 

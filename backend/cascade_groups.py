@@ -41,6 +41,12 @@ class CascadeGroups:
     shared_lens: list[int]  # KV tokens each group shares (0 for a group that shares nothing)
     saved_tokens: int  # KV rows per KV head the plan avoids reading: sum (n_g - 1) * shared_g
 
+    def shared_shape(self) -> tuple[int, int]:
+        """(groups that share a prefix, members of the largest of them): what decides whether a
+        cascade graph can run the step."""
+        sizes = [n for n, s in zip(self.group_sizes, self.shared_lens) if s > 0]
+        return len(sizes), max(sizes, default=0)
+
 
 @dataclass
 class _Option:

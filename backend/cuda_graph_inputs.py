@@ -19,7 +19,30 @@ if TYPE_CHECKING:
     from .kv_pool import KVPool, ReqToTokenTable
     from .model_config import ModelConfig
 
-CASCADE_GROUPS_CAP = 4  # shared groups one cascade graph serves; a batch with more runs eagerly
+
+@dataclass(frozen=True)
+class CascadeGraphShape:
+    """The cascade plans one kind of cascade graph serves: at most `groups` groups with a shared
+    part, none of more than `members` requests (None: up to the whole batch). Its shared-prefix
+    split count is the one an eager launch picks for `typical_groups` groups of `typical_members`
+    (None: the whole batch); batches with other shapes get the same programs, some idle."""
+
+    groups: int
+    members: int | None
+    typical_groups: int
+    typical_members: int | None
+    min_bs: int  # smaller batch sizes get no graph of this kind
+
+    def fits(self, shared_groups: int, max_members: int) -> bool:
+        return shared_groups <= self.groups and (self.members is None or max_members <= self.members)
+
+
+# A few groups of any size: forks of one document, few-shot questions behind one prefix.
+FEW_GROUPS = CascadeGraphShape(groups=4, members=None, typical_groups=1, typical_members=None, min_bs=2)
+# Many small groups: branches of a tree, n samples of each of many prompts. Its tiles are sized for
+# 32-member groups, not for the whole batch, so 64 groups launch about as many programs as 4 do.
+MANY_GROUPS = CascadeGraphShape(groups=64, members=32, typical_groups=16, typical_members=8, min_bs=16)
+CASCADE_GRAPH_SHAPES = (FEW_GROUPS, MANY_GROUPS)  # tried in this order
 
 
 @dataclass(frozen=True)
@@ -115,17 +138,20 @@ class StaticDecodeInputs:
 
 
 class StaticCascadePlan:
-    """A CascadePlan in fixed device buffers. Groups past the live plan are empty ([bs, bs)), and
-    unused shared-group slots name such an empty group, so their programs do nothing."""
+    """A CascadePlan in fixed device buffers, for the plans `shape` admits. Groups past the live
+    plan are empty ([bs, bs)), and unused shared-group slots name such an empty group, so their
+    programs do nothing."""
 
-    def __init__(self, max_bs: int, device: torch.device) -> None:
+    def __init__(self, max_bs: int, device: torch.device, shape: CascadeGraphShape = FEW_GROUPS) -> None:
         def zeros(n: int) -> torch.Tensor:
             return torch.zeros(n, dtype=torch.int64, device=device)
 
+        self.shape = shape
         self.group_ptr, self.group_shared = zeros(max_bs + 2), zeros(max_bs + 1)
-        self.shared_lens, self.shared_groups = zeros(max_bs), zeros(CASCADE_GROUPS_CAP)
+        self.shared_lens, self.shared_groups = zeros(max_bs), zeros(shape.groups)
 
     def plan(self, gbs: int, context_len: int) -> CascadePlan:
+        members = gbs if self.shape.members is None else min(gbs, self.shape.members)
         return CascadePlan(
             self.group_ptr[: gbs + 2],
             self.group_shared[: gbs + 1],
@@ -134,12 +160,32 @@ class StaticCascadePlan:
             context_len,
             context_len,
             self.shared_groups,
-            gbs,
+            members,
         )
 
-    @staticmethod
-    def fits(plan: CascadePlan) -> bool:
-        return plan.shared_groups is not None and int(plan.shared_groups.shape[0]) <= CASCADE_GROUPS_CAP
+    def typical_plan(self, gbs: int, context_len: int) -> CascadePlan:
+        """The plan whose eager layout fixes this kind's shared-prefix split count."""
+        full = self.plan(gbs, context_len)
+        members = gbs if self.shape.typical_members is None else min(gbs, self.shape.typical_members)
+        typical = full.shared_groups[: self.shape.typical_groups] if full.shared_groups is not None else None
+        return CascadePlan(
+            full.group_ptr,
+            full.group_shared_lens,
+            full.shared_lens,
+            gbs,
+            context_len,
+            context_len,
+            typical,
+            members,
+        )
+
+    def fits(self, plan: CascadePlan) -> bool:
+        if plan.shared_groups is None:
+            return False
+        members = (
+            plan.max_shared_group_size if plan.max_shared_group_size is not None else plan.max_group_size
+        )
+        return self.shape.fits(int(plan.shared_groups.shape[0]), members)
 
     def load(self, plan: CascadePlan, bs: int) -> None:
         """Copy a live plan in (device to device, no sync) and pad it with empty groups."""

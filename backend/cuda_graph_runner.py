@@ -1,9 +1,10 @@
 """CudaGraphRunner: captures the model's decode forward as CUDA graphs, one per batch size of a
 bucket list (largest first, one shared memory pool), and replays the smallest graph that fits a
 decode batch; rows past the real batch are padding (token 0 at position 0 writing KV slot 0,
-attending to one slot through a reserved req_to_token row). With cascade on, each size also gets a
-cascade graph whose plan lives in static buffers (up to CASCADE_GROUPS_CAP shared groups; its host
-sizes are upper bounds, extra programs exit at once). Promises: the eager forward's logits up to
+attending to one slot through a reserved req_to_token row). With cascade on, cascade graphs of each
+kind in CASCADE_GRAPH_SHAPES (a few groups of any size at every size; many small groups at a few
+large sizes) hold their plan in static buffers; their host sizes are upper bounds, extra programs
+exit at once. Promises: the eager forward's logits up to
 split-K rounding, no host sync inside a replay, and never a crash: a failed capture logs a
 warning and leaves the engine decoding eagerly."""
 
@@ -23,7 +24,8 @@ from radixlm.kernels.cascade_attention import CascadePlan, fused_layout, resolve
 from radixlm.kernels.decode_splits import choose_decode_splits, choose_num_splits
 
 from .cuda_graph_inputs import (
-    CASCADE_GROUPS_CAP,
+    CASCADE_GRAPH_SHAPES,
+    CascadeGraphShape,
     GraphTarget,
     StaticCascadePlan,
     StaticDecodeInputs,
@@ -35,7 +37,8 @@ if TYPE_CHECKING:
     from .model_config import ModelConfig
 
 __all__ = [
-    "CASCADE_GROUPS_CAP",
+    "CASCADE_GRAPH_SHAPES",
+    "CascadeGraphs",
     "CudaGraphCapture",
     "CudaGraphRunner",
     "GraphTarget",
@@ -129,19 +132,47 @@ class CapturedGraph:
     out: torch.Tensor  # [gbs, vocab] float32 logits, rewritten by each replay
 
 
+def _is_power_of_four(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0 and n.bit_length() % 2 == 1
+
+
+@dataclass
+class CascadeGraphs:
+    """One kind of cascade graph: its static plan buffers and a graph per captured size."""
+
+    inputs: StaticCascadePlan
+    sizes: list[int]  # ascending batch sizes to capture
+    graphs: dict[int, CapturedGraph]
+    hits: int = 0
+
+    @staticmethod
+    def sizes_for(shape: CascadeGraphShape, sizes: list[int]) -> list[int]:
+        """A few-groups kind at every size; a many-groups kind at powers of four and the largest
+        size only: its batches are large, where a decode step reads the same weights at any row
+        count, and each size is one more capture at start-up."""
+        if shape.members is None:
+            return [s for s in sizes if s >= shape.min_bs]
+        return [s for s in sizes if s >= shape.min_bs and (_is_power_of_four(s) or s == sizes[-1])]
+
+    def bucket(self, bs: int, shared_groups: int, max_members: int) -> int | None:
+        """The captured size a batch with this plan shape replays at, or None."""
+        if not self.inputs.shape.fits(shared_groups, max_members):
+            return None
+        gbs = bucket_for(bs, self.sizes)
+        return gbs if gbs is not None and gbs in self.graphs else None
+
+
 class CudaGraphRunner:
     """Owns the static inputs and one graph per bucket size; ModelRunner.forward asks can_run and
     then replay for each decode batch."""
 
     def __init__(self, target: GraphTarget, max_bs: int, capture: CaptureFn, cascade: bool = False) -> None:
         self.target = target
-        self.cascade_graphs: dict[int, CapturedGraph] = {}
         self.sizes = capture_batch_sizes(max_bs)
         self.max_bs = self.sizes[-1]
         self.backend = target.attn_backend
         self.graphs: dict[int, CapturedGraph] = {}
         self.bucket_hits: Counter[int] = Counter()
-        self.cascade_hits = 0
         self.enabled = False
         pad_row = target.req_table.alloc()
         if pad_row is None:
@@ -149,8 +180,21 @@ class CudaGraphRunner:
         self.pad_row: int | None = pad_row
         target.req_table.clear_row(pad_row)  # column 0 → KV slot 0, the padding slot
         self.inputs = StaticDecodeInputs(self.max_bs, pad_row, target.device, target.config.vocab_size)
-        self.cascade_inputs = StaticCascadePlan(self.max_bs, target.device) if cascade else None
+        self.cascade: list[CascadeGraphs] = (
+            [
+                CascadeGraphs(StaticCascadePlan(self.max_bs, target.device, shape), sizes, {})
+                for shape in CASCADE_GRAPH_SHAPES
+                if (sizes := CascadeGraphs.sizes_for(shape, self.sizes))
+            ]
+            if cascade
+            else []
+        )
         self._capture = capture
+
+    @property
+    def cascade_hits(self) -> int:
+        """Replays of any cascade graph."""
+        return sum(kind.hits for kind in self.cascade)
 
     def num_splits(self, gbs: int) -> int:
         """Fixed per graph: sized for the context limit, so any live length is covered."""
@@ -173,8 +217,9 @@ class CudaGraphRunner:
                     sfb = self.inputs.forward_batch(gbs, self.target, self.num_splits(gbs))
                     replay, out = self._capture(functools.partial(self.target.forward, sfb))
                     self.graphs[gbs] = CapturedGraph(sfb, replay, out)
-                    if self.cascade_inputs is not None and gbs >= 2:
-                        self._try_capture_cascade(gbs)
+                    for kind in list(self.cascade):
+                        if gbs in kind.sizes:
+                            self._try_capture_cascade(kind, gbs)
         except Exception as e:  # OOM, an op that cannot be captured, a kernel that syncs
             # the message, not the exception: a kept log record would keep its traceback's frames,
             # and with them this runner and the model, alive after the engine shuts down
@@ -190,40 +235,29 @@ class CudaGraphRunner:
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
         return True
 
-    def _try_capture_cascade(self, gbs: int) -> None:
-        """A failed cascade capture drops only the cascade graphs (cascade steps then run eagerly)."""
+    def _try_capture_cascade(self, kind: CascadeGraphs, gbs: int) -> None:
+        """A failed cascade capture drops only that kind's graphs (its steps then run eagerly)."""
         try:
-            self.cascade_graphs[gbs] = self._capture_cascade(gbs)
+            kind.graphs[gbs] = self._capture_cascade(kind.inputs, gbs)
         except Exception as e:
             logger.warning(
-                "cascade CUDA graph capture failed at batch size %d (%s: %s); cascade decode "
-                "steps run eagerly",
+                "cascade CUDA graph capture (%d groups) failed at batch size %d (%s: %s); such "
+                "cascade decode steps run eagerly",
+                kind.inputs.shape.groups,
                 gbs,
                 type(e).__name__,
                 str(e),
             )
-            self.cascade_graphs.clear()
-            self.cascade_inputs = None
+            self.cascade.remove(kind)
 
-    def _capture_cascade(self, gbs: int) -> CapturedGraph:
+    def _capture_cascade(self, inputs: StaticCascadePlan, gbs: int) -> CapturedGraph:
         """The decode graph with a static cascade plan. Its shared-prefix split count is the one an
-        eager launch would pick for a single group of gbs members (more groups add programs)."""
-        assert self.cascade_inputs is not None
+        eager launch would pick for the kind's typical plan (more groups add programs)."""
         c = self.target.config
         sfb = self.inputs.forward_batch(gbs, self.target, self.num_splits(gbs))
-        plan = self.cascade_inputs.plan(gbs, c.context_len)
-        assert plan.shared_groups is not None
-        one = CascadePlan(
-            plan.group_ptr,
-            plan.group_shared_lens,
-            plan.shared_lens,
-            gbs,
-            c.context_len,
-            c.context_len,
-            plan.shared_groups[:1],
-            gbs,
-        )
-        lay = fused_layout(gbs, c.num_heads, c.num_kv_heads, one, resolve_config(), self._num_sms())
+        plan = inputs.plan(gbs, c.context_len)
+        typical = inputs.typical_plan(gbs, c.context_len)
+        lay = fused_layout(gbs, c.num_heads, c.num_kv_heads, typical, resolve_config(), self._num_sms())
         sfb.cascade_plan, sfb.cascade_shared_splits, sfb.cascade_own_splits = plan, lay.s_sh, lay.s_own
         replay, out = self._capture(lambda: self.target.forward(sfb))
         return CapturedGraph(sfb, replay, out)
@@ -231,7 +265,7 @@ class CudaGraphRunner:
     def disable(self) -> None:
         self.enabled = False
         self.graphs.clear()
-        self.cascade_graphs.clear()
+        self.cascade = []
         if self.pad_row is not None:
             self.target.req_table.free(self.pad_row)
             self.pad_row = None
@@ -242,18 +276,36 @@ class CudaGraphRunner:
             except Exception:  # a broken context must not turn a fallback into a crash
                 logger.exception("cleanup after a failed CUDA graph capture")
 
+    def cascade_fits(self, bs: int, shared_groups: int, max_members: int) -> bool:
+        """Whether a cascade decode batch of this shape would replay a graph (host ints only)."""
+        return self.enabled and self._cascade_graph(bs, shared_groups, max_members) is not None
+
+    def _cascade_graph(
+        self, bs: int, shared_groups: int, max_members: int
+    ) -> tuple[CascadeGraphs, int] | None:
+        for kind in self.cascade:
+            gbs = kind.bucket(bs, shared_groups, max_members)
+            if gbs is not None:
+                return kind, gbs
+        return None
+
+    def _cascade_graph_of(self, plan: CascadePlan, bs: int) -> tuple[CascadeGraphs, int] | None:
+        if plan.shared_groups is None:
+            return None
+        members = (
+            plan.max_shared_group_size if plan.max_shared_group_size is not None else plan.max_group_size
+        )
+        return self._cascade_graph(bs, int(plan.shared_groups.shape[0]), members)
+
     def can_run(self, fb: ForwardBatch) -> bool:
         """Host-side facts only (flags, lengths of host lists, identities, shapes): no sync."""
         bs = fb.batch_size
         plan = fb.cascade_plan
-        cascade_ok = plan is None or (
-            bs >= 2 and self.cascade_inputs is not None and StaticCascadePlan.fits(plan)
-        )
         return (
             self.enabled
             and fb.is_decode
             and 0 < bs <= self.max_bs
-            and cascade_ok
+            and (plan is None or self._cascade_graph_of(plan, bs) is not None)
             and fb.num_tokens == bs
             and int(fb.logits_indices.numel()) <= bs
             and fb.attn_backend is self.backend
@@ -264,17 +316,17 @@ class CudaGraphRunner:
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits float32 of the rows fb.logits_indices names, for a batch can_run accepted (a
         fresh tensor, like eager; the graph computes every row's)."""
-        bs = fb.batch_size
-        gbs = bucket_for(bs, self.sizes)
+        bs, plan = fb.batch_size, fb.cascade_plan
+        found = None if plan is None else self._cascade_graph_of(plan, bs)
+        gbs = bucket_for(bs, self.sizes) if plan is None else (found[1] if found else None)
         if gbs is None or not self.enabled:
             raise ValueError(f"no captured graph for a decode batch of {bs}")
-        plan = fb.cascade_plan
-        graph = self.graphs[gbs] if plan is None else self.cascade_graphs[gbs]
+        graph = self.graphs[gbs] if found is None else found[0].graphs[gbs]
         with torch.inference_mode():
             self.inputs.load(fb)
-            if plan is not None and self.cascade_inputs is not None:
-                self.cascade_inputs.load(plan, bs)
-                self.cascade_hits += 1
+            if found is not None and plan is not None:
+                found[0].inputs.load(plan, bs)
+                found[0].hits += 1
             sync_host_lists(graph.fb, fb, self.inputs.pad_row)
             graph.replay()
             # logit rows are increasing and distinct, so as many as rows means all of them

@@ -127,7 +127,6 @@ def measure_cascade_costs(runner: ModelRunner) -> CascadeCostModel | None:
     from radixlm.kernels.decode_attention import decode_attention
 
     from .cascade_groups import make_cascade_plan
-    from .cuda_graph_runner import CASCADE_GROUPS_CAP
 
     c, dev, graphs = runner.config, runner.device, runner.graph_runner
     row = runner.req_table.alloc()
@@ -159,10 +158,10 @@ def measure_cascade_costs(runner: ModelRunner) -> CascadeCostModel | None:
     finally:
         runner.req_table.free(row)
 
-    def graph_fit(batch: int, shared_groups: int) -> tuple[bool, bool]:
+    def graph_fit(batch: int, shared_groups: int, max_members: int) -> tuple[bool, bool]:
         if graphs is None or not graphs.enabled or batch > graphs.max_bs:
             return False, False
-        return True, batch >= 2 and graphs.cascade_inputs is not None and shared_groups <= CASCADE_GROUPS_CAP
+        return True, graphs.cascade_fits(batch, shared_groups, max_members)
 
     model = CascadeCostModel(kv_row_s, extra, penalty, graph_fit)
     logger.info(

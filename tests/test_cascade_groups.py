@@ -146,6 +146,24 @@ def test_two_families_and_a_stranger() -> None:
     check_invariants(placer, reqs, groups, 512)
     assert sorted(zip(groups.group_sizes, groups.shared_lens)) == [(1, 0), (3, 600), (4, 900)]
     assert groups.order == [0, 2, 3, 1, 4, 5, 6, 7]  # groups contiguous, in order of first member
+    assert groups.shared_shape() == (2, 4)  # the stranger shares nothing and is not counted
+
+
+def test_cost_model_asks_the_graphs_about_the_groups_shape() -> None:
+    """A cascade step that no graph holds pays the eager penalty: the same savings are taken
+    when the plan's shape has a graph and declined when it has none."""
+    from radixlm.backend.cascade_cost import CascadeCostModel
+
+    asked: list[tuple[int, int, int]] = []
+
+    def graph_fit(batch: int, shared_groups: int, max_members: int) -> tuple[bool, bool]:
+        asked.append((batch, shared_groups, max_members))
+        return True, max_members <= 32
+
+    model = CascadeCostModel(kv_row_s=1e-8, cascade_extra_s=1e-4, eager_penalty_s=1e-2, graph_fit=graph_fit)
+    assert model.pays(100_000, 256, 32, 8)  # 1 ms saved against 0.125 ms of kernels
+    assert not model.pays(100_000, 256, 5, 40)  # the same, plus a 10 ms eager step
+    assert asked == [(256, 32, 8), (256, 5, 40)]
 
 
 def test_deeper_pair_inside_a_big_family_does_not_split_it() -> None:

@@ -483,6 +483,85 @@ def _interp_records() -> list[dict]:
     return records
 
 
+def forked_decode_batch(
+    runner: ModelRunner, docs: int, doc_len: int, forks: int, own: int, seed: int
+) -> tuple[ForwardBatch, Callable[[], None]]:
+    """docs documents of doc_len tokens prefilled once, forks requests per document whose
+    req_to_token rows start with the document's slots, own more tokens each prefilled after it,
+    then the decode batch of one more token each (requests of a document contiguous)."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = runner.config.vocab_size
+    rows, slots, decode = [], [], []
+
+    def take(n: int) -> tuple[int, torch.Tensor]:
+        row, s = runner.req_table.alloc(), runner.allocator.alloc(n)
+        assert row is not None and s is not None
+        rows.append(row)
+        slots.append(s)
+        return row, s
+
+    for _ in range(docs):
+        row, doc = take(doc_len)
+        runner.req_table.write(row, 0, doc)
+        ids = torch.randint(0, vocab, (doc_len,), generator=gen).tolist()
+        runner.model(runner.build_batch([ScheduledItem(row, ids, 0, [doc_len - 1])], doc))
+        for _ in range(forks):
+            row, s = take(own + 1)
+            runner.req_table.write(row, 0, doc)
+            runner.req_table.write(row, doc_len, s)
+            ids = torch.randint(0, vocab, (own + 1,), generator=gen).tolist()
+            runner.model(runner.build_batch([ScheduledItem(row, ids[:own], doc_len, [own - 1])], s[:-1]))
+            decode.append((ScheduledItem(row, ids[own:], doc_len + own, [0]), s[-1:]))
+    fb = runner.build_batch([d[0] for d in decode], torch.cat([d[1] for d in decode]))
+
+    def release() -> None:
+        for row, s in zip(rows, slots):
+            runner.allocator.free(s)
+            runner.req_table.free(row)
+
+    return fb, release
+
+
+def _interp_cascade_records() -> list[dict]:
+    """Cascade decode through the Triton kernels (interpreted): each plan replayed through the
+    cascade graph kind that holds it vs the eager cascade launch and the torch reference backend
+    (which attends to each request's whole row). Runs in a subprocess under the interpreter."""
+    from radixlm.backend.attention import TorchAttentionBackend
+    from radixlm.backend.attention_triton import TritonAttentionBackend
+
+    cfg = ModelConfig.from_hf_dict(
+        {**TINY, "hidden_size": 64, "num_hidden_layers": 1, "max_position_embeddings": 512}
+    )
+    runner = ModelRunner(
+        cfg, None, torch.device("cpu"), torch.float32, 2048, 0.9, 40, random_weights=True, seed=2
+    )
+    runner.attn_backend = TritonAttentionBackend(num_sms=8)
+    gr = CudaGraphRunner(runner.graph_target(), 16, eager_capture, cascade=True)
+    assert gr.capture_all()
+    runner.graph_runner = gr
+    records = []
+    for docs, forks in ((1, 6), (6, 2)):
+        fb, release = forked_decode_batch(runner, docs, 70, forks, 5, seed=docs)
+        try:
+            fb.cascade_plan = make_cascade_plan([forks] * docs, [70] * docs, fb.seq_lens_cpu, "cpu")
+            eager = runner.model(fb)
+            hits = [kind.hits for kind in gr.cascade]
+            got = runner.forward(fb)
+            fb.cascade_plan, fb.attn_backend = None, TorchAttentionBackend()
+            ref = runner.model(fb)
+            records.append(
+                {
+                    "docs": docs,
+                    "hits": [kind.hits - h for kind, h in zip(gr.cascade, hits)],
+                    "err_graph_ref": (got - ref).abs().max().item(),
+                    "err_eager_ref": (eager - ref).abs().max().item(),
+                }
+            )
+        finally:
+            release()
+    return records
+
+
 @pytest.mark.slow
 def test_triton_decode_with_fixed_graph_splits_interpreted():
     pytest.importorskip("triton")
@@ -499,16 +578,36 @@ def test_triton_decode_with_fixed_graph_splits_interpreted():
         assert r["err_graph_ref"] < 1e-4 and r["err_eager_ref"] < 1e-4
 
 
+@pytest.mark.slow
+def test_cascade_graphs_interpreted():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "cascade"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r["hits"] for r in records] == [[1, 0], [0, 1]]  # one group: few-groups kind; six: many
+    for r in records:
+        print(r)
+        assert r["err_graph_ref"] < 1e-4 and r["err_eager_ref"] < 1e-4
+
+
 if __name__ == "__main__":
-    print(json.dumps(_interp_records()))
+    print(json.dumps(_interp_cascade_records() if sys.argv[1:] == ["cascade"] else _interp_records()))
 
 
 def test_static_cascade_plan_pads_with_empty_groups():
     """A live plan of 3 groups over 6 requests, loaded into buffers for up to 8: the groups past
     it are empty ([6, 6)), unused shared-group slots name one of them, padding rows share nothing."""
-    from radixlm.backend.cuda_graph_runner import CASCADE_GROUPS_CAP, StaticCascadePlan
+    from radixlm.backend.cuda_graph_inputs import FEW_GROUPS, MANY_GROUPS
+    from radixlm.backend.cuda_graph_runner import StaticCascadePlan
 
-    static = StaticCascadePlan(8, torch.device("cpu"))
+    static = StaticCascadePlan(8, torch.device("cpu"), FEW_GROUPS)
     static.shared_lens.fill_(99)  # stale values from an earlier batch
     live = make_cascade_plan([3, 1, 2], [50, 0, 20], [60, 55, 51, 7, 25, 22], "cpu")
     static.load(live, 6)
@@ -516,7 +615,68 @@ def test_static_cascade_plan_pads_with_empty_groups():
     assert plan.group_ptr.tolist() == [0, 3, 4, 6, 6, 6, 6, 6, 6, 6]
     assert plan.group_shared_lens[:3].tolist() == [50, 0, 20]
     assert plan.shared_lens.tolist() == [50, 50, 50, 0, 20, 20, 0, 0]
-    assert plan.shared_groups.tolist() == [0, 2] + [3] * (CASCADE_GROUPS_CAP - 2)
-    assert StaticCascadePlan.fits(live)
+    assert plan.shared_groups.tolist() == [0, 2] + [3] * (FEW_GROUPS.groups - 2)
+    assert plan.max_shared_group_size == 8  # a few-groups graph's tiles cover one group of the batch
+    assert static.fits(live)
     many = make_cascade_plan([2] * 5, [10] * 5, [20] * 10, "cpu")
-    assert not StaticCascadePlan.fits(many)
+    assert not static.fits(many)
+    wide = StaticCascadePlan(64, torch.device("cpu"), MANY_GROUPS)
+    assert wide.fits(many) and wide.plan(64, 4096).max_shared_group_size == MANY_GROUPS.members
+    big_group = make_cascade_plan([MANY_GROUPS.members + 1] + [2] * 4, [10] * 5, [20] * 41, "cpu")
+    assert static.fits(big_group) is False and wide.fits(big_group) is False
+
+
+@pytest.mark.parametrize("max_bs", [8, 40, 825])
+def test_cascade_graph_kinds_sizes(max_bs):
+    """Few-groups graphs at every size from 2; many-groups graphs at powers of four from 16 and
+    the largest size, so any batch with up to 64 groups of up to 32 members has one."""
+    from radixlm.backend.cuda_graph_inputs import FEW_GROUPS, MANY_GROUPS
+    from radixlm.backend.cuda_graph_runner import CascadeGraphs
+
+    sizes = capture_batch_sizes(max_bs)
+    assert CascadeGraphs.sizes_for(FEW_GROUPS, sizes) == [s for s in sizes if s >= 2]
+    many = CascadeGraphs.sizes_for(MANY_GROUPS, sizes)
+    assert many == {8: [], 40: [16, 40], 825: [16, 64, 256, 825]}[max_bs]
+    for bs in range(2 * FEW_GROUPS.groups + 2, max_bs + 1):
+        assert bucket_for(bs, many) is not None
+
+
+def test_cascade_plans_pick_the_graph_kind_that_holds_them():
+    """With cascade graphs captured (stand-in capture): a plan of 2 groups replays the few-groups
+    graph, 6-7 small groups the many-groups graph, 7 groups with one of 40 members has none, and
+    cascade_fits (what the cost model asks) answers the same from host ints."""
+    cfg = ModelConfig.from_hf_dict(TINY)
+    runner = ModelRunner(
+        cfg, None, torch.device("cpu"), torch.float32, 2048, 0.9, 56, random_weights=True, seed=1
+    )
+    gr = CudaGraphRunner(runner.graph_target(), 48, eager_capture, cascade=True)
+    assert gr.capture_all()
+    few, many = gr.cascade
+    assert few.inputs.shape.groups == 4 and many.inputs.shape.groups == 64
+    assert sorted(many.graphs) == [16, 48] and 2 in few.graphs and 16 in few.graphs
+    assert gr.cascade_fits(12, 2, 6) and gr.cascade_fits(12, 6, 2) and gr.cascade_fits(48, 6, 3)
+    assert not gr.cascade_fits(46, 6, 40) and not gr.cascade_fits(12, 70, 2)
+    runner.graph_runner = gr
+    try:
+        cases = [([6, 6], 12, "few"), ([2] * 6, 12, "many"), ([3] * 6 + [4], 22, "many")]
+        for sizes, bs, kind in cases:
+            fb, release = decode_batch(runner, [30] * bs, seed=bs)
+            try:
+                fb.cascade_plan = make_cascade_plan(sizes, [8] * len(sizes), fb.seq_lens_cpu, "cpu")
+                before = (few.hits, many.hits)
+                assert gr.can_run(fb)
+                runner.forward(fb)
+                assert (few.hits - before[0], many.hits - before[1]) == ((1, 0) if kind == "few" else (0, 1))
+            finally:
+                release()
+        fb, release = decode_batch(runner, [30] * 46, seed=46)
+        try:
+            fb.cascade_plan = make_cascade_plan([40] + [1] * 6, [8] + [0] * 6, fb.seq_lens_cpu, "cpu")
+            assert gr.can_run(fb)  # one shared group: the few-groups graph holds any size
+            fb.cascade_plan = make_cascade_plan([40] + [1] * 6, [8] * 7, fb.seq_lens_cpu, "cpu")
+            assert not gr.can_run(fb)  # 7 shared groups, one of 40 members: no graph holds it
+        finally:
+            release()
+    finally:
+        runner.graph_runner = None
+        gr.disable()

@@ -72,11 +72,12 @@ def test_no_hidden_sync(gpu_engine):
     assert all(r["type"] == "length" for r in reasons), reasons
 
 
-def test_cascade_graph_decode_agrees_with_plain():
-    """20 forks of a 1024-token document (float32, so rounding cannot hide a wrong attention):
-    decode runs through the cascade CUDA graph (static plan buffers) and its next-token top-1
-    log-probabilities equal plain graph decode's within 2e-3 at every position up to the first
-    token where the two runs diverge."""
+@pytest.mark.parametrize("docs, forks", [(1, 20), (6, 4)])
+def test_cascade_graph_decode_agrees_with_plain(docs, forks):
+    """Forks of 1024-token documents (float32, so rounding cannot hide a wrong attention): 20 of
+    one document decode through the few-groups cascade graph, 4 of each of 6 documents through the
+    many-groups one (static plan buffers), and their next-token top-1 log-probabilities equal plain
+    graph decode's within 2e-3 at every position up to the first token where the two runs diverge."""
     from radixlm.backend.engine import Engine
 
     eng = Engine(
@@ -89,20 +90,21 @@ def test_cascade_graph_decode_agrees_with_plain():
     )
     try:
         rng = random.Random(3)
-        doc = [rng.randrange(100, 30000) for _ in range(1024)]
-        forks = [doc + [rng.randrange(100, 30000) for _ in range(6)] for _ in range(20)]
+        documents = [[rng.randrange(100, 30000) for _ in range(1024)] for _ in range(docs)]
+        prompts = [d + [rng.randrange(100, 30000) for _ in range(6)] for d in documents for _ in range(forks)]
         sp = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
         kw = {"return_logprob": True, "top_logprobs_num": 1}
         sched, graphs = eng.scheduler, eng.runner.graph_runner
         sched.cfg.cascade_cost = None  # the cascade graph's numbers are under test, not whether it pays
+        kind = graphs.cascade[0 if docs <= 4 else 1]
         runs, hits = {}, {}
         for cascade in (True, False):
             sched.cfg.enable_cascade = cascade
             eng.flush_cache()
-            eng.generate(input_ids=doc, sampling_params={"max_new_tokens": 1})  # the document is cached
-            before = graphs.cascade_hits
-            runs[cascade] = eng.generate(input_ids=forks, sampling_params=sp, **kw)
-            hits[cascade] = graphs.cascade_hits - before
+            eng.generate(input_ids=documents, sampling_params={"max_new_tokens": 1})  # documents cached
+            before = kind.hits
+            runs[cascade] = eng.generate(input_ids=prompts, sampling_params=sp, **kw)
+            hits[cascade] = kind.hits - before
         assert hits[True] >= 5 and hits[False] == 0
         compared = 0
         for a, b in zip(runs[True], runs[False]):
