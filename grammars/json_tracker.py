@@ -23,7 +23,7 @@ class Location(Protocol):
 
     def check_key(self, key: str) -> bool: ...
 
-    def check_unique(self, items: tuple[bytes, ...]) -> bool: ...
+    def check_unique(self, earlier: tuple[bytes, ...], last: bytes) -> bool: ...
 
     checked: bool  # its values are checked when they complete
     checks_keys: bool  # its object keys are checked when they complete
@@ -160,9 +160,9 @@ class JsonTracker:
         top = self.stack[-1]
         if top[0] or not top[2].unique_items:
             return True
-        seen = (*top[6], text or self._text(start, end, buf, data, base))
-        self.stack[-1] = (*top[:6], seen)
-        return top[2].check_unique(seen)
+        last = text or self._text(start, end, buf, data, base)
+        self.stack[-1] = (*top[:6], (*top[6], last))
+        return top[2].check_unique(top[6], last)
 
     def _end_string(self, buf: bytes | bytearray, data: bytes, base: int) -> bool:
         self.mode = 0

@@ -7,6 +7,7 @@ document accepted to its end is valid (the root, or the locations below it, chec
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator
@@ -95,6 +96,9 @@ class GuardPlan:
             }
         )
         self._array_items: dict[tuple[bytes, ...], ArrayItems | None] = {}
+        # the last prefix asked for, by identity: every candidate token at one position passes the
+        # same tuple, and hashing it is linear in the array's length
+        self._last_items: tuple[tuple[bytes, ...], ArrayItems | None] | None = None
         self._live = self._reaching(lambda n: followed[id(n)], self.needs_check)
         roots = (full,) if isinstance(full, dict) else ()
         self.root = Location(self, self._expand(roots))
@@ -173,8 +177,12 @@ class GuardPlan:
     def array_items(self, items: tuple[bytes, ...]) -> ArrayItems | None:
         """An array's items so far, split for duplicate checks; None if one is not JSON. Memoized
         per prefix: every candidate token at one position compares against the same items."""
+        last = self._last_items
+        if last is not None and last[0] is items:
+            return last[1]
         if items in self._array_items:
-            return self._array_items[items]
+            self._last_items = (items, self._array_items[items])
+            return self._last_items[1]
         base: ArrayItems | None = (frozenset(), ())
         new = items
         if items[:-1] in self._array_items:
@@ -187,6 +195,7 @@ class GuardPlan:
         if len(self._array_items) > 4096:
             self._array_items.clear()
         self._array_items[items] = out
+        self._last_items = (items, out)
         return out
 
     def is_live(self, nodes: tuple[dict[str, Any], ...]) -> bool:
@@ -211,6 +220,7 @@ class GuardPlan:
         return verdict
 
 
+@functools.lru_cache(maxsize=8192)  # every candidate token at a position completes the same item
 def _scalar_key(text: bytes) -> Any:
     """A hashable key equal for two JSON scalars exactly when JSON Schema calls them equal (1 and
     1.0 are, true and 1 are not); None for an array or object, _NO_VALUE for text that is not JSON."""
@@ -278,19 +288,19 @@ class Location:
     def check_value(self, text: bytes) -> bool:
         return all(self.plan.valid(n, text) for n in self.check_nodes)
 
-    def check_unique(self, items: tuple[bytes, ...]) -> bool:
-        """The items so far (JSON texts) hold no duplicate, by JSON Schema's equality (1 == 1.0).
-        The items before the last passed this check when they completed, so the last is compared
-        only with them: a scalar by its key, an array or object by jsonschema among the others."""
-        if len(items) < 2:
+    def check_unique(self, earlier: tuple[bytes, ...], last: bytes) -> bool:
+        """The items so far (JSON texts: earlier, then last) hold no duplicate, by JSON Schema's
+        equality (1 == 1.0). The earlier items passed this check when they completed, so last is
+        compared only with them: a scalar by its key, an array or object by jsonschema among the others."""
+        if not earlier:
             return True
-        key = _scalar_key(items[-1])
-        earlier = self.plan.array_items(items[:-1]) if key is not _NO_VALUE else None
-        if earlier is None:
-            return self.plan.valid(_UNIQUE, b"[" + b",".join(items) + b"]")
+        key = _scalar_key(last)
+        prior = self.plan.array_items(earlier) if key is not _NO_VALUE else None
+        if prior is None:
+            return self.plan.valid(_UNIQUE, b"[" + b",".join((*earlier, last)) + b"]")
         if key is not None:
-            return key not in earlier[0]
-        return not earlier[1] or self.plan.valid(_UNIQUE, b"[" + b",".join((*earlier[1], items[-1])) + b"]")
+            return key not in prior[0]
+        return not prior[1] or self.plan.valid(_UNIQUE, b"[" + b",".join((*prior[1], last)) + b"]")
 
     def check_key(self, key: str) -> bool:
         text = json.dumps(key).encode()

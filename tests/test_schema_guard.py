@@ -221,3 +221,20 @@ def test_verdict_validator_agrees_with_jsonschema(draft, schema, values) -> None
     assert verdicts == [full.is_valid(v) for v in values]
     assert True in verdicts and False in verdicts  # each case tells valid from invalid
     assert type(fast) is not draft and verdict_validator(draft) is type(fast)  # extended once, cached
+
+
+@pytest.mark.parametrize("density", [0.0, 0.001, 0.05, 0.5, 1.0])
+@pytest.mark.parametrize("vocab", [32, 97, 49152])
+def test_guard_allowed_ids_equal_a_full_unpack(density: float, vocab: int) -> None:
+    """The guard's id listing (non-zero words only) equals unpacking every bit, padding bits past
+    the vocabulary included in the row and left out of the answer."""
+    from radixlm.grammars.guard_mask import allowed_ids as guard_allowed_ids
+
+    rng = random.Random(int(density * 1000) + vocab)
+    words = (vocab + 31) // 32 + 1
+    bits = [1 if rng.random() < density else 0 for _ in range(words * 32)]
+    packed = [sum(bits[w * 32 + i] << i for i in range(32)) for w in range(words)]
+    row = torch.tensor([p - (1 << 32) if p >= 1 << 31 else p for p in packed], dtype=torch.int32)
+    got = guard_allowed_ids(row, vocab)
+    assert got.tolist() == allowed_ids(row, vocab).tolist()
+    assert got.tolist() == [i for i in range(vocab) if bits[i]]
