@@ -220,10 +220,19 @@ class GuardPlan:
         return verdict
 
 
+# a JSON string with nothing to unescape: its text between the quotes is its value
+_PLAIN_STRING = re.compile(rb'"[^"\\\x00-\x1f]*"\Z')
+
+
 @functools.lru_cache(maxsize=8192)  # every candidate token at a position completes the same item
 def _scalar_key(text: bytes) -> Any:
     """A hashable key equal for two JSON scalars exactly when JSON Schema calls them equal (1 and
     1.0 are, true and 1 are not); None for an array or object, _NO_VALUE for text that is not JSON."""
+    if _PLAIN_STRING.match(text):
+        try:
+            return ("string", text[1:-1].decode("utf-8", "surrogatepass"))  # as json.loads decodes
+        except UnicodeDecodeError:
+            return _NO_VALUE
     try:
         value = json.loads(text)
     except ValueError:

@@ -238,3 +238,23 @@ def test_guard_allowed_ids_equal_a_full_unpack(density: float, vocab: int) -> No
     got = guard_allowed_ids(row, vocab)
     assert got.tolist() == allowed_ids(row, vocab).tolist()
     assert got.tolist() == [i for i in range(vocab) if bits[i]]
+
+
+def test_scalar_key_of_a_string_equals_json_loads() -> None:
+    """The unescaped-string fast path gives json.loads' value and refuses what it refuses (invalid
+    UTF-8, raw control characters), surrogates included."""
+    from radixlm.grammars.schema_guard import _NO_VALUE, _scalar_key
+
+    rng = random.Random(5)
+    alphabet = [b"a", b"\\", b'"', b"\x01", b"\xc3\xa9", b"\xff", b"\xed\xa0\x80", b"n", b"u", b" ", b"0"]
+    texts = [
+        b'"' + b"".join(rng.choice(alphabet) for _ in range(rng.randrange(4))) + b'"' for _ in range(3000)
+    ]
+    for text in texts:
+        try:
+            value = json.loads(text)
+            want = ("string", value) if isinstance(value, str) else "other"
+        except ValueError:
+            want = _NO_VALUE
+        got = _scalar_key.__wrapped__(text)
+        assert got == want or (got is _NO_VALUE and want is _NO_VALUE), text
