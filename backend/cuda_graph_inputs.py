@@ -137,6 +137,15 @@ class StaticDecodeInputs:
         )
 
 
+def cascade_plan_shape(plan: CascadePlan) -> tuple[int, int] | None:
+    """(groups with a shared part, members of the largest) from the plan's host ints; None for a
+    plan that does not list its shared groups."""
+    if plan.shared_groups is None:
+        return None
+    members = plan.max_shared_group_size if plan.max_shared_group_size is not None else plan.max_group_size
+    return int(plan.shared_groups.shape[0]), members
+
+
 class StaticCascadePlan:
     """A CascadePlan in fixed device buffers, for the plans `shape` admits. Groups past the live
     plan are empty ([bs, bs)), and unused shared-group slots name such an empty group, so their
@@ -180,12 +189,8 @@ class StaticCascadePlan:
         )
 
     def fits(self, plan: CascadePlan) -> bool:
-        if plan.shared_groups is None:
-            return False
-        members = (
-            plan.max_shared_group_size if plan.max_shared_group_size is not None else plan.max_group_size
-        )
-        return self.shape.fits(int(plan.shared_groups.shape[0]), members)
+        shape = cascade_plan_shape(plan)
+        return shape is not None and self.shape.fits(*shape)
 
     def load(self, plan: CascadePlan, bs: int) -> None:
         """Copy a live plan in (device to device, no sync) and pad it with empty groups."""

@@ -4,9 +4,8 @@ decode batch; rows past the real batch are padding (token 0 at position 0 writin
 attending to one slot through a reserved req_to_token row). With cascade on, cascade graphs of each
 kind in CASCADE_GRAPH_SHAPES (a few groups of any size at every size; many small groups at a few
 large sizes) hold their plan in static buffers; their host sizes are upper bounds, extra programs
-exit at once. Promises: the eager forward's logits up to
-split-K rounding, no host sync inside a replay, and never a crash: a failed capture logs a
-warning and leaves the engine decoding eagerly."""
+exit at once. Promises: the eager forward's logits up to split-K rounding, no host sync inside a
+replay, and never a crash: a failed capture logs a warning and leaves the engine decoding eagerly."""
 
 from __future__ import annotations
 
@@ -29,6 +28,7 @@ from .cuda_graph_inputs import (
     GraphTarget,
     StaticCascadePlan,
     StaticDecodeInputs,
+    cascade_plan_shape,
     sync_host_lists,
 )
 from .forward_batch import ForwardBatch
@@ -290,12 +290,8 @@ class CudaGraphRunner:
         return None
 
     def _cascade_graph_of(self, plan: CascadePlan, bs: int) -> tuple[CascadeGraphs, int] | None:
-        if plan.shared_groups is None:
-            return None
-        members = (
-            plan.max_shared_group_size if plan.max_shared_group_size is not None else plan.max_group_size
-        )
-        return self._cascade_graph(bs, int(plan.shared_groups.shape[0]), members)
+        shape = cascade_plan_shape(plan)
+        return None if shape is None else self._cascade_graph(bs, *shape)
 
     def can_run(self, fb: ForwardBatch) -> bool:
         """Host-side facts only (flags, lengths of host lists, identities, shapes): no sync."""
