@@ -5,6 +5,7 @@ cannot complete a checked value (by their quote, bracket and terminator bytes) a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -134,13 +135,31 @@ def candidate_ids(tracker: JsonTracker, f: TokenFeatures) -> np.ndarray | None:
     return ids
 
 
+_AFTER_STRING = frozenset(b" \t\n\r,:")  # bytes after a closing quote that complete no value
+
+
+def _ends_string_only(data: bytes) -> bool:
+    """data closes the open string (no backslash before its first quote) and completes nothing after."""
+    head, quote, tail = data.partition(b'"')
+    return bool(quote) and b"\\" not in head and all(b in _AFTER_STRING for b in tail)
+
+
 def refine_mask(row: torch.Tensor, tracker: JsonTracker, buf: bytearray, features: TokenFeatures) -> None:
     """Clear, in the bitmask row (int32 words), the allowed tokens whose completion a check refuses."""
     ids = candidate_ids(tracker, features)
     if ids is None:
         return
     picked = set(allowed_among(row, ids).tolist())
-    refused = [t for t in picked if not tracker.copy().feed(features.token_bytes[t], buf)]
+    quick = tracker.mode == 1 and not tracker.is_key and not tracker.escape
+    refused = [
+        t
+        for t in picked
+        if not (
+            tracker.string_end_verdict(features.token_bytes[t], buf)
+            if quick and _ends_string_only(features.token_bytes[t])
+            else tracker.copy().feed(features.token_bytes[t], buf)
+        )
+    ]
     if tracker.mode == 2 and not tracker.stack:  # a root number or literal ends at the stop token
         stops = allowed_among(row, np.array(sorted(features.stop_ids), dtype=np.int64))
         if len(stops) and not tracker.copy().finish(buf):
@@ -169,9 +188,23 @@ def prune_open_scalars(
         extended = bytes(buf) + features.token_bytes[t]
         if _ends_accepted(after, extended):  # ending here passes (or the grammar must extend it)
             continue
+        if _incomplete_scalar(after, extended):
+            # no scalar ends here ("tr", "-", "1e"): the mask allows only prefixes of the grammar's
+            # sentences and the vocabulary holds every single byte, so the grammar allows a token
+            # that extends it, and an extension is all the lookahead below would look for
+            continue
         if not any(_continues(after, int(u), extended, features) for u in allowed_after(t)):
             refused.append(t)
     clear_ids(row, refused)
+
+
+def _incomplete_scalar(tracker: JsonTracker, buf: bytes) -> bool:
+    """The open number or literal is not yet a JSON value (a prefix of one that must go on)."""
+    try:
+        json.loads(buf[tracker.value_start :])
+    except ValueError:
+        return True
+    return False
 
 
 def _ends_accepted(tracker: JsonTracker, buf: bytes) -> bool:

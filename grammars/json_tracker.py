@@ -164,6 +164,20 @@ class JsonTracker:
         self.stack[-1] = (*top[:6], (*top[6], last))
         return top[2].check_unique(top[6], last)
 
+    def string_end_verdict(self, data: bytes, buf: bytes | bytearray) -> bool:
+        """What feed(data, buf) returns, without changing this reader, for data that closes the open
+        string value and leaves nothing after the quote but whitespace, ',' or ':' (bytes that
+        complete no value). The caller checks data's shape (no backslash before the quote)."""
+        assert self.mode == 1 and not self.is_key and not self.escape
+        base = self.offset
+        text = self._text(self.value_start, base + len(data.partition(b'"')[0]) + 1, buf, data, base)
+        if self.value_loc.checked and not self.value_loc.check_value(text):
+            return False
+        if not self.stack:
+            return True
+        top = self.stack[-1]
+        return top[0] or not top[2].unique_items or top[2].check_unique(top[6], text)
+
     def _end_string(self, buf: bytes | bytearray, data: bytes, base: int) -> bool:
         self.mode = 0
         end = self.offset + 1

@@ -258,3 +258,78 @@ def test_scalar_key_of_a_string_equals_json_loads() -> None:
             want = _NO_VALUE
         got = _scalar_key.__wrapped__(text)
         assert got == want or (got is _NO_VALUE and want is _NO_VALUE), text
+
+
+@pytest.mark.parametrize(
+    "schema, text",
+    [
+        (
+            {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+            '["", "ab", "a", "abc", "b c", "x\\"y"]',
+        ),
+        (
+            {"type": "object", "properties": {"s": {"type": "string", "format": "regex"}}},
+            '{"s": "a(b)", "t": 1}',
+        ),
+        ({"type": "string", "if": {"maxLength": 2}, "then": {"pattern": "a"}}, '"xbc"'),
+    ],
+)
+def test_string_end_verdicts_equal_a_full_feed(
+    backend: GrammarBackend, schema: dict, text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Candidate tokens that only close the open string are judged without copying the reader:
+    at every position the mask equals the one a full feed of every candidate gives."""
+    _assert_same_masks(backend, schema, text, monkeypatch, "_ends_string_only")
+
+
+@pytest.mark.parametrize(
+    "schema, text",
+    [
+        (
+            {"type": "array", "items": {"type": ["boolean", "null", "number"]}, "uniqueItems": True},
+            "[true, null, -1.5e3, 1, false]",
+        ),
+        (
+            {"type": "array", "items": {"enum": [1, 12, 123, True, None]}, "uniqueItems": True},
+            "[12, true, 1, null]",
+        ),
+    ],
+)
+def test_open_scalar_shortcut_keeps_the_masks_of_the_full_lookahead(
+    backend: GrammarBackend, schema: dict, text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A token that leaves a number or literal that cannot end yet is kept without probing the
+    grammar's next tokens: at every position of the walk the mask equals the one the full
+    one-token lookahead gives."""
+    _assert_same_masks(backend, schema, text, monkeypatch, "_incomplete_scalar")
+
+
+def _assert_same_masks(
+    backend: GrammarBackend, schema: dict, text: str, monkeypatch: pytest.MonkeyPatch, shortcut: str
+) -> None:
+    """The masks along text's tokens, with guard_mask's shortcut on and then off, are equal; the
+    shortcut was taken at least once."""
+    import radixlm.grammars.guard_mask as guard_mask
+
+    grammar = backend.compile("json_schema", json.dumps(schema), "auto", strict=True)
+    ids = backend.tokenizer.encode(text, add_special_tokens=False)
+    taken = []
+    real = getattr(guard_mask, shortcut)
+
+    def counted(*args: object) -> bool:
+        taken.append(real(*args))
+        return taken[-1]
+
+    def masks() -> list[list[int]]:
+        m, bitmask, out = grammar.new_matcher(), torch.zeros((1, 1536), dtype=torch.int32), []
+        for t in ids:
+            m.fill_next_token_bitmask(bitmask, 0)
+            out.append(allowed_ids(bitmask[0], 49152).tolist())
+            assert m.accept_token(t)
+        return out
+
+    monkeypatch.setattr(guard_mask, shortcut, counted)
+    fast = masks()
+    assert any(taken)
+    monkeypatch.setattr(guard_mask, shortcut, lambda *_: False)
+    assert fast == masks()
