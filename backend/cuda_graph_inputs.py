@@ -188,10 +188,6 @@ class StaticCascadePlan:
             members,
         )
 
-    def fits(self, plan: CascadePlan) -> bool:
-        shape = cascade_plan_shape(plan)
-        return shape is not None and self.shape.fits(*shape)
-
     def load(self, plan: CascadePlan, bs: int) -> None:
         """Copy a live plan in (device to device, no sync) and pad it with empty groups."""
         assert plan.shared_groups is not None

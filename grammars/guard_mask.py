@@ -144,22 +144,21 @@ def _ends_string_only(data: bytes) -> bool:
     return bool(quote) and b"\\" not in head and all(b in _AFTER_STRING for b in tail)
 
 
+def _passes(tracker: JsonTracker, data: bytes, buf: bytearray, in_string_value: bool) -> bool:
+    """What tracker.feed(data, buf) returns, leaving tracker as it was."""
+    if in_string_value and _ends_string_only(data):
+        return tracker.string_end_verdict(data, buf)  # no copy: nothing after the string can fail
+    return tracker.copy().feed(data, buf)
+
+
 def refine_mask(row: torch.Tensor, tracker: JsonTracker, buf: bytearray, features: TokenFeatures) -> None:
     """Clear, in the bitmask row (int32 words), the allowed tokens whose completion a check refuses."""
     ids = candidate_ids(tracker, features)
     if ids is None:
         return
     picked = set(allowed_among(row, ids).tolist())
-    quick = tracker.mode == 1 and not tracker.is_key and not tracker.escape
-    refused = [
-        t
-        for t in picked
-        if not (
-            tracker.string_end_verdict(features.token_bytes[t], buf)
-            if quick and _ends_string_only(features.token_bytes[t])
-            else tracker.copy().feed(features.token_bytes[t], buf)
-        )
-    ]
+    in_value = tracker.mode == 1 and not tracker.is_key and not tracker.escape
+    refused = [t for t in picked if not _passes(tracker, features.token_bytes[t], buf, in_value)]
     if tracker.mode == 2 and not tracker.stack:  # a root number or literal ends at the stop token
         stops = allowed_among(row, np.array(sorted(features.stop_ids), dtype=np.int64))
         if len(stops) and not tracker.copy().finish(buf):

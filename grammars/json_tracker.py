@@ -149,20 +149,22 @@ class JsonTracker:
     def _complete(
         self, loc: Location, start: int, end: int, buf: bytes | bytearray, data: bytes, base: int
     ) -> bool:
-        text = b""
-        if loc.checked:
-            text = self._text(start, end, buf, data, base)
-            if not loc.check_value(text):
-                return False
-        if not self.stack:
+        top = self.stack[-1] if self.stack else None
+        unique = top is not None and not top[0] and top[2].unique_items
+        text = self._text(start, end, buf, data, base) if loc.checked or unique else b""
+        if top is None:
             self.done = True
-            return True
-        top = self.stack[-1]
-        if top[0] or not top[2].unique_items:
-            return True
-        last = text or self._text(start, end, buf, data, base)
-        self.stack[-1] = (*top[:6], (*top[6], last))
-        return top[2].check_unique(top[6], last)
+        elif unique:
+            self.stack[-1] = (*top[:6], (*top[6], text))
+        return self._verdict(loc, text, top)
+
+    @staticmethod
+    def _verdict(loc: Location, text: bytes, top: Frame | None) -> bool:
+        """Whether a value completing at loc (its JSON text; only read when checked) passes its
+        location's checks and, inside an array with uniqueItems checked, the items before it."""
+        if loc.checked and not loc.check_value(text):
+            return False
+        return top is None or top[0] or not top[2].unique_items or top[2].check_unique(top[6], text)
 
     def string_end_verdict(self, data: bytes, buf: bytes | bytearray) -> bool:
         """What feed(data, buf) returns, without changing this reader, for data that closes the open
@@ -171,12 +173,7 @@ class JsonTracker:
         assert self.mode == 1 and not self.is_key and not self.escape
         base = self.offset
         text = self._text(self.value_start, base + len(data.partition(b'"')[0]) + 1, buf, data, base)
-        if self.value_loc.checked and not self.value_loc.check_value(text):
-            return False
-        if not self.stack:
-            return True
-        top = self.stack[-1]
-        return top[0] or not top[2].unique_items or top[2].check_unique(top[6], text)
+        return self._verdict(self.value_loc, text, self.stack[-1] if self.stack else None)
 
     def _end_string(self, buf: bytes | bytearray, data: bytes, base: int) -> bool:
         self.mode = 0
