@@ -35,6 +35,7 @@ class TokenFeatures:
     new_scalar_ids: np.ndarray  # a number or literal starts after structure and ends inside
     open_scalar_ids: np.ndarray  # ends inside a number or literal that began after structure
     stop_ids: frozenset[int]
+    string_end_heads: list[bytes | None]  # the bytes before the quote of a token that only closes a string
 
 
 def _scalar_run(b: bytes) -> tuple[bool, bool]:
@@ -89,6 +90,7 @@ def token_features(token_bytes: list[bytes], stop_ids: list[int]) -> TokenFeatur
         ids(new_scalar),
         ids(open_scalar),
         frozenset(stop_ids),
+        [None if i in stop_ids else _string_end_head(b) for i, b in enumerate(token_bytes)],
     )
 
 
@@ -138,17 +140,35 @@ def candidate_ids(tracker: JsonTracker, f: TokenFeatures) -> np.ndarray | None:
 _AFTER_STRING = frozenset(b" \t\n\r,:")  # bytes after a closing quote that complete no value
 
 
-def _ends_string_only(data: bytes) -> bool:
-    """data closes the open string (no backslash before its first quote) and completes nothing after."""
+def _string_end_head(data: bytes) -> bytes | None:
+    """The bytes before data's first quote when data, read inside a string, only closes it: no
+    backslash before the quote, and nothing after it but bytes that complete no value."""
     head, quote, tail = data.partition(b'"')
-    return bool(quote) and b"\\" not in head and all(b in _AFTER_STRING for b in tail)
+    if quote and b"\\" not in head and all(b in _AFTER_STRING for b in tail):
+        return head
+    return None
 
 
-def _passes(tracker: JsonTracker, data: bytes, buf: bytearray, in_string_value: bool) -> bool:
-    """What tracker.feed(data, buf) returns, leaving tracker as it was."""
-    if in_string_value and _ends_string_only(data):
-        return tracker.string_end_verdict(data, buf)  # no copy: nothing after the string can fail
-    return tracker.copy().feed(data, buf)
+def _judge_string_ends(
+    tracker: JsonTracker, ids: list[int], f: TokenFeatures, buf: bytearray
+) -> tuple[list[int], list[int]]:
+    """(refused, not judged) among ids, for a reader inside a string value: a token that only closes
+    the string is judged without copying the reader (nothing after the quote can fail), once per
+    distinct string that tokens complete, since the verdict depends on that string alone."""
+    refused: list[int] = []
+    others: list[int] = []
+    verdicts: dict[bytes, bool] = {}
+    for t in ids:
+        head = f.string_end_heads[t]
+        if head is None:
+            others.append(t)
+            continue
+        verdict = verdicts.get(head)
+        if verdict is None:
+            verdict = verdicts[head] = tracker.string_end_verdict(head + b'"', buf)
+        if not verdict:
+            refused.append(t)
+    return refused, others
 
 
 def refine_mask(row: torch.Tensor, tracker: JsonTracker, buf: bytearray, features: TokenFeatures) -> None:
@@ -156,9 +176,11 @@ def refine_mask(row: torch.Tensor, tracker: JsonTracker, buf: bytearray, feature
     ids = candidate_ids(tracker, features)
     if ids is None:
         return
-    picked = set(allowed_among(row, ids).tolist())
-    in_value = tracker.mode == 1 and not tracker.is_key and not tracker.escape
-    refused = [t for t in picked if not _passes(tracker, features.token_bytes[t], buf, in_value)]
+    picked = np.unique(allowed_among(row, ids)).tolist()  # the pools of candidate_ids overlap
+    refused: list[int] = []
+    if tracker.mode == 1 and not tracker.is_key and not tracker.escape:
+        refused, picked = _judge_string_ends(tracker, picked, features, buf)
+    refused += [t for t in picked if not tracker.copy().feed(features.token_bytes[t], buf)]
     if tracker.mode == 2 and not tracker.stack:  # a root number or literal ends at the stop token
         stops = allowed_among(row, np.array(sorted(features.stop_ids), dtype=np.int64))
         if len(stops) and not tracker.copy().finish(buf):
@@ -185,12 +207,12 @@ def prune_open_scalars(
         if not after.feed(features.token_bytes[t], buf) or not after.open_scalar_checked():
             continue
         extended = bytes(buf) + features.token_bytes[t]
-        if _ends_accepted(after, extended):  # ending here passes (or the grammar must extend it)
-            continue
         if _incomplete_scalar(after, extended):
             # no scalar ends here ("tr", "-", "1e"): the mask allows only prefixes of the grammar's
             # sentences and the vocabulary holds every single byte, so the grammar allows a token
             # that extends it, and an extension is all the lookahead below would look for
+            continue
+        if _ends_accepted(after, extended):  # ending here passes (or the grammar must extend it)
             continue
         if not any(_continues(after, int(u), extended, features) for u in allowed_after(t)):
             refused.append(t)

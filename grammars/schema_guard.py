@@ -96,6 +96,7 @@ class GuardPlan:
             }
         )
         self._array_items: dict[tuple[bytes, ...], ArrayItems | None] = {}
+        self._validated_memo: dict[int, set[int]] = {}
         # the last prefix asked for, by identity: every candidate token at one position passes the
         # same tuple, and hashing it is linear in the array's length
         self._last_items: tuple[tuple[bytes, ...], ArrayItems | None] | None = None
@@ -198,6 +199,35 @@ class GuardPlan:
         self._last_items = (items, out)
         return out
 
+    def check_nodes(self, nodes: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
+        """The objects among nodes that validate a value completing there: those needing a check,
+        less any that another of them validates anyway (its allOf member or $ref target)."""
+        wanted = [n for n in nodes if id(n) in self.needs_check and id(n) not in self.unique_only]
+        kept: list[dict[str, Any]] = []
+        covered: set[int] = set()
+        for n in wanted:
+            if id(n) not in covered:
+                kept.append(n)
+                covered |= self._validated_with(n)
+        return [n for n in kept if not any(m is not n and id(n) in self._validated_with(m) for m in kept)]
+
+    def _validated_with(self, node: dict[str, Any]) -> set[int]:
+        """ids of the objects jsonschema applies to the same instance whenever it validates node: its
+        $ref target (alone: drafts up to 7 ignore the siblings of $ref) or else its allOf members,
+        transitively. An under-estimate is safe: it only keeps a redundant check."""
+        memo = self._validated_memo.get(id(node))
+        if memo is None:
+            memo = self._validated_memo[id(node)] = set()
+            stack = [node]
+            while stack:
+                n = stack.pop()
+                nxt = self._ref(n) if "$ref" in n else [m for m in list_at(n, "allOf") if isinstance(m, dict)]
+                for m in nxt:
+                    if id(m) not in memo:
+                        memo.add(id(m))
+                        stack.append(m)
+        return memo
+
     def is_live(self, nodes: tuple[dict[str, Any], ...]) -> bool:
         return any(id(n) in self._live for n in nodes)
 
@@ -271,7 +301,7 @@ class Location:
     def __init__(self, plan: GuardPlan, nodes: tuple[dict[str, Any], ...]) -> None:
         self.plan = plan
         self.nodes = nodes
-        self.check_nodes = [n for n in nodes if id(n) in plan.needs_check and id(n) not in plan.unique_only]
+        self.check_nodes = plan.check_nodes(nodes)
         self.name_schemas = [
             n["propertyNames"]
             for n in nodes
@@ -305,8 +335,8 @@ class Location:
             return True
         key = _scalar_key(last)
         prior = self.plan.array_items(earlier) if key is not _NO_VALUE else None
-        if prior is None:
-            return self.plan.valid(_UNIQUE, b"[" + b",".join((*earlier, last)) + b"]")
+        if prior is None:  # an item that is not JSON (a number cut off by the end of the document)
+            return False
         if key is not None:
             return key not in prior[0]
         return not prior[1] or self.plan.valid(_UNIQUE, b"[" + b",".join((*prior[1], last)) + b"]")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 
 import jsonschema
 import pytest
@@ -17,6 +18,7 @@ from test_grammar_cases import default_tokenizer
 from radixlm.grammars import GrammarBackend
 from radixlm.grammars.guard_mask import candidate_ids
 from radixlm.grammars.json_tracker import JsonTracker
+from radixlm.grammars.schema_guard import GuardPlan, verdict_validator
 
 CASES: list[tuple[dict, list]] = [
     (
@@ -279,7 +281,9 @@ def test_string_end_verdicts_equal_a_full_feed(
 ) -> None:
     """Candidate tokens that only close the open string are judged without copying the reader:
     at every position the mask equals the one a full feed of every candidate gives."""
-    _assert_same_masks(backend, schema, text, monkeypatch, "_ends_string_only")
+    _assert_same_masks(
+        backend, schema, text, monkeypatch, "_judge_string_ends", lambda tracker, ids, *_: ([], ids)
+    )
 
 
 @pytest.mark.parametrize(
@@ -301,14 +305,20 @@ def test_open_scalar_shortcut_keeps_the_masks_of_the_full_lookahead(
     """A token that leaves a number or literal that cannot end yet is kept without probing the
     grammar's next tokens: at every position of the walk the mask equals the one the full
     one-token lookahead gives."""
-    _assert_same_masks(backend, schema, text, monkeypatch, "_incomplete_scalar")
+    _assert_same_masks(backend, schema, text, monkeypatch, "_incomplete_scalar", lambda *_: False)
 
 
 def _assert_same_masks(
-    backend: GrammarBackend, schema: dict, text: str, monkeypatch: pytest.MonkeyPatch, shortcut: str
+    backend: GrammarBackend,
+    schema: dict,
+    text: str,
+    monkeypatch: pytest.MonkeyPatch,
+    shortcut: str,
+    off: Callable[..., object],
 ) -> None:
-    """The masks along text's tokens, with guard_mask's shortcut on and then off, are equal; the
-    shortcut was taken at least once."""
+    """The masks along text's tokens, with guard_mask's shortcut on and then replaced by off (the
+    full path), are equal; the shortcut was taken at least once (it returned something other than
+    what off returns for the same arguments)."""
     import radixlm.grammars.guard_mask as guard_mask
 
     grammar = backend.compile("json_schema", json.dumps(schema), "auto", strict=True)
@@ -316,9 +326,10 @@ def _assert_same_masks(
     taken = []
     real = getattr(guard_mask, shortcut)
 
-    def counted(*args: object) -> bool:
-        taken.append(real(*args))
-        return taken[-1]
+    def counted(*args: object) -> object:
+        result = real(*args)
+        taken.append(result != off(*args))
+        return result
 
     def masks() -> list[list[int]]:
         m, bitmask, out = grammar.new_matcher(), torch.zeros((1, 1536), dtype=torch.int32), []
@@ -331,5 +342,31 @@ def _assert_same_masks(
     monkeypatch.setattr(guard_mask, shortcut, counted)
     fast = masks()
     assert any(taken)
-    monkeypatch.setattr(guard_mask, shortcut, lambda *_: False)
+    monkeypatch.setattr(guard_mask, shortcut, off)
     assert fast == masks()
+
+
+def _guard_plan(schema: dict, checked: list[dict]) -> GuardPlan:
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return GuardPlan(schema, {id(n): {"not"} for n in checked}, verdict_validator(cls)(schema))
+
+
+def test_a_check_that_another_check_at_the_location_validates_is_dropped() -> None:
+    """An allOf member (or $ref target) is validated with its parent: only the parent is checked.
+    Beside a $ref, drafts up to 7 ignore allOf, so there the member keeps its own check."""
+    member = {"not": {"const": 1}}
+    modern = {"allOf": [member], "not": {"const": 2}}
+    plan = _guard_plan(modern, [modern, member])
+    assert plan.root.check_nodes == [modern]
+    assert [plan.root.check_value(t) for t in (b"1", b"2", b"3")] == [False, False, True]
+
+    target = {"not": {"const": 2}}
+    legacy = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "definitions": {"t": target},
+        "$ref": "#/definitions/t",
+        "allOf": [member],
+    }
+    plan = _guard_plan(legacy, [legacy, member, target])
+    assert [id(n) for n in plan.root.check_nodes] == [id(legacy), id(member)]
+    assert [plan.root.check_value(t) for t in (b"1", b"2", b"3")] == [False, False, True]
