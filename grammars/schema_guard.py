@@ -1,9 +1,10 @@
 """Value checks for the JSON-Schema assertions the grammar does not hold (uniqueItems, not, if/then/else,
 a oneOf enforced as anyOf...): each instance location the schema determines (properties, items,
 allOf, $ref) learns which schema objects apply there, and those owning or hiding a checked keyword
-validate the value with jsonschema the moment it completes. Promises: a check never refuses a value
-that the full schema allows at that location (every schema object checked there applies to it), and a
-document accepted to its end is valid (the root, or the locations below it, check every keyword)."""
+validate the value the moment it completes (jsonschema's verdict, computed by schema_verdicts).
+Promises: a check never refuses a value that the full schema allows at that location (every schema
+object checked there applies to it), and a document accepted to its end is valid (the root, or the
+locations below it, check every keyword)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import jsonschema
 from jsonschema.exceptions import ValidationError
 
 from .schema_policy import compiles
+from .schema_verdicts import NodeVerdicts
 from .schema_walk import dict_at, list_at, reaching, resolve_pointer, subschemas, walk
 
 _DEFINITIONS = ("/$defs/", "/definitions/")
@@ -67,9 +69,9 @@ class GuardPlan:
         self.full = full
         self.validator = validator
         self.modern_items = "prefixItems" in getattr(validator, "VALIDATORS", {})
-        self._validators: dict[int, Any] = {}
         self._verdicts: dict[tuple[int, bytes], bool] = {}
-        self.nodes = [n for n, _ in walk(full)] if isinstance(full, dict) else []
+        walked = list(walk(full)) if isinstance(full, dict) else []
+        self.nodes = [n for n, _ in walked]
         self.checked_at = checked
         self.root_only = any(
             isinstance(n.get(k), str) for n in self.nodes[1:] for k in ("$id", "id") if k in n
@@ -102,6 +104,9 @@ class GuardPlan:
         self._last_items: tuple[tuple[bytes, ...], ArrayItems | None] | None = None
         self._live = self._reaching(lambda n: followed[id(n)], self.needs_check)
         roots = (full,) if isinstance(full, dict) else ()
+        self.node_verdicts = NodeVerdicts(
+            full, validator, walked, lambda seed: self._reaching(self._applicable, seed), not self.root_only
+        )
         self.root = Location(self, self._expand(roots))
 
     def _reaching(self, edges: Any, seed: set[int]) -> set[int]:
@@ -236,14 +241,11 @@ class GuardPlan:
         key = (id(node), text)
         verdict = self._verdicts.get(key)
         if verdict is None:
-            validator = self._validators.get(id(node))
-            if validator is None:
-                validator = self._validators[id(node)] = self.validator.evolve(schema=node)
             try:
                 value = json.loads(text)
             except ValueError:  # a partial number at the end of the document is no value
                 value = _NO_VALUE
-            verdict = value is not _NO_VALUE and bool(validator.is_valid(value))
+            verdict = value is not _NO_VALUE and self.node_verdicts.is_valid(node, text, value)
             if len(self._verdicts) > 4096:
                 self._verdicts.clear()
             self._verdicts[key] = verdict
