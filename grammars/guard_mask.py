@@ -5,6 +5,7 @@ cannot complete a checked value (by their quote, bracket and terminator bytes) a
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -137,6 +138,7 @@ def candidate_ids(tracker: JsonTracker, f: TokenFeatures) -> np.ndarray | None:
     return ids
 
 
+_WS = b" \t\n\r"
 _AFTER_STRING = frozenset(b" \t\n\r,:")  # bytes after a closing quote that complete no value
 
 
@@ -171,6 +173,27 @@ def _judge_string_ends(
     return refused, others
 
 
+def _verdict_key(tracker: JsonTracker, data: bytes) -> bytes:
+    """Tokens with one key get one verdict: between values, leading whitespace changes nothing the
+    reader records but offsets, and no check reads an offset."""
+    return data.lstrip(_WS) if tracker.mode == 0 else data
+
+
+def _refused_by_feed(tracker: JsonTracker, ids: list[int], f: TokenFeatures, buf: bytearray) -> list[int]:
+    """The ids whose bytes, fed to a copy of the reader, complete a value a check refuses."""
+    verdicts: dict[bytes, bool] = {}
+    refused = []
+    for t in ids:
+        data = f.token_bytes[t]
+        key = _verdict_key(tracker, data)
+        verdict = verdicts.get(key)
+        if verdict is None:
+            verdict = verdicts[key] = tracker.copy().feed(data, buf)
+        if not verdict:
+            refused.append(t)
+    return refused
+
+
 def refine_mask(row: torch.Tensor, tracker: JsonTracker, buf: bytearray, features: TokenFeatures) -> None:
     """Clear, in the bitmask row (int32 words), the allowed tokens whose completion a check refuses."""
     ids = candidate_ids(tracker, features)
@@ -180,7 +203,7 @@ def refine_mask(row: torch.Tensor, tracker: JsonTracker, buf: bytearray, feature
     refused: list[int] = []
     if tracker.mode == 1 and not tracker.is_key and not tracker.escape:
         refused, picked = _judge_string_ends(tracker, picked, features, buf)
-    refused += [t for t in picked if not tracker.copy().feed(features.token_bytes[t], buf)]
+    refused += _refused_by_feed(tracker, picked, features, buf)
     if tracker.mode == 2 and not tracker.stack:  # a root number or literal ends at the stop token
         stops = allowed_among(row, np.array(sorted(features.stop_ids), dtype=np.int64))
         if len(stops) and not tracker.copy().finish(buf):
@@ -202,27 +225,34 @@ def prune_open_scalars(
     if tracker.mode == 1 or tracker.live_depth() < 0:
         return
     refused = []
+    kept: set[bytes] = set()  # verdict keys (_verdict_key) of tokens kept without the lookahead
     for t in allowed_among(row, features.open_scalar_ids).tolist():
+        data = features.token_bytes[t]
+        key = _verdict_key(tracker, data)
+        if key in kept:
+            continue
         after = tracker.copy()
-        if not after.feed(features.token_bytes[t], buf) or not after.open_scalar_checked():
+        if not after.feed(data, buf) or not after.open_scalar_checked():
+            kept.add(key)
             continue
-        extended = bytes(buf) + features.token_bytes[t]
-        if _incomplete_scalar(after, extended):
-            # no scalar ends here ("tr", "-", "1e"): the mask allows only prefixes of the grammar's
-            # sentences and the vocabulary holds every single byte, so the grammar allows a token
-            # that extends it, and an extension is all the lookahead below would look for
-            continue
-        if _ends_accepted(after, extended):  # ending here passes (or the grammar must extend it)
+        extended = bytes(buf) + data
+        # no scalar ends here ("tr", "-", "1e"): the mask allows only prefixes of the grammar's
+        # sentences and the vocabulary holds every single byte, so the grammar allows a token that
+        # extends it, and an extension is all the lookahead below would look for; or ending here
+        # passes (or the grammar must extend it)
+        if _incomplete_scalar(extended[after.value_start :]) or _ends_accepted(after, extended):
+            kept.add(key)
             continue
         if not any(_continues(after, int(u), extended, features) for u in allowed_after(t)):
             refused.append(t)
     clear_ids(row, refused)
 
 
-def _incomplete_scalar(tracker: JsonTracker, buf: bytes) -> bool:
-    """The open number or literal is not yet a JSON value (a prefix of one that must go on)."""
+@functools.lru_cache(maxsize=4096)  # a position's tokens leave few distinct scalars open
+def _incomplete_scalar(text: bytes) -> bool:
+    """The open number or literal's text is not yet a JSON value (a prefix of one that must go on)."""
     try:
-        json.loads(buf[tracker.value_start :])
+        json.loads(text)
     except ValueError:
         return True
     return False

@@ -308,6 +308,23 @@ def test_open_scalar_shortcut_keeps_the_masks_of_the_full_lookahead(
     _assert_same_masks(backend, schema, text, monkeypatch, "_incomplete_scalar", lambda *_: False)
 
 
+@pytest.mark.parametrize(
+    "schema, text",
+    [
+        (
+            {"type": "array", "items": {"type": ["boolean", "null", "number", "array"]}, "uniqueItems": True},
+            "[true, null, -1.5e3, [], 1, false, [1]]",
+        ),
+    ],
+)
+def test_tokens_equal_after_leading_whitespace_share_one_verdict(
+    backend: GrammarBackend, schema: dict, text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between values, a candidate token is judged once per form without its leading whitespace: at
+    every position the mask equals the one judging every token on its own."""
+    _assert_same_masks(backend, schema, text, monkeypatch, "_verdict_key", lambda tracker, data: data)
+
+
 def _assert_same_masks(
     backend: GrammarBackend,
     schema: dict,
