@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -139,14 +140,16 @@ def candidate_ids(tracker: JsonTracker, f: TokenFeatures) -> np.ndarray | None:
 
 
 _WS = b" \t\n\r"
-_AFTER_STRING = frozenset(b" \t\n\r,:")  # bytes after a closing quote that complete no value
+# what may follow a closing quote without completing a value: separators, opened containers, then
+# at most an opened string or an unterminated number or literal
+_INERT_TAIL = re.compile(rb'[ \t\n\r,:\[{]*(?:"[^"\\]*|[0-9A-Za-z.+-]*)\Z')
 
 
 def _string_end_head(data: bytes) -> bytes | None:
-    """The bytes before data's first quote when data, read inside a string, only closes it: no
-    backslash before the quote, and nothing after it but bytes that complete no value."""
+    """The bytes before data's first quote when data, read inside a string, closes it and completes
+    nothing more: no backslash before the quote, and nothing after it that can complete a value."""
     head, quote, tail = data.partition(b'"')
-    if quote and b"\\" not in head and all(b in _AFTER_STRING for b in tail):
+    if quote and b"\\" not in head and _INERT_TAIL.match(tail):
         return head
     return None
 
@@ -154,8 +157,8 @@ def _string_end_head(data: bytes) -> bytes | None:
 def _judge_string_ends(
     tracker: JsonTracker, ids: list[int], f: TokenFeatures, buf: bytearray
 ) -> tuple[list[int], list[int]]:
-    """(refused, not judged) among ids, for a reader inside a string value: a token that only closes
-    the string is judged without copying the reader (nothing after the quote can fail), once per
+    """(refused, not judged) among ids, for a reader inside a string (a value or a key): a token that
+    closes the string and completes nothing after it is judged without copying the reader, once per
     distinct string that tokens complete, since the verdict depends on that string alone."""
     refused: list[int] = []
     others: list[int] = []
@@ -201,7 +204,7 @@ def refine_mask(row: torch.Tensor, tracker: JsonTracker, buf: bytearray, feature
         return
     picked = np.unique(allowed_among(row, ids)).tolist()  # the pools of candidate_ids overlap
     refused: list[int] = []
-    if tracker.mode == 1 and not tracker.is_key and not tracker.escape:
+    if tracker.mode == 1 and not tracker.escape:
         refused, picked = _judge_string_ends(tracker, picked, features, buf)
     refused += _refused_by_feed(tracker, picked, features, buf)
     if tracker.mode == 2 and not tracker.stack:  # a root number or literal ends at the stop token

@@ -168,12 +168,25 @@ class JsonTracker:
 
     def string_end_verdict(self, data: bytes, buf: bytes | bytearray) -> bool:
         """What feed(data, buf) returns, without changing this reader, for data that closes the open
-        string value and leaves nothing after the quote but whitespace, ',' or ':' (bytes that
-        complete no value). The caller checks data's shape (no backslash before the quote)."""
-        assert self.mode == 1 and not self.is_key and not self.escape
+        string (a value or a key) and completes no value after the quote. The caller checks data's
+        shape (no backslash before the quote; after it, nothing that can complete a value)."""
+        assert self.mode == 1 and not self.escape
         base = self.offset
         text = self._text(self.value_start, base + len(data.partition(b'"')[0]) + 1, buf, data, base)
+        if self.is_key:
+            return self._key_verdict(text)
         return self._verdict(self.value_loc, text, self.stack[-1] if self.stack else None)
+
+    def _key_verdict(self, text: bytes) -> bool:
+        """Whether the object key (its JSON text) passes the innermost object's key checks."""
+        try:
+            return self._key_passes(self.stack[-1][2], json.loads(text))
+        except ValueError:  # not UTF-8: feed() refuses it too
+            return False
+
+    @staticmethod
+    def _key_passes(location: Location, name: str) -> bool:
+        return not location.checks_keys or location.check_key(name)
 
     def _end_string(self, buf: bytes | bytearray, data: bytes, base: int) -> bool:
         self.mode = 0
@@ -182,7 +195,7 @@ class JsonTracker:
             name = json.loads(self._text(self.value_start, end, buf, data, base))
             top = self.stack[-1]
             self.stack[-1] = (top[0], top[1], top[2], name, top[4], False, top[6])
-            return not top[2].checks_keys or top[2].check_key(name)
+            return self._key_passes(top[2], name)
         return self._complete(self.value_loc, self.value_start, end, buf, data, base)
 
     def _open_value(self) -> Location:

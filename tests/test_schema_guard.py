@@ -274,13 +274,26 @@ def test_scalar_key_of_a_string_equals_json_loads() -> None:
             '{"s": "a(b)", "t": 1}',
         ),
         ({"type": "string", "if": {"maxLength": 2}, "then": {"pattern": "a"}}, '"xbc"'),
+        (
+            {"type": "array", "items": {"type": "array", "items": {"type": "string"}}, "uniqueItems": True},
+            '[["name"], ["x"], ["name1", "y"]]',
+        ),
+        (
+            {
+                "type": "object",
+                "propertyNames": {"pattern": "^(?!name$)"},
+                "additionalProperties": {"type": "integer"},
+            },
+            '{"ab": 1, "name1": 2, "e": 3}',
+        ),
     ],
 )
 def test_string_end_verdicts_equal_a_full_feed(
     backend: GrammarBackend, schema: dict, text: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Candidate tokens that only close the open string are judged without copying the reader:
-    at every position the mask equals the one a full feed of every candidate gives."""
+    """Candidate tokens that close the open string (a value or a key) and complete nothing after it
+    are judged without copying the reader: at every position the mask equals the one a full feed
+    of every candidate gives."""
     _assert_same_masks(
         backend, schema, text, monkeypatch, "_judge_string_ends", lambda tracker, ids, *_: ([], ids)
     )
