@@ -241,10 +241,7 @@ class GuardPlan:
         key = (id(node), text)
         verdict = self._verdicts.get(key)
         if verdict is None:
-            try:
-                value = json.loads(text)
-            except ValueError:  # a partial number at the end of the document is no value
-                value = _NO_VALUE
+            value = _json_value(text)
             verdict = value is not _NO_VALUE and self.node_verdicts.is_valid(node, text, value)
             if len(self._verdicts) > 4096:
                 self._verdicts.clear()
@@ -256,18 +253,27 @@ class GuardPlan:
 _PLAIN_STRING = re.compile(rb'"[^"\\\x00-\x1f]*"\Z')
 
 
+def _json_value(text: bytes) -> Any:
+    """The value of a JSON text, _NO_VALUE for text that is not JSON (a number cut off by the end of
+    the document). A string with nothing to unescape is decoded as json.loads decodes (surrogates
+    pass) without the parser."""
+    if _PLAIN_STRING.match(text):
+        try:
+            return text[1:-1].decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            return _NO_VALUE
+    try:
+        return json.loads(text)
+    except ValueError:
+        return _NO_VALUE
+
+
 @functools.lru_cache(maxsize=8192)  # every candidate token at a position completes the same item
 def _scalar_key(text: bytes) -> Any:
     """A hashable key equal for two JSON scalars exactly when JSON Schema calls them equal (1 and
     1.0 are, true and 1 are not); None for an array or object, _NO_VALUE for text that is not JSON."""
-    if _PLAIN_STRING.match(text):
-        try:
-            return ("string", text[1:-1].decode("utf-8", "surrogatepass"))  # as json.loads decodes
-        except UnicodeDecodeError:
-            return _NO_VALUE
-    try:
-        value = json.loads(text)
-    except ValueError:
+    value = _json_value(text)
+    if value is _NO_VALUE:
         return _NO_VALUE
     if isinstance(value, (list, dict)):
         return None

@@ -66,7 +66,11 @@ def test_verdicts_are_jsonschemas_where_jsonschema_rs_alone_differs(schema: dict
 
 
 ROUTES = [
-    ({"$schema": D7, "required": ["a"], "properties": {"a": {"pattern": "^x"}}}, "rs"),
+    (
+        {"$schema": D7, "required": ["a"], "properties": {"a": {"pattern": "^x"}}},
+        "any text, own regexes on plain",
+    ),
+    ({"$schema": D7, "properties": {"a": {"pattern": "^a{,3}$"}}}, "any text"),
     ({"$schema": D7, "patternProperties": {"^[a-z]+$": {"type": "integer"}}}, "plain text"),
     ({"$schema": D7, "patternProperties": {"^a{,3}$": {"type": "integer"}}}, "jsonschema"),
     ({"unevaluatedProperties": False, "properties": {"a": {}}}, "jsonschema"),
@@ -83,26 +87,52 @@ ROUTES = [
 
 @pytest.mark.parametrize("schema, route", ROUTES)
 def test_each_schema_object_is_judged_the_way_its_constructs_allow(schema: dict, route: str) -> None:
-    nv = _plan(schema).node_verdicts
-    python, rs = nv._validators(schema)
-    plain_only = id(schema) in nv._plain_only
-    got = "jsonschema" if rs is None else "plain text" if plain_only else "rs"
-    assert got == route
+    judges = _plan(schema).node_verdicts._judges(schema)
+    routes = {
+        (True, True): "any text, own regexes on plain",
+        (True, False): "any text",
+        (False, True): "plain text",
+        (False, False): "jsonschema",
+    }
+    rs = judges.pointer is not None
+    assert routes[(rs and judges.any_text, rs and judges.own_regexes)] == route
 
 
-def test_plain_text_objects_use_jsonschema_for_escaped_or_non_ascii_keys(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_plain_text_objects_use_jsonschema_for_escaped_or_non_ascii_keys() -> None:
     """Keys matched by patternProperties reach jsonschema-rs only as printable ASCII, where Python's
     re and ECMA-262 agree on the portable regexes."""
     schema = {"$schema": D7, "patternProperties": {"^[a-z]+$": {"type": "integer"}}}
     nv = _plan(schema).node_verdicts
-    python, rs = nv._validators(schema)
+    judges = nv._judges(schema)
+    assert judges.pointer is not None and judges.own_regexes and not judges.any_text
     calls: list[str] = []
-    nv._by_node[id(schema)] = (
-        lambda v: calls.append("py") or python(v),
-        lambda v: calls.append("rs") or rs(v),
-    )
+    python, plain = judges.python, nv._rs_validator(judges, True)
+    assert plain is not None
+    judges.python = lambda v: calls.append("py") or python(v)
+    judges.built[True] = lambda v: calls.append("rs") or plain(v)
+    nv._by_node[id(schema)] = judges
     for value in ({"ab": 1}, {"\u00e9": 1}, {"a\nb": "x"}):
         nv.is_valid(schema, json.dumps(value, ensure_ascii=False).encode(), value)
     assert calls == ["rs", "py", "py"]
+
+
+def test_plain_texts_with_portable_patterns_use_jsonschema_rs_regexes() -> None:
+    """A portable pattern is read by jsonschema-rs itself on plain text, by Python's re otherwise;
+    the verdicts are jsonschema's either way."""
+    schema = {"$schema": D7, "pattern": "^[a-z]+\\d$"}
+    plan = _plan(schema)
+    values = ["ab1", "ab", "ab\u0661", "ab1\n"]  # an Arabic-Indic digit; a trailing newline
+    ours = [
+        plan.node_verdicts.is_valid(schema, json.dumps(v, ensure_ascii=False).encode(), v) for v in values
+    ]
+    assert ours == [plan.validator.is_valid(v) for v in values] == [True, False, True, True]
+
+
+def test_objects_under_keys_that_need_escaping_in_a_uri_get_jsonschema_rs_validators() -> None:
+    inner = {"minimum": 3}
+    schema = {"$schema": D7, "properties": {"a b%": {"properties": {"^x[y]$": inner}}}}
+    plan = _plan(schema)
+    nv = plan.node_verdicts
+    judges = nv._judges(inner)
+    assert nv._rs_validator(judges, True) is not None and nv._rs_validator(judges, False) is not None
+    assert [nv.is_valid(inner, str(v).encode(), v) for v in (2, 3)] == [False, True]
