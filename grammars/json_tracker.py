@@ -21,7 +21,7 @@ class Location(Protocol):
 
     def check_value(self, text: bytes) -> bool: ...
 
-    def check_key(self, key: str) -> bool: ...
+    def check_key(self, text: bytes) -> bool: ...
 
     def check_unique(self, earlier: tuple[bytes, ...], last: bytes) -> bool: ...
 
@@ -179,23 +179,17 @@ class JsonTracker:
 
     def _key_verdict(self, text: bytes) -> bool:
         """Whether the object key (its JSON text) passes the innermost object's key checks."""
-        try:
-            return self._key_passes(self.stack[-1][2], json.loads(text))
-        except ValueError:  # not UTF-8: feed() refuses it too
-            return False
-
-    @staticmethod
-    def _key_passes(location: Location, name: str) -> bool:
-        return not location.checks_keys or location.check_key(name)
+        location = self.stack[-1][2]
+        return not location.checks_keys or location.check_key(text)
 
     def _end_string(self, buf: bytes | bytearray, data: bytes, base: int) -> bool:
         self.mode = 0
         end = self.offset + 1
         if self.is_key:
-            name = json.loads(self._text(self.value_start, end, buf, data, base))
+            text = self._text(self.value_start, end, buf, data, base)
             top = self.stack[-1]
-            self.stack[-1] = (top[0], top[1], top[2], name, top[4], False, top[6])
-            return self._key_passes(top[2], name)
+            self.stack[-1] = (top[0], top[1], top[2], json.loads(text), top[4], False, top[6])
+            return self._key_verdict(text)
         return self._complete(self.value_loc, self.value_start, end, buf, data, base)
 
     def _open_value(self) -> Location:

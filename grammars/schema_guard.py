@@ -349,6 +349,6 @@ class Location:
             return key not in prior[0]
         return not prior[1] or self.plan.valid(_UNIQUE, b"[" + b",".join((*prior[1], last)) + b"]")
 
-    def check_key(self, key: str) -> bool:
-        text = json.dumps(key).encode()
+    def check_key(self, text: bytes) -> bool:
+        """Whether an object key (its JSON text) passes every propertyNames checked here."""
         return all(self.plan.valid(s, text) for s in self.name_schemas)
