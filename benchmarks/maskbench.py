@@ -102,6 +102,7 @@ def markdown(result: dict) -> str:
         "",
         f"{env['date']}; {env['cpu_count']} CPU cores, load {env['load_average_1_5_15']}; python "
         f"{env['python']}; xgrammar {env.get('xgrammar')}; llguidance {env.get('llguidance')}; "
+        f"jsonschema-rs {env.get('jsonschema_rs')}; "
         f"torch {env['torch']}; tokenizer SmolLM2-135M (vocab {VOCAB}). Instances are written "
         "with separators ', ' / ': ' in their own key order. Accepted: every token accepted and EOS "
         "terminates (the grammar's language). Inside the mask: accepted with every token also inside "
@@ -205,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     import importlib.metadata as md
 
     env["llguidance"] = md.version("llguidance")
+    env["jsonschema_rs"] = md.version("jsonschema-rs")  # computes the value checks' verdicts
     result: dict[str, Any] = {"path": args.path, "environment": env, "engines": []}
     for engine in ENGINES if args.engine == "all" else [args.engine]:
         runner = EngineRunner(backend, engine)
