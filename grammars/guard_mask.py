@@ -37,7 +37,7 @@ class TokenFeatures:
     new_scalar_ids: np.ndarray  # a number or literal starts after structure and ends inside
     open_scalar_ids: np.ndarray  # ends inside a number or literal that began after structure
     stop_ids: frozenset[int]
-    string_end_heads: list[bytes | None]  # the bytes before the quote of a token that only closes a string
+    string_end_heads: list[bytes | None]  # before the quote, for a token that closes a string and no value
 
 
 def _scalar_run(b: bytes) -> tuple[bool, bool]:
