@@ -37,10 +37,10 @@ _PYTHON_ONLY = frozenset(
 )
 Verdict = Callable[[Any], bool]
 _EXACT_FLOAT_INT = 2**53  # beyond it an integer and a float may compare differently in Rust
-# A regex that Python's re and jsonschema-rs (ECMA-262) read alike on printable ASCII: literals, escaped punctuation,
-# the ASCII classes (which differ only beyond ASCII), bracket classes, groups and lookaheads,
-# alternation, anchors (which differ only at a trailing newline) and counted quantifiers written
-# in full. Python-only syntax ((?P, (?<, \A, \Z, {,n}, inline flags) is outside it.
+# A regex that Python's re and jsonschema-rs (ECMA-262) read alike on printable ASCII: literals,
+# escaped punctuation, the ASCII classes (which differ only beyond ASCII), bracket classes, groups and
+# lookaheads, alternation, anchors (which differ only at a trailing newline) and counted quantifiers
+# written in full. Python-only syntax ((?P, (?<, \A, \Z, {,n}, inline flags) is outside it.
 _PORTABLE_PATTERN = re.compile(
     r"""(?:[ !"#%&',/0-9:;<=>@A-Z_`a-z~-]|\\[^A-Za-z0-9]|\\[dDwWsSbB]|[.^$|)*+?]|\((?!\?)|\(\?[:=!]"""
     r"""|\{\d+(?:,\d*)?\}|\[\^?(?:[ !"#$%&'()*+,./0-9:;<=>?@A-Z_`a-z{|}~-]|\\[^A-Za-z0-9]|\\[dDwWsS])+\])*"""
