@@ -170,7 +170,7 @@ def _judge_string_ends(
             continue
         verdict = verdicts.get(head)
         if verdict is None:
-            verdict = verdicts[head] = tracker.string_end_verdict(head + b'"', buf)
+            verdict = verdicts[head] = tracker.string_end_verdict(head, buf)
         if not verdict:
             refused.append(t)
     return refused, others

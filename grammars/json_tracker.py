@@ -166,13 +166,13 @@ class JsonTracker:
             return False
         return top is None or top[0] or not top[2].unique_items or top[2].check_unique(top[6], text)
 
-    def string_end_verdict(self, data: bytes, buf: bytes | bytearray) -> bool:
-        """What feed(data, buf) returns, without changing this reader, for data that closes the open
-        string (a value or a key) and completes no value after the quote. The caller checks data's
-        shape (no backslash before the quote; after it, nothing that can complete a value)."""
+    def string_end_verdict(self, head: bytes, buf: bytes | bytearray) -> bool:
+        """What feed(head + '"' + tail, buf) returns, without changing this reader, for bytes that
+        close the open string (a value or a key) after head and complete no value in tail. The
+        caller checks their shape (no backslash in head; nothing in tail that can complete a value)."""
         assert self.mode == 1 and not self.escape
         base = self.offset
-        text = self._text(self.value_start, base + len(data.partition(b'"')[0]) + 1, buf, data, base)
+        text = self._text(self.value_start, base + len(head) + 1, buf, head + b'"', base)
         if self.is_key:
             return self._key_verdict(text)
         return self._verdict(self.value_loc, text, self.stack[-1] if self.stack else None)

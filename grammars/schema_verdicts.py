@@ -87,6 +87,7 @@ class NodeVerdicts:
         self._by_node: dict[int, _Judges] = {}
         if rs_allowed and isinstance(full, dict):
             self._rs = _rs_validators(full, reference)
+        if self._rs is not None:
             self._python_only = reaching({id(n) for n, _ in nodes if _python_only(n)})
             self._key_regexes = reaching({id(n) for n, _ in nodes if "patternProperties" in n})
             self._foreign_regexes = reaching({id(n) for n, _ in nodes if not _portable_pattern(n)})
