@@ -88,12 +88,17 @@ class CascadeGrouper:
             raise ValueError(f"min_group_size must be at least 2, got {min_group_size}")
         if len(reqs) < min_group_size:
             return None
-        key = (min_shared_len, min_group_size, *[(_node(r), _limit(r)) for r in reqs])
+        picked = sharing_candidates(reqs, min_shared_len, min_group_size)
+        if not picked:
+            return None
+        some = [reqs[i] for i in picked]
+        key = (min_shared_len, min_group_size, *[(_node(r), _limit(r)) for r in some])
         if self._last is not None and self._last[0] == key:
             groups = self._last[1]
         else:
-            groups = _group(reqs, min_shared_len, min_group_size)
+            groups = _group(some, min_shared_len, min_group_size)
             self._last = (key, groups)
+        groups = [(s, [picked[i] for i in m]) for s, m in groups]
         saved = sum((len(m) - 1) * s for s, m in groups)
         total = sum(r.kv_len + 1 for r in reqs)
         if not groups or saved < min_saved_tokens or saved < min_saved_fraction * total:
@@ -142,6 +147,31 @@ def make_cascade_plan(
         d_sh,
         max_sg,
     )
+
+
+def sharing_candidates(reqs: Sequence[Req], min_shared_len: int, min_group_size: int) -> list[int]:
+    """Positions of the requests that may group: at least min_shared_len shareable tokens, and
+    their first min_shared_len prompt tokens equal to those of min_group_size - 1 others (sharing
+    that many cached tokens means sharing those ids). The rest can only be singletons, so grouping
+    the candidates alone gives the same groups; a batch of unrelated prompts costs one dict pass
+    instead of a tree walk per request. A request whose shareable part runs past its prompt (a
+    re-admitted one) cannot be keyed by its prompt: then every request is a candidate."""
+    classes: dict[int, list[int]] = {}
+    for i, req in enumerate(reqs):
+        if _limit(req) < min_shared_len:
+            continue
+        if len(req.input_ids) < min_shared_len:
+            return [i for i, r in enumerate(reqs) if _limit(r) >= min_shared_len]
+        classes.setdefault(_prompt_key(req, min_shared_len), []).append(i)
+    return sorted(i for members in classes.values() if len(members) >= min_group_size for i in members)
+
+
+def _prompt_key(req: Req, n: int) -> int:
+    """Hash of the first n prompt tokens, memoized on the request (the prompt never changes)."""
+    memo = req.prompt_key
+    if memo is None or memo[0] != n:
+        memo = req.prompt_key = (n, hash(tuple(req.input_ids[:n])))
+    return memo[1]
 
 
 def _node(req: Req) -> TreeNode | None:

@@ -62,6 +62,7 @@ class Req:
     cached_tokens: int = 0
     admitted_once: bool = False
     num_retractions: int = 0
+    prompt_key: tuple[int, int] | None = None  # (n, hash of input_ids[:n]): cascade grouping's filter
 
     finished_reason: FinishReason | None = None
     rng: random.Random | None = None  # a seeded request's own sampling RNG

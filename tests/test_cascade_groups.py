@@ -14,6 +14,7 @@ import os
 import random
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from cache_checks import check_invariants as check_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from radixlm.backend import cascade_groups
 from radixlm.backend.cache_manager import CacheManager
 from radixlm.backend.cascade_groups import CascadeGrouper, CascadeGroups, find_cascade_groups
 from radixlm.backend.kv_pool import ReqToTokenTable, TokenSlotAllocator
@@ -30,6 +32,7 @@ from radixlm.backend.sampling_params import SamplingParams
 from radixlm.backend.tokenizer import IncrementalDetokenizer
 
 LOW = {"min_shared_len": 1, "min_saved_fraction": 0.0, "min_saved_tokens": 0}  # thresholds off
+LOW_SAVINGS = {"min_saved_fraction": 0.0, "min_saved_tokens": 0}
 
 
 class Placer:
@@ -266,6 +269,58 @@ def test_invariants_against_naive_reference(case) -> None:
     assert 0 < groups.saved_tokens <= best
     pair = max((common_cached_prefix([a, b]) for a, b in itertools.combinations(reqs, 2)), default=0)
     assert groups.saved_tokens >= pair  # at least as good as the best single pair
+
+
+def _grouping_of_everyone(reqs, min_shared_len, min_group_size):
+    return [i for i, r in enumerate(reqs) if cascade_groups._limit(r) >= min_shared_len]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(request_sets())
+def test_prompt_filter_keeps_the_groups_of_the_whole_batch(case) -> None:
+    """Grouping only the requests whose first tokens match another's gives the same answer as
+    grouping every request with enough shareable tokens."""
+    prompts, outs, min_shared = case
+    placer = Placer(size=4096)
+    reqs = [placer.run(p, n) for p, n in zip(prompts, outs)]
+    kw = {"min_shared_len": min_shared, "min_saved_fraction": 0.0, "min_saved_tokens": 0}
+    filtered = CascadeGrouper().find(reqs, **kw)
+    with mock.patch.object(cascade_groups, "sharing_candidates", _grouping_of_everyone):
+        whole = CascadeGrouper().find(reqs, **kw)
+    assert filtered == whole
+
+
+def test_prompt_filter_drops_strangers_and_keeps_families() -> None:
+    rng = random.Random(8)
+    placer = Placer()
+    doc = rand_ids(300, rng)
+    strangers = [placer.run(rand_ids(400, rng), 2) for _ in range(3)]
+    assert cascade_groups.sharing_candidates(strangers, 256, 2) == []
+    assert find_cascade_groups(strangers, min_shared_len=256, **LOW_SAVINGS) is None
+    family = [placer.run(doc + rand_ids(5, rng), 2) for _ in range(2)]
+    short = placer.run(doc[:100] + rand_ids(5, rng), 2)  # shares 100 tokens: below the bar
+    reqs = [strangers[0], family[0], short, strangers[1], family[1]]
+    assert cascade_groups.sharing_candidates(reqs, 256, 2) == [1, 4]
+    assert cascade_groups.sharing_candidates(reqs, 256, 3) == []
+    groups = find_cascade_groups(reqs, min_shared_len=256, **LOW_SAVINGS)
+    assert groups is not None and groups.order == [0, 1, 4, 2, 3] and groups.shared_lens == [0, 300, 0, 0]
+
+
+def test_a_request_cached_past_its_prompt_makes_everyone_a_candidate() -> None:
+    """A re-admitted request's cached part includes its outputs, so its prompt alone cannot key it:
+    it may share with any request, and the filter leaves the whole batch to the tree."""
+    rng = random.Random(9)
+    placer = Placer()
+    doc = rand_ids(300, rng)
+    first = placer.run(doc + rand_ids(5, rng), 2)
+    back = Req("back", doc[:200], SamplingParams(), lambda _: None, IncrementalDetokenizer(None))
+    back.output_ids = doc[200:] + rand_ids(3, rng)  # as after a retraction: outputs kept
+    assert placer.kv.place(back) and back.prefix_len == 300
+    back.kv_len = back.prefix_len
+    stranger = placer.run(rand_ids(400, rng), 2)
+    assert cascade_groups.sharing_candidates([first, stranger, back], 256, 2) == [0, 1, 2]
+    groups = find_cascade_groups([first, stranger, back], min_shared_len=256, **LOW_SAVINGS)
+    assert groups is not None and groups.order == [0, 2, 1] and groups.shared_lens == [300, 0]
 
 
 @pytest.mark.slow
