@@ -41,6 +41,36 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _squeeze_interpreted_scalars() -> None:
+    """Loop bounds read from memory (`range(lo, hi, BLOCK)`) reach Python's range through the
+    interpreter's `tensor.__index__`. Triton 3.6's interpreter takes int() of the scalar's
+    one-element array, which NumPy 2.4 refuses; later interpreters squeeze it first. Give the
+    older ones the same conversion (the source check leaves any other interpreter untouched)."""
+    import inspect
+
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None:
+        return
+    try:
+        unsqueezed = "int(self.handle.data))" in inspect.getsource(patch)
+    except (OSError, TypeError):
+        unsqueezed = False
+    if not unsqueezed:
+        return
+
+    def patch_then_squeeze(tensor: Any, scope: Any) -> None:
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    interpreter._patch_lang_tensor = patch_then_squeeze
+
+
+if HAS_TRITON and interpreting():
+    _squeeze_interpreted_scalars()
+
+
 def use_triton(t: torch.Tensor) -> bool:
     """Launch the Triton kernel for tensors on CUDA, or anywhere under the interpreter."""
     return HAS_TRITON and (t.is_cuda or interpreting())
