@@ -7,6 +7,7 @@ values jsonschema-rs cannot take (lone surrogates), are judged by jsonschema."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,8 @@ from urllib.parse import quote
 import jsonschema_rs
 
 from .schema_walk import list_at
+
+logger = logging.getLogger(__name__)
 
 # keywords jsonschema judges inside jsonschema-rs, one keyword at a time
 REFERENCE_KEYWORDS = ("pattern", "format", "multipleOf")
@@ -215,7 +218,8 @@ class _RsValidators:
                 validate_formats=False,
                 offline=True,
             )
-        except (ValueError, TypeError, jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError):
+        except (ValueError, TypeError, jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError) as e:
+            logger.debug("jsonschema-rs refuses %s (%s); jsonschema judges it", pointer, e)
             return None
         is_valid: Verdict = validator.is_valid
         return is_valid
@@ -228,5 +232,6 @@ def _rs_validators(full: dict[str, Any], reference: Any) -> _RsValidators | None
         return None
     try:
         return _RsValidators(full, reference, draft)
-    except (ValueError, TypeError, jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError):
+    except (ValueError, TypeError, jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError) as e:
+        logger.debug("jsonschema-rs cannot read the schema (%s); jsonschema judges every value", e)
         return None
