@@ -104,8 +104,10 @@ THREAD_ROWS = 4096
 
 class BlockSegment(nn.Module):
     """Rows kept as their GGUF blocks on the CPU (each row's scales, then its quants) for
-    radixlm.kernels.quant_gemv_cpu: a few rows (decode) run its int8 dot-product kernel, more
-    rows dequantize once per call (fp32, or bf16 where the CPU multiplies bf16) and run one matmul."""
+    radixlm.kernels.quant_gemv_cpu: up to GEMV_PASSES_MAX_ROWS rows (decode batches, short
+    prompts) run its int8 dot-product kernel, GEMV_MAX_ROWS rows per pass, each row's bits as it
+    would get alone; more rows dequantize once per call (fp32, or bf16 where the CPU multiplies
+    bf16) and run one matmul."""
 
     packed: torch.Tensor
 
@@ -115,23 +117,30 @@ class BlockSegment(nn.Module):
         self.register_buffer("packed", quant_gemv_cpu.repack(qt.raw, qt.qtype), persistent=False)
 
     def forward(self, x: torch.Tensor, native: bool = False) -> torch.Tensor:
-        if x.shape[0] <= quant_gemv_cpu.GEMV_MAX_ROWS:
-            threads = cpu_decode.team_threads(self.rows // THREAD_ROWS) if cpu_decode.available() else 1
-            if threads > 1:  # the same bits, columns shared by threads
-                y = cpu_decode.gemm_threads(x, self.packed, self.qtype, self.rows, threads)
-            else:
-                y = quant_gemv_cpu.gemm(x, self.packed, self.qtype, self.rows)
+        m, step = x.shape[0], quant_gemv_cpu.GEMV_MAX_ROWS
+        if m <= step:
+            y = self._gemv(x)
+        elif m <= quant_gemv_cpu.GEMV_PASSES_MAX_ROWS:
+            y = torch.cat([self._gemv(x[i : i + step]) for i in range(0, m, step)])
         else:
             dtype = quant_gemv_cpu.dense_dtype()
             w = quant_gemv_cpu.dequantize(self.packed, self.qtype, self.rows, self.cols, dtype)
             y = F.linear(x.to(dtype), w)
         return y if native else y.to(x.dtype)
 
+    def _gemv(self, x: torch.Tensor) -> torch.Tensor:
+        """One pass of the kernel over at most GEMV_MAX_ROWS rows."""
+        threads = cpu_decode.team_threads(self.rows // THREAD_ROWS) if cpu_decode.available() else 1
+        if threads > 1:  # the same bits, columns shared by threads
+            return cpu_decode.gemm_threads(x, self.packed, self.qtype, self.rows, threads)
+        return quant_gemv_cpu.gemm(x, self.packed, self.qtype, self.rows)
+
 
 def fast_rows_limit(model: nn.Module) -> int | None:
-    """Most rows a forward can take before some weight of model leaves its decode kernel (the CPU
-    block kernel's GEMV_MAX_ROWS; past it each call dequantizes the whole weight, several times
-    the cost of a few rows); None where every path costs about the same per extra row."""
+    """Most rows a forward runs in one pass of its decode kernel (the CPU block kernel's
+    GEMV_MAX_ROWS; past it each further pass, then dequantizing the whole weight, costs several
+    times what an extra row within the pass does); None where every path costs about the same
+    per extra row."""
     if any(isinstance(m, BlockSegment) for m in model.modules()):
         return quant_gemv_cpu.GEMV_MAX_ROWS
     return None

@@ -1,8 +1,9 @@
 """When speculation pays: per-request acceptance estimates (each draft position accepted with
 probability alpha, learned from verify results) and measured step costs (a decode step fitted as
 seconds = a + b * batch; what a verify step adds to it fitted as a + b * drafts per batch-size
-bucket, since verifying has a fixed cost before any draft: on the CPU a step past 8 rows leaves
-the GEMV kernel for the dequantize path; an unmeasured bucket borrows a near one's fit). Promises:
+bucket, since verifying has a fixed cost before any draft: on the CPU a step past 8 rows takes
+another pass of the GEMV kernel, past 96 the dequantize path; an unmeasured bucket borrows a near
+one's fit). Promises:
 a step verifies the number of likeliest drafts that gives the most expected tokens per second, and
 only if that beats plain decoding, never more than twice the most its fit has measured nor, below
 the decode kernels' row limit (fast_rows), more than keep the step within it; with too few
@@ -162,8 +163,9 @@ class Acceptance:
 class SpecPolicy:
     """fast_rows: most rows a forward runs at the decode kernels' per-row cost (None: no such
     limit). Below it, a step's drafts are capped so the verify step stays there: past it the CPU
-    block kernel dequantizes every weight, and one linear cost fit per batch bucket cannot hold
-    that cliff (measuring steps on both sides of it would price every draft count wrong)."""
+    block kernel runs another pass over the weights (and past its passes' limit dequantizes every
+    weight), and one linear cost fit per batch bucket cannot hold that step (measuring steps on
+    both sides of it would price every draft count wrong)."""
 
     def __init__(self, adaptive: bool, fast_rows: int | None = None) -> None:
         self.adaptive = adaptive

@@ -30,6 +30,11 @@ BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 # (8 drafts, 16 rows) fell under the cap, full verify steps (32 drafts) did not, and one linear
 # fit per batch bucket cannot hold that cliff.
 GEMV_MAX_ROWS = 8
+# Up to this many rows a matmul runs the kernel in passes of GEMV_MAX_ROWS rows: each pass costs
+# what its rows cost alone, where dequantizing the whole weight costs about 70-100 ms per forward
+# of the default model before the first row. The two meet near 96 rows on a 2-core machine with
+# bf16 matmuls (benchmarks/cpu_batch_decode.py); without them the dense path is slower still.
+GEMV_PASSES_MAX_ROWS = 96
 
 _SOURCE = (Path(__file__).parent / "csrc" / "quant_gemv.c").read_text()
 

@@ -75,9 +75,11 @@ def test_weights_load_under_3_s(quant_engine) -> None:
     assert best < 3.0, f"weights load took {best:.2f} s"
 
 
-def test_greedy_agreement_and_perplexity_vs_fp32(quant_engine, engine) -> None:
+def test_greedy_agreement_and_perplexity_vs_fp32(quant_engine, engine, monkeypatch) -> None:
     """Scored in one prefill: the many-row path, which multiplies the dequantized weights (fp32,
-    or bf16 where the CPU has bf16 dot products)."""
+    or bf16 where the CPU has bf16 dot products); these sequences are short enough for the
+    kernel's passes, so the dequantizing path is asked for from its first pass on."""
+    monkeypatch.setattr(quant_gemv_cpu, "GEMV_PASSES_MAX_ROWS", quant_gemv_cpu.GEMV_MAX_ROWS)
     prompts_ids = [engine.tokenizer.encode(p) for p in PROMPTS]
     seqs = greedy_reference(engine, PROMPTS, 32)
     res = agreement(quant_engine, engine, seqs, [len(x) for x in prompts_ids])
@@ -100,6 +102,68 @@ def test_decode_rows_agreement_and_perplexity_vs_fp32(quant_engine, engine) -> N
     assert rows["greedy_agreement"] >= 0.93 and rows["logits_rel_err_mean"] < 0.045, rows
     ratio = perplexity(quant_engine, decode_rows=True) / perplexity(engine)
     assert abs(ratio - 1) < 0.01, f"perplexity ratio {ratio:.4f}"
+
+
+def test_decode_batches_past_one_pass_equal_each_request_alone(quant_engine, monkeypatch) -> None:
+    """A decode step of more requests than one pass takes runs the one-call loop in passes (not
+    the dequantizing path): twelve requests decoded together give each one's tokens alone, bit
+    for bit, in passes of 8 and 4 rows."""
+    rows = []
+    real = cpu_decode.decode_layers
+    monkeypatch.setattr(cpu_decode, "decode_layers", lambda *a: rows.append(a[2].shape[0]) or real(*a))
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    prompts = [f"{p} {k}" for k in range(3) for p in PROMPTS[:4]]
+    quant_engine.flush_cache()
+    for p in prompts:  # the prompts' KV, each computed alone
+        quant_engine.generate(p, {**params, "max_new_tokens": 1})
+    alone = [quant_engine.generate(p, params)["output_ids"] for p in prompts]
+    rows.clear()
+    together = [out["output_ids"] for out in quant_engine.generate(prompts, params)]
+    passes = list(zip(rows, rows[1:]))
+    assert passes.count((cpu_decode.MAX_ROWS, 4)) >= 8, rows
+    assert together == alone
+
+
+def test_a_prompt_past_one_pass_equals_its_passes_as_requests(quant_engine, monkeypatch) -> None:
+    """A one-request prompt of 40 tokens runs the one-call loop in passes of 8 tokens, each pass
+    attending to the KV the ones before it stored: its greedy tokens equal, bit for bit, those of
+    the same prompt fed as five requests of 8 more tokens each over the cached rest."""
+    rows = []
+    real = cpu_decode.decode_layers
+    monkeypatch.setattr(cpu_decode, "decode_layers", lambda *a: rows.append(a[2].shape[0]) or real(*a))
+    step = cpu_decode.MAX_ROWS
+    prompt = quant_engine.tokenizer.encode(" ".join(PROMPTS))[: 5 * step]
+    params = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+    quant_engine.flush_cache()
+    whole = quant_engine.generate(input_ids=prompt, sampling_params=params)["output_ids"]
+    assert rows == [step] * 5 + [1] * 15, rows  # the prompt in passes, then decode rows
+    quant_engine.flush_cache()
+    rows.clear()
+    for k in range(step, len(prompt), step):  # each computes 8 tokens over the cached ones
+        quant_engine.generate(input_ids=prompt[:k], sampling_params={**params, "max_new_tokens": 1})
+    fed = quant_engine.generate(input_ids=prompt, sampling_params=params)["output_ids"]
+    assert rows == [step] * 5 + [1] * 15, rows  # each request computed its 8 new tokens alone
+    assert fed == whole
+
+
+def test_prompts_prefilled_together_equal_each_alone(quant_engine, monkeypatch) -> None:
+    """Several requests' prompts in one step (a batch of extends, as speculation's verify steps
+    are) run the one-call loop too, every row as it runs alone: each request's tokens equal its
+    tokens prefilled and decoded alone, bit for bit."""
+    rows = []
+    real = cpu_decode.decode_layers
+    monkeypatch.setattr(cpu_decode, "decode_layers", lambda *a: rows.append(a[2].shape[0]) or real(*a))
+    prompts = [quant_engine.tokenizer.encode(p) for p in PROMPTS[:5]]
+    params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    quant_engine.flush_cache()
+    alone = [quant_engine.generate(input_ids=p, sampling_params=params)["output_ids"] for p in prompts]
+    quant_engine.flush_cache()
+    rows.clear()
+    together = [o["output_ids"] for o in quant_engine.generate(input_ids=prompts, sampling_params=params)]
+    total, step = sum(len(p) for p in prompts), cpu_decode.MAX_ROWS
+    passes = [step] * (total // step) + ([total % step] if total % step else [])
+    assert len(passes) > 1 and rows == passes + [len(prompts)] * 7, rows  # one prefill step, 7 decodes
+    assert together == alone
 
 
 def test_quantized_engine_generates_text(quant_engine) -> None:

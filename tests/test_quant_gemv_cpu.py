@@ -120,9 +120,10 @@ def test_dense_dtype_is_bf16_only_with_bf16_dot_products(monkeypatch) -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize("m", [1, K.GEMV_MAX_ROWS + 1])
+@pytest.mark.parametrize("m", [1, K.GEMV_MAX_ROWS + 3, K.GEMV_PASSES_MAX_ROWS + 1])
 def test_block_segment_in_quant_linear(m) -> None:
-    """QuantLinear takes the block kernel for these formats, on both sides of the row cutoff."""
+    """QuantLinear takes the block kernel for these formats: one pass, several passes (each row's
+    bits as it gets alone), and past the passes' limit the dequantized weight."""
     raw = random_blocks("Q4_1", 64, 256, seed=9)
     layer = QuantLinear(
         [QuantTensor("Q4_1", torch.from_numpy(raw), 256)], None, torch.device("cpu"), torch.float32
@@ -132,9 +133,12 @@ def test_block_segment_in_quant_linear(m) -> None:
     ref = x.double() @ reference(raw, "Q4_1").double().T
     out = layer(x)
     assert out.dtype == torch.float32
-    # decode: x rounded to int8 per block; many rows: the dense dtype's rounding (fp32 here: exact)
-    exact = m > K.GEMV_MAX_ROWS and K.dense_dtype() == torch.float32
+    # the kernel: x rounded to int8 per block; many rows: the dense dtype's rounding (fp32: exact)
+    dense = m > K.GEMV_PASSES_MAX_ROWS
+    exact = dense and K.dense_dtype() == torch.float32
     assert ((out.double() - ref).norm() / ref.norm()).item() < (1e-5 if exact else 2e-2)
+    if not dense:
+        assert torch.equal(out, torch.cat([layer(x[i : i + 1]) for i in range(m)]))
 
 
 @needs_kernel

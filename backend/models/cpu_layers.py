@@ -1,12 +1,13 @@
 """Small CPU steps of a GGUF Llama through one C call over all decoder layers
-(radixlm.kernels.cpu_decode.decode_layers): one request's few new tokens (decode, a verify step)
-or one decode token of each of a few requests. At the default model's size such a step is bound
-by per-op Python dispatch as much as by weight bytes. The call runs the C pieces the modules run
-for one request (block matmul, add + RMSNorm, rope + KV store + attention, SiLU-and-mul), each
-row as it would run alone, so a one-request step gives the modules' bits and a batch's rows give
-their requests' bits alone. It applies where every projection is one bias-free GGUF-block
-segment, norms and KV pool are float32, with no q/k norm and no tensor parallel, and the step
-has at most cpu_decode.MAX_ROWS rows."""
+(radixlm.kernels.cpu_decode.decode_layers): a few new tokens of one or more requests (decode
+batches, verify steps, short prompts). At the default model's size such a step is bound by
+per-op Python dispatch as much as by weight bytes. The call runs the C pieces the modules run for
+one request (block matmul, add + RMSNorm, rope + KV store + attention, SiLU-and-mul), each row as
+it would run alone, so a one-request step gives the modules' bits and a batch's rows give their
+requests' bits alone. It applies where every projection is one bias-free GGUF-block segment,
+norms and KV pool are float32, with no q/k norm and no tensor parallel, and the step has at most
+quant_gemv_cpu.GEMV_PASSES_MAX_ROWS rows. Past cpu_decode.MAX_ROWS it runs in passes of that many
+rows, in order: a pass's tokens attend to the KV the passes before it stored."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from radixlm.kernels import cpu_decode
+from radixlm.kernels import cpu_decode, quant_gemv_cpu
 
 from ..attention import TorchAttentionBackend
 from ..forward_batch import ForwardBatch
@@ -139,12 +140,11 @@ class CpuDecodeLayers:
         return CpuDecodeLayers(layers, first, rope) if cpu_decode.available() else None
 
     def accepts(self, fb: ForwardBatch, h: torch.Tensor) -> bool:
-        """Whether this step is one request's few new tokens, or a decode step of a few requests,
-        over a float32 pool the torch attention backend reads."""
+        """Whether this step has few enough new tokens, over a float32 pool the torch attention
+        backend reads."""
         pool, rows = fb.kv_pool, h.shape[0]
         return (
-            (fb.batch_size == 1 or (fb.is_decode and fb.batch_size == rows))
-            and rows <= cpu_decode.MAX_ROWS
+            rows <= quant_gemv_cpu.GEMV_PASSES_MAX_ROWS
             and h.dtype == torch.float32
             and fb.req_to_token.dtype == fb.out_cache_loc.dtype == torch.int64
             and fb.req_to_token.is_contiguous()
@@ -162,16 +162,20 @@ class CpuDecodeLayers:
         table = fb.req_to_token
         row_bytes = table.stride(0) * table.element_size()
         starts = [table.data_ptr() + i * row_bytes for i in fb.req_pool_indices_cpu]
+        row_slots: list[int] = []
+        row_lens: list[int] = []
+        for start, seq_len, new in zip(starts, fb.seq_lens_cpu, fb.extend_lens_cpu):
+            row_slots += [start] * new  # a request's new tokens: causal among themselves
+            row_lens += range(seq_len - new + 1, seq_len + 1)
         n = h.shape[0]
-        if fb.batch_size == 1:  # one request's n tokens, causal among themselves
-            row_slots, row_lens = starts * n, [fb.seq_lens_cpu[0] - n + i + 1 for i in range(n)]
-        else:  # one decode token per request
-            row_slots, row_lens = starts, list(fb.seq_lens_cpu)
         threads = cpu_decode.team_threads(self.max_threads)
         out_slots = fb.out_cache_loc.contiguous()
-        cpu_decode.decode_layers(
-            self.table, self.shape, h, residual, cos, sin_signed, out_slots, row_slots, row_lens, threads
-        )
+        for a in range(0, n, cpu_decode.MAX_ROWS):
+            b = min(a + cpu_decode.MAX_ROWS, n)
+            cpu_decode.decode_layers(
+                self.table, self.shape, h[a:b], residual[a:b], cos[a:b], sin_signed[a:b],
+                out_slots[a:b], row_slots[a:b], row_lens[a:b], threads,
+            )  # fmt: skip
         return h, residual
 
     def _bind_pool(self, fb: ForwardBatch) -> None:
