@@ -1,13 +1,14 @@
 """The CPU matmul over GGUF blocks (Q4_0, Q4_1, Q8_0): a small C kernel built once with the
 system C compiler for this CPU (cached by content) and called through ctypes. Weights keep their
 block bytes, reordered per row by repack() (scales, then quants) and placed by arena() in one
-huge-page buffer in the order decode reads them. Up to GEMV_MAX_ROWS rows of x (decode, a batch-1
-verify step) take llama.cpp's integer path: activations quantized to int8 per block of 32, one
-int8 dot product per block (AVX-512 VNNI two blocks at a time, else AVX2), block scales applied
-in float, four weight rows streamed side by side with software prefetch, each unpacked once for
-up to four rows of x; a row of x gives the same bits whatever rows come with it. More rows
-dequantize the blocks once per call (dense_dtype()) and run torch's matmul. `available()` is False
-without a compiler or AVX2; callers then keep torch's packed int4 path."""
+huge-page buffer in the order decode reads them. Up to GEMV_MAX_ROWS rows of x per call (callers
+make several calls for up to GEMV_PASSES_MAX_ROWS rows) take llama.cpp's integer path:
+activations quantized to int8 per block of 32, one int8 dot product per block (AVX-512 VNNI two
+blocks at a time, else AVX2), block scales applied in float, four weight rows streamed side by
+side with software prefetch, each unpacked once for up to four rows of x; a row of x gives the
+same bits whatever rows come with it. More rows dequantize the blocks once per call
+(dense_dtype()) and run torch's matmul. `available()` is False without a compiler or AVX2;
+callers then keep torch's packed int4 path."""
 
 from __future__ import annotations
 
@@ -24,11 +25,9 @@ import torch
 
 FORMATS = ("Q4_0", "Q4_1", "Q8_0")
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-# Above this rows dequantize once per call (weights reused). Per forward of the default model the
-# kernel stays faster to ~20 rows (16 rows: 67 vs 84 ms on the 2-core machine), but with a cap of
-# 16 benchmarks/speculative.py saw the policy decline speculation at batch 8: its measuring steps
-# (8 drafts, 16 rows) fell under the cap, full verify steps (32 drafts) did not, and one linear
-# fit per batch bucket cannot hold that cliff.
+# Rows per call of the C kernel (its per-thread scratch, MAXM in csrc/quant_gemv.c, holds 8). A
+# step within one call costs little more than a decode step, so speculation counts these rows as
+# cheap (fast_rows); each further call costs about as much again.
 GEMV_MAX_ROWS = 8
 # Up to this many rows a matmul runs the kernel in passes of GEMV_MAX_ROWS rows: each pass costs
 # what its rows cost alone, where dequantizing the whole weight costs about 70-100 ms per forward
