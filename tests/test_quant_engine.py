@@ -29,6 +29,15 @@ def quant_engine():
     eng.shutdown()
 
 
+@pytest.fixture
+def layer_rows(monkeypatch) -> list[int]:
+    """The rows of every one-call layer loop call (cpu_decode.decode_layers), in order."""
+    rows: list[int] = []
+    real = cpu_decode.decode_layers
+    monkeypatch.setattr(cpu_decode, "decode_layers", lambda *a: rows.append(a[2].shape[0]) or real(*a))
+    return rows
+
+
 def test_auto_keeps_blocks_on_cpu_only(default_model_dir) -> None:
     assert keeps_gguf_blocks(default_model_dir, "auto", torch.device("cpu"))
     assert not keeps_gguf_blocks(default_model_dir, "auto", torch.device("cuda"))
@@ -104,33 +113,11 @@ def test_decode_rows_agreement_and_perplexity_vs_fp32(quant_engine, engine) -> N
     assert abs(ratio - 1) < 0.01, f"perplexity ratio {ratio:.4f}"
 
 
-def test_decode_batches_past_one_pass_equal_each_request_alone(quant_engine, monkeypatch) -> None:
-    """A decode step of more requests than one pass takes runs the one-call loop in passes (not
-    the dequantizing path): twelve requests decoded together give each one's tokens alone, bit
-    for bit, in passes of 8 and 4 rows."""
-    rows = []
-    real = cpu_decode.decode_layers
-    monkeypatch.setattr(cpu_decode, "decode_layers", lambda *a: rows.append(a[2].shape[0]) or real(*a))
-    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
-    prompts = [f"{p} {k}" for k in range(3) for p in PROMPTS[:4]]
-    quant_engine.flush_cache()
-    for p in prompts:  # the prompts' KV, each computed alone
-        quant_engine.generate(p, {**params, "max_new_tokens": 1})
-    alone = [quant_engine.generate(p, params)["output_ids"] for p in prompts]
-    rows.clear()
-    together = [out["output_ids"] for out in quant_engine.generate(prompts, params)]
-    passes = list(zip(rows, rows[1:]))
-    assert passes.count((cpu_decode.MAX_ROWS, 4)) >= 8, rows
-    assert together == alone
-
-
-def test_a_prompt_past_one_pass_equals_its_passes_as_requests(quant_engine, monkeypatch) -> None:
+def test_a_prompt_past_one_pass_equals_its_passes_as_requests(quant_engine, layer_rows) -> None:
     """A one-request prompt of 40 tokens runs the one-call loop in passes of 8 tokens, each pass
     attending to the KV the ones before it stored: its greedy tokens equal, bit for bit, those of
     the same prompt fed as five requests of 8 more tokens each over the cached rest."""
-    rows = []
-    real = cpu_decode.decode_layers
-    monkeypatch.setattr(cpu_decode, "decode_layers", lambda *a: rows.append(a[2].shape[0]) or real(*a))
+    rows = layer_rows
     step = cpu_decode.MAX_ROWS
     prompt = quant_engine.tokenizer.encode(" ".join(PROMPTS))[: 5 * step]
     params = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
@@ -146,13 +133,11 @@ def test_a_prompt_past_one_pass_equals_its_passes_as_requests(quant_engine, monk
     assert fed == whole
 
 
-def test_prompts_prefilled_together_equal_each_alone(quant_engine, monkeypatch) -> None:
+def test_prompts_prefilled_together_equal_each_alone(quant_engine, layer_rows) -> None:
     """Several requests' prompts in one step (a batch of extends, as speculation's verify steps
     are) run the one-call loop too, every row as it runs alone: each request's tokens equal its
     tokens prefilled and decoded alone, bit for bit."""
-    rows = []
-    real = cpu_decode.decode_layers
-    monkeypatch.setattr(cpu_decode, "decode_layers", lambda *a: rows.append(a[2].shape[0]) or real(*a))
+    rows = layer_rows
     prompts = [quant_engine.tokenizer.encode(p) for p in PROMPTS[:5]]
     params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
     quant_engine.flush_cache()
@@ -199,20 +184,21 @@ def test_one_call_layer_loop_matches_the_modules(quant_engine, monkeypatch) -> N
     assert outs["one_call"] == outs["modules"]
 
 
-def test_decode_batch_rows_equal_each_request_alone(quant_engine, monkeypatch) -> None:
-    """A decode step of a few requests runs the one-call loop too, each row as it would run
-    alone: with the prompts' KV computed alone first (cached), three requests decoded together give
-    each one's tokens alone, bit for bit, and the loop saw three-row steps."""
-    rows = []
-    real = cpu_decode.decode_layers
-    monkeypatch.setattr(cpu_decode, "decode_layers", lambda *a: rows.append(a[2].shape[0]) or real(*a))
-    params = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
-    prompts = PROMPTS[3:6]
+@pytest.mark.parametrize("n_requests", [3, 12])
+def test_decode_batch_rows_equal_each_request_alone(quant_engine, layer_rows, n_requests) -> None:
+    """A decode step of several requests runs the one-call loop too, in passes of 8 rows past 8,
+    each row as it would run alone: with the prompts' KV computed alone first (cached), the
+    requests decoded together give each one's tokens alone, bit for bit."""
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    prompts = [f"{p} {k}" for k in range(3) for p in PROMPTS[:4]][:n_requests]
     quant_engine.flush_cache()
     for p in prompts:  # the prompts' KV, each computed alone
         quant_engine.generate(p, {**params, "max_new_tokens": 1})
     alone = [quant_engine.generate(p, params)["output_ids"] for p in prompts]
-    rows.clear()
+    layer_rows.clear()
     together = [out["output_ids"] for out in quant_engine.generate(prompts, params)]
-    assert rows.count(3) >= 10, rows
+    step = cpu_decode.MAX_ROWS
+    passes = [step] * (n_requests // step) + ([n_requests % step] if n_requests % step else [])
+    steps = [layer_rows[k : k + len(passes)] for k in range(len(layer_rows))]
+    assert steps.count(passes) >= 10, layer_rows  # 11 decode steps after the prefilled first token
     assert together == alone
