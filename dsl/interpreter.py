@@ -14,7 +14,6 @@ from typing import Any
 
 from radixlm.backend_base import ProgramBackend, StreamedLogprobs
 from radixlm.call_site import CallSite
-from radixlm.call_site import call_site as call_site  # re-exported: state.py imports it from here
 from radixlm.ir import (
     Commit,
     ConcatAndAppend,
@@ -33,10 +32,6 @@ from radixlm.ir import (
 from radixlm.threads import PROGRAM_THREADS
 
 
-class _StopTrace(Exception):
-    """Raised in trace mode when the program needs something that is not constant."""
-
-
 class Executor:
     """Runs one program state's expressions. Fields ending in `_` belong to the worker.
 
@@ -53,7 +48,6 @@ class Executor:
         logprob: dict[str, Any],
         stream: bool = False,
         program_name: str = "<program>",
-        trace: bool = False,
         inline: bool = False,
     ) -> None:
         self.backend = backend
@@ -64,8 +58,7 @@ class Executor:
         self.logprob = logprob
         self.stream = stream
         self.program_name = program_name
-        self.trace = trace
-        self.inline = inline or trace
+        self.inline = inline
         if self.inline and stream:
             raise ValueError("a streamed program state runs its expressions on a worker thread, not inline")
 
@@ -104,9 +97,6 @@ class Executor:
     def submit(self, expr: Any, site: CallSite | None = None) -> None:
         expr = to_expr(expr)
         self._init_events(expr)
-        if self.trace:
-            self._execute(expr)
-            return
         if self._ended:
             raise RuntimeError("this program state has ended; it accepts no more expressions")
         if self.error_ is not None:
@@ -152,7 +142,7 @@ class Executor:
         if self._worker is not None:
             self._queue.put(None)
             self._worker.result()
-        elif not self.trace:
+        else:
             self.is_finished = True
         for child in self.children:
             child.end()
@@ -163,8 +153,6 @@ class Executor:
     def fork(self, size: int, site: CallSite | None) -> tuple[list[Executor], Any]:
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"fork size must be a positive int, got {size!r}")
-        if self.trace:
-            raise _StopTrace
         self.submit(Commit(pin=size > 1), site)
         self.sync()
         self.raise_error()
@@ -290,12 +278,8 @@ class Executor:
             else:  # at least prefill once, so the forks find it cached
                 self.backend.cache_prefix(list(self.ids_))
 
-    def _append_generated(self, text: str, ids: list[int] | None) -> None:
-        """Add a generation's text; keep the ids that decode to a prefix of it."""
-        self.text_ += text
-        self._append_generated_ids(text, ids)
-
     def _append_generated_ids(self, text: str, ids: list[int] | None) -> None:
+        """Keep a generation's ids that decode to a prefix of its text; the rest is pending."""
         if self.codec is None:
             return
         if ids is None:
@@ -311,15 +295,14 @@ class Executor:
         return sampling, logprob
 
     def _exec_gen(self, gen: Gen) -> None:
-        if self.trace:
-            raise _StopTrace
         sampling, logprob = self._resolve(gen)
         self._commit()
         if self.stream:
             text, meta = self._gen_stream(gen, sampling, logprob)
         else:
             out = self.backend.generate(self, sampling, logprob)
-            self._append_generated(out.text, out.ids)
+            self.text_ += out.text
+            self._append_generated_ids(out.text, out.ids)
             text, meta = out.text, out.meta
         self._set_result(gen.name, convert_value(gen, text), meta)
 
@@ -355,8 +338,6 @@ class Executor:
             self.stream_var_event[name].set()
 
     def _exec_select(self, sel: Select) -> None:
-        if self.trace:
-            raise _StopTrace
         self._commit()
         decision = self.backend.select(self, sel.choices, sel.temperature, sel.choices_method)
         self.text_ += decision.decision

@@ -20,8 +20,8 @@ from radixlm.backend.sampling_params import (
     check_values,
 )
 from radixlm.backend_base import ProgramBackend
-from radixlm.interpreter import Executor, _StopTrace
-from radixlm.ir import Expr
+from radixlm.interpreter import Executor
+from radixlm.prefix_trace import trace_prefix
 from radixlm.state import ProgramState
 from radixlm.threads import PROGRAM_THREADS
 
@@ -122,13 +122,12 @@ class Program:
         kwargs: dict[str, Any],
         options: dict[str, Any],
         stream: bool,
-        trace: bool = False,
     ) -> Executor:
         sampling, logprob = _split_options({**self.options, **options})
         # a streamed run's body runs on a thread of its own while the caller reads the stream,
         # so its expressions need a worker; otherwise the body's thread runs them itself
         inline = not stream
-        return Executor(backend, kwargs, sampling, logprob, stream, self.__name__, trace=trace, inline=inline)
+        return Executor(backend, kwargs, sampling, logprob, stream, self.__name__, inline=inline)
 
     def run(
         self,
@@ -215,16 +214,7 @@ class Program:
 
     def trace_prefix(self, backend: ProgramBackend) -> str:
         """The text the program appends before it first needs an argument or the model."""
-        ex = self._executor(backend, {}, {}, stream=False, trace=True)
-        state = ProgramState(ex)
-        args = {n: self.bind_arguments.get(n, _Placeholder(n)) for n in self.arg_names}
-        try:
-            self.func(state, **args)
-        except _StopTrace:
-            pass
-        except Exception:  # noqa: BLE001 - tracing is an optimization; the real run reports errors
-            pass
-        return ex.text_
+        return trace_prefix(self.func, self.arg_names, self.bind_arguments, backend, self.__name__)
 
     def precache(self, backend: ProgramBackend) -> int:
         """Cache the constant prefix on the backend; returns its token count (0 if skipped)."""
@@ -235,24 +225,6 @@ class Program:
             return 0
         backend.cache_prefix(ids)
         return len(ids)
-
-
-class _Placeholder(Expr):
-    """Stands for a program argument while tracing. `"Q: " + arg` still builds an ExprList
-    (so the constant before it is traced); appending or any other use ends the trace."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def _stop(self, *args: Any, **kwargs: Any) -> Any:
-        raise _StopTrace
-
-    __str__ = __format__ = __getitem__ = __iter__ = __len__ = _stop
-    __eq__ = __lt__ = __gt__ = __le__ = __ge__ = __bool__ = __int__ = __float__ = __contains__ = _stop
-    __call__ = __mul__ = __rmul__ = __mod__ = __hash__ = _stop
-
-    def __getattr__(self, name: str) -> Any:
-        raise _StopTrace
 
 
 def _num_threads(num_threads: int | str, n: int) -> int:

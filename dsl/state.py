@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from radixlm.interpreter import Executor, call_site
+from radixlm.call_site import call_site
+from radixlm.interpreter import Executor
 from radixlm.ir import (
     ConcatAndAppend,
     Expr,
