@@ -225,6 +225,15 @@ def test_every_folder_is_mapped() -> None:
             assert str(init.parent.relative_to(ROOT)) in folders, f"{init.parent} missing from package-dir"
 
 
+MAX_LIBRARY_LINES = 400
+
+
+def test_no_library_file_is_over_the_line_limit() -> None:
+    files = module_files(ROOT, package_dirs(ROOT)).values()
+    long = {f: n for f in files if (n := len((ROOT / f).read_text().splitlines())) > MAX_LIBRARY_LINES}
+    assert not long, f"over {MAX_LIBRARY_LINES} lines (split by responsibility): {long}"
+
+
 # ---------------------------------------------------------------- the checker catches what it looks for
 
 FAKE_DIRS = {
