@@ -36,10 +36,12 @@ def _detokenize(ids: list[int], skip_special: bool) -> str:
 
 class _Cut(httpx.AsyncByteStream):
     """An event stream that sends `events`, then `tail` (part of an event), then fails (the
-    replica died) or, with `fail` None, just ends."""
+    replica died) or, with `fail` None, just ends; closing it raises `close_fails` if given."""
 
-    def __init__(self, events: list[bytes], tail: bytes, fail: Exception | None) -> None:
-        self.events, self.tail, self.fail = events, tail, fail
+    def __init__(
+        self, events: list[bytes], tail: bytes, fail: Exception | None, close_fails: Exception | None = None
+    ) -> None:
+        self.events, self.tail, self.fail, self.close_fails = events, tail, fail, close_fails
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for event in self.events:
@@ -48,6 +50,10 @@ class _Cut(httpx.AsyncByteStream):
             yield self.tail
         if self.fail is not None:
             raise self.fail
+
+    async def aclose(self) -> None:
+        if self.close_fails is not None:
+            raise self.close_fails
 
 
 @dataclass
@@ -92,6 +98,8 @@ class Upstream:
         before = events[:sent]
         if how == "drop":  # the connection drops inside an event
             stream = _Cut(before, events[sent][:9], httpx.RemoteProtocolError("incomplete chunked read"))
+        elif how == "drop-unmapped":  # it drops with an error httpx does not map, and fails to close
+            stream = _Cut(before, events[sent][:9], OSError("reset"), close_fails=OSError("reset on close"))
         elif how == "router-error":  # the router reports the worker's failure as an event
             error = b'data: {"error": {"message": "Stream error: connection reset"}}\n\n'
             stream = _Cut([*before, error, dp_replay.DONE], b"", None)
@@ -312,3 +320,11 @@ def test_crlf_events_split_across_chunks(upstream: Upstream) -> None:
     upstream.cuts = {0: (10, "drop")}  # chunks here: 5 events, then part of the 6th
     assert _without_resumed(_stream(upstream, _body())) == whole
     assert upstream.generate_bodies[1]["sampling_params"]["max_new_tokens"] == 7
+
+
+def test_an_upstream_failing_outside_httpx_errors_is_still_continued(upstream: Upstream) -> None:
+    """httpx does not map a transport's errors on close (nor could it every error a dying
+    connection raises): the client must still read the whole answer, never a cut stream."""
+    upstream.cuts = {0: (4, "drop-unmapped")}
+    assert _without_resumed(_stream(upstream, _body())) == _stream(Upstream(), _body())
+    assert len(upstream.generate_bodies) == 2

@@ -188,7 +188,7 @@ async def _relay(resp: httpx.Response, routing: FrontRouting, replica: int | Non
             async for chunk in resp.aiter_raw():
                 yield chunk
     finally:
-        await resp.aclose()  # also when the client left: the upstream request is cancelled
+        await dp_replay.close_quietly(resp)  # also when the client left: the upstream request is cancelled
         if replica is not None:
             routing.running[replica] -= 1
 

@@ -310,9 +310,11 @@ async def relay_resuming(
                     yield stream.relay(event)
                     if event.done:
                         return
-            except httpx.HTTPError as exc:
+            except Exception as exc:  # noqa: BLE001 - a broken upstream, whatever it raised
                 reason = type(exc).__name__
-            await resp.aclose()
+                if not isinstance(exc, httpx.HTTPError):
+                    log.warning("stream upstream failed with %s", reason, exc_info=True)
+            await close_quietly(resp)
             if stream.finished:  # complete; only the upstream's [DONE] was lost
                 yield DONE
                 return
@@ -321,7 +323,7 @@ async def relay_resuming(
                 return
             try:
                 resp = await resume(stream)
-            except (CannotResume, httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure to continue ends in the error event
                 why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 log.warning(
                     "stream not continued after %s: %s",
@@ -338,12 +340,30 @@ async def relay_resuming(
                 len(stream.seam_ids),
             )
             if resp.status_code != 200 or not is_event_stream(resp):
-                answer = (await resp.aread())[:300].decode("utf-8", "replace")
+                answer = (await read_quietly(resp))[:300].decode("utf-8", "replace")
                 log.warning("stream continuation answered %d: %s", resp.status_code, answer)
                 yield error_event(f"{reason}; the continuation was answered {resp.status_code}: {answer}")
                 return
     finally:
-        await resp.aclose()  # also when the client left: the upstream request is cancelled
+        await close_quietly(resp)  # also when the client left: the upstream request is cancelled
+
+
+async def close_quietly(resp: httpx.Response) -> None:
+    """Close an upstream response. httpx does not map the transport's errors on close, and a
+    connection that breaks while closing must not cut the client's stream: it is only logged."""
+    try:
+        await resp.aclose()
+    except Exception as exc:  # noqa: BLE001
+        log.debug("closing an upstream response failed: %s: %s", type(exc).__name__, exc)
+
+
+async def read_quietly(resp: httpx.Response) -> bytes:
+    """An upstream's whole body for an error message; b"" where the upstream breaks."""
+    try:
+        return await resp.aread()
+    except Exception as exc:  # noqa: BLE001
+        log.debug("reading an upstream answer failed: %s: %s", type(exc).__name__, exc)
+        return b""
 
 
 async def relay_events(resp: httpx.Response) -> AsyncIterator[bytes]:
@@ -353,7 +373,7 @@ async def relay_events(resp: httpx.Response) -> AsyncIterator[bytes]:
     try:
         async for event in events(resp):
             yield event.raw
-    except httpx.HTTPError as exc:
+    except Exception as exc:  # noqa: BLE001 - a broken upstream, whatever it raised
         yield error_event(type(exc).__name__)
 
 
