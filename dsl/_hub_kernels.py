@@ -3,7 +3,8 @@ that name whenever its distribution is installed (transformers >= 5.25 depends o
 radixlm checkout, the name would first find the checkout's kernels/ folder (the repository root on
 sys.path) or benchmarks/kernels.py (a benchmark script's folder), and importing transformers would
 fail. Promises: once this module is imported (radixlm's first import does it), an `import kernels`
-that would load a file of this checkout loads the distribution's own package instead; any other
+that would load a file of a radixlm checkout (this one, or a source tree beside a non-editable
+install: its pyproject names radixlm) loads the distribution's own package instead; any other
 `kernels` (the user's own) resolves as before, and nothing changes where that distribution is not
 installed."""
 
@@ -14,6 +15,7 @@ import importlib.machinery
 import importlib.metadata
 import importlib.util
 import sys
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -37,11 +39,23 @@ class HubKernelsFinder(importlib.abc.MetaPathFinder):
         if fullname != HUB_KERNELS:
             return None
         found = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if found is None or found.origin is None or not Path(found.origin).resolve().is_relative_to(CHECKOUT):
+        if found is None or found.origin is None or not in_a_checkout(Path(found.origin).resolve()):
             return None  # resolves as it would without radixlm
         return importlib.util.spec_from_file_location(
             HUB_KERNELS, self.init_file, submodule_search_locations=[str(self.init_file.parent)]
         )
+
+
+def in_a_checkout(origin: Path) -> bool:
+    """Whether `origin` (kernels/__init__.py or benchmarks/kernels.py) is a file of a radixlm
+    source tree: this one, or one whose pyproject.toml, two folders up, names radixlm."""
+    if origin.is_relative_to(CHECKOUT):
+        return True
+    try:
+        project = tomllib.loads((origin.parent.parent / "pyproject.toml").read_text())["project"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return isinstance(project, dict) and project.get("name") == "radixlm"
 
 
 def hub_kernels_init() -> Path | None:

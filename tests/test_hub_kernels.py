@@ -49,3 +49,16 @@ def test_a_users_own_kernels_module_is_left_alone(tmp_path: Path) -> None:
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-800:]
+
+
+def test_a_source_tree_beside_a_non_editable_install_is_routed_too(tmp_path: Path) -> None:
+    """A benchmark run from another source tree of radixlm (its package installed elsewhere, not
+    editable) finds that tree's benchmarks/kernels.py first, as it finds this checkout's."""
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "kernels.py").write_text("SHADOW = True\n")
+    code = "import sys; sys.path.insert(0, '.'); import radixlm; import kernels; print(kernels.__file__)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path / "benchmarks", capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and Path(out.stdout.strip()) == hub_kernels_init(), out.stderr[-800:]
