@@ -5,6 +5,9 @@
 #   N=2 SUITE_ARGS="--workers engine --engine-steps decode_b1,prefix,prefix_cascade_off,forks" \
 #     bash benchmarks/h200/suite_ab.sh run
 # Every result goes into one $OUT/ab.tgz (the device returns only a few files per call).
+# An A/B longer than one call: split it by workers over back-to-back calls (SUITE_ARGS="--workers
+# engine", then "--workers radix_off,hf,server"), extract each call's ab.tgz into a folder of its
+# own, and compare: python benchmarks/suite_ab_report.py CALL1_DIR CALL2_DIR (it merges them).
 set -u
 if [ "${1:-}" = pack ]; then
   mkdir -p .ab
