@@ -138,9 +138,9 @@ class BlockSegment(nn.Module):
 
 def fast_rows_limit(model: nn.Module) -> int | None:
     """Most rows a forward runs in one pass of its decode kernel (the CPU block kernel's
-    GEMV_MAX_ROWS; past it each further pass, then dequantizing the whole weight, costs several
-    times what an extra row within the pass does); None where every path costs about the same
-    per extra row."""
+    GEMV_MAX_ROWS; past it each further pass streams the weights again, and past
+    GEMV_PASSES_MAX_ROWS the whole weight is dequantized); None where every path costs about the
+    same per extra row."""
     if any(isinstance(m, BlockSegment) for m in model.modules()):
         return quant_gemv_cpu.GEMV_MAX_ROWS
     return None

@@ -49,15 +49,14 @@ def merge_rounds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def own_report(version: str, tar: Path) -> ModuleType:
     """The suite_report module of the packed version."""
-    folder = Path(tempfile.mkdtemp(prefix=f"suite_ab_{version}_"))
-    with tarfile.open(tar) as t:
-        t.extract("benchmarks/suite_report.py", folder, filter="data")
     name = f"suite_report_{version}"
-    spec = importlib.util.spec_from_file_location(name, folder / "benchmarks" / "suite_report.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory() as folder, tarfile.open(tar) as t:
+        t.extract("benchmarks/suite_report.py", folder, filter="data")
+        spec = importlib.util.spec_from_file_location(name, Path(folder) / "benchmarks" / "suite_report.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the file runs
+        spec.loader.exec_module(module)
     return module
 
 

@@ -25,9 +25,9 @@ import torch
 
 FORMATS = ("Q4_0", "Q4_1", "Q8_0")
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-# Rows per call of the C kernel (its per-thread scratch, MAXM in csrc/quant_gemv.c, holds 8). A
-# step within one call costs little more than a decode step, so speculation counts these rows as
-# cheap (fast_rows); each further call costs about as much again.
+# Rows per call of the C kernel (its per-thread scratch, MAXM in csrc/quant_gemv.c, holds 8).
+# Speculation keeps a verify step within one call (fast_rows): each further call streams the
+# weights again, a fixed cost on top of its rows' (benchmarks/results/cpu_batch_decode.md).
 GEMV_MAX_ROWS = 8
 # Up to this many rows a matmul runs the kernel in passes of GEMV_MAX_ROWS rows: each pass costs
 # what its rows cost alone, where dequantizing the whole weight costs about 70-100 ms per forward
