@@ -58,13 +58,12 @@ HALF2 = [
 DP4A_KW = [(256, 1), (512, 1), (512, 2), (1024, 2), (1024, 4), (2048, 4), (4096, 4)]
 
 
-def dp4a_configs(rows: tuple[int, ...]) -> list[QuantMatmulConfig]:
-    return [
-        QuantMatmulConfig("dp4a", r, k, w, num_stages=s) for r in rows for k, w in DP4A_KW for s in (1, 3)
-    ]
+def dp4a_configs(rows: tuple[int, ...], kind: str = "dp4a") -> list[QuantMatmulConfig]:
+    return [QuantMatmulConfig(kind, r, k, w, num_stages=s) for r in rows for k, w in DP4A_KW for s in (1, 3)]
 
 
 DP4A = dp4a_configs((4, 8, 16, 32))
+INT8X = dp4a_configs((2, 4, 8, 16), "int8x")
 FMA = [
     QuantMatmulConfig("fma", n, k, w, magic=magic)
     for n, k, w, magic in [
@@ -122,7 +121,7 @@ def bench_shape(
         # the config quant_matmul runs, then the row count's CUDA-core default beside it
         cfgs = list(dict.fromkeys([choose_config(x, q), default_config(m)]))
         if sweep:
-            more = (DP4A + HALF2 + ACC if m == 1 else []) + (FMA if m <= 8 else []) + DOT
+            more = (DP4A + INT8X + HALF2 + ACC if m == 1 else []) + (FMA if m <= 8 else []) + DOT
             cfgs += [
                 c
                 for c in more

@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -19,6 +20,42 @@ VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("fp8", {"quantization": "fp8"}, ("decode_b1", "b128")),
     ("kv_fp8", {"kv_cache_dtype": "fp8_e4m3"}, ("b128", "mixed")),
 ]
+# run only where SUITE_QUANT_VARIANTS names them: a variant with another kernel kind for one
+# 16-bit row of every format, beside the default's own row of the same run
+ONE_ROW_EXPERIMENTS: dict[str, tuple[str, str]] = {"q4_0_int8x": ("q4_0", "int8x")}
+
+
+@contextmanager
+def one_row_kind(kind: str | None) -> Iterator[None]:
+    """quant_matmul's one-row choice set to `kind`'s config for every format while inside."""
+    from radixlm.kernels import quant_gemv_configs as qc
+
+    saved = dict(qc.ONE_ROW)
+    if kind is not None:
+        cfg = {"dp4a": qc.DP4A, "half2": qc.HALF2, "int8x": qc.INT8X}[kind]
+        qc.ONE_ROW.update({f: cfg for f in qc.ONE_ROW if kind != "half2" or f != "Q8_0"})
+    try:
+        yield
+    finally:
+        qc.ONE_ROW.clear()
+        qc.ONE_ROW.update(saved)
+
+
+def variants(only: str | None) -> list[tuple[str, dict[str, Any], tuple[str, ...], str | None]]:
+    """The variants to run (all of VARIANTS, or those `only` names, a comma list, experiments
+    included), each with its one-row kernel kind (None: the default)."""
+    names = only.split(",") if only else None
+    out: list[tuple[str, dict[str, Any], tuple[str, ...], str | None]] = [
+        (label, kwargs, workloads, None)
+        for label, kwargs, workloads in VARIANTS
+        if names is None or label in names
+    ]
+    by_label = {label: (kwargs, workloads) for label, kwargs, workloads in VARIANTS}
+    for label, (base, kind) in ONE_ROW_EXPERIMENTS.items():
+        if names is not None and label in names:
+            kwargs, _ = by_label[base]
+            out.append((label, kwargs, ("decode_b1",), kind))
+    return out
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -41,8 +78,6 @@ def weight_bytes(model: torch.nn.Module) -> int:
 def quant_rows(sizes: dict[str, Any], engine_kwargs: dict[str, Any], partial: Callable[[dict], None]) -> dict:
     import suite_workloads as w
 
-    from radixlm.backend.engine import Engine
-
     runs: dict[str, Callable[[Any], dict[str, Any]]] = {
         "decode_b1": lambda e: w.decode_b1(e, **sizes["decode_b1"]),
         "b128": lambda e: w.batch_throughput(e, **sizes["b128"]),
@@ -57,34 +92,50 @@ def quant_rows(sizes: dict[str, Any], engine_kwargs: dict[str, Any], partial: Ca
 
         engine_kwargs = {**engine_kwargs, "model_path": str(export_hf_folder(Path(default_model_path())))}
     out: dict[str, Any] = {}
-    only = os.environ.get("SUITE_QUANT_VARIANTS")  # a partial run: a comma list of labels
-    for label, kwargs, workloads in VARIANTS:
-        if only and label not in only.split(","):
-            continue
+    for label, kwargs, workloads, kind in variants(os.environ.get("SUITE_QUANT_VARIANTS")):
         res: dict[str, Any] = {}
         out[label] = res
-        try:
-            t0 = time.perf_counter()
-            engine = Engine(**engine_kwargs, **kwargs)
-        except Exception as e:
-            traceback.print_exc()
-            res["error"] = f"{type(e).__name__}: {e}"
-            partial(out)
-            continue
-        res["engine_start_s"] = time.perf_counter() - t0
-        res["kv_slots"] = engine.runner.allocator.size
-        model = engine.runner.model
-        res["weight_bytes"] = weight_bytes(model)
-        # what a decode step reads: everything but the embedding table (one row per token)
-        res["streamed_bytes"] = res["weight_bytes"] - weight_bytes(model.model.embed_tokens)
-        try:
-            for name in workloads:
-                w.run_step(res, name, lambda name=name, engine=engine: runs[name](engine), f"quant {label}")
-                partial(out)
-            b1 = res.get("decode_b1", {})
-            if b1.get("copy_bytes_per_s"):  # decode_b1's own roofline counts parameters only
-                b1["roofline_tok_s"] = b1["copy_bytes_per_s"] / res["streamed_bytes"]
-                b1["fraction_of_roofline"] = b1["overlap_on"]["decode_tok_s"] / b1["roofline_tok_s"]
-        finally:
-            engine.shutdown()
+        with one_row_kind(kind):
+            run_variant(res, label, engine_kwargs, kwargs, workloads, runs, partial, out)
     return out
+
+
+def run_variant(
+    res: dict[str, Any],
+    label: str,
+    engine_kwargs: dict[str, Any],
+    kwargs: dict[str, Any],
+    workloads: tuple[str, ...],
+    runs: dict[str, Callable[[Any], dict[str, Any]]],
+    partial: Callable[[dict], None],
+    out: dict[str, Any],
+) -> None:
+    """One variant's engine and workloads into res; a start failure is recorded, not raised."""
+    import suite_workloads as w
+
+    from radixlm.backend.engine import Engine
+
+    try:
+        t0 = time.perf_counter()
+        engine = Engine(**engine_kwargs, **kwargs)
+    except Exception as e:
+        traceback.print_exc()
+        res["error"] = f"{type(e).__name__}: {e}"
+        partial(out)
+        return
+    res["engine_start_s"] = time.perf_counter() - t0
+    res["kv_slots"] = engine.runner.allocator.size
+    model = engine.runner.model
+    res["weight_bytes"] = weight_bytes(model)
+    # what a decode step reads: everything but the embedding table (one row per token)
+    res["streamed_bytes"] = res["weight_bytes"] - weight_bytes(model.model.embed_tokens)
+    try:
+        for name in workloads:
+            w.run_step(res, name, lambda name=name, engine=engine: runs[name](engine), f"quant {label}")
+            partial(out)
+        b1 = res.get("decode_b1", {})
+        if b1.get("copy_bytes_per_s"):  # decode_b1's own roofline counts parameters only
+            b1["roofline_tok_s"] = b1["copy_bytes_per_s"] / res["streamed_bytes"]
+            b1["fraction_of_roofline"] = b1["overlap_on"]["decode_tok_s"] / b1["roofline_tok_s"]
+    finally:
+        engine.shutdown()

@@ -1,12 +1,14 @@
 """Matmul over GGUF blocks on the GPU: y [M, N] = x [M, K] @ W^T for W kept as Q4_0 / Q4_1 / Q8_0 / Q4_K,
 repacked once by `repack` into arrays the kernels read with wide loads (quants, fp16 scales and
 offsets), dequantized inside the loop so each weight byte is read once. Decode rows run on CUDA
-cores (kinds "acc" and "fma"; one 16-bit row by default "dp4a", x rounded to int8, in
-`quant_gemv_dp4a`, or "half2", packed half arithmetic, in `quant_gemv_half2`), more rows dequantize
+cores (kinds "acc" and "fma"; one 16-bit row by default "dp4a", x rounded to int8 in the matmul,
+in `quant_gemv_dp4a`, or "int8x", x rounded once before it, in `quant_gemv_int8x`, or "half2",
+packed half arithmetic, in `quant_gemv_half2`), more rows dequantize
 tiles into tensor-core dots (kind "dot"); which kind runs is `quant_gemv_configs`'s choice. fp32
 accumulation, y in x's dtype. Promises: `quant_matmul` equals `quant_matmul_ref`, the fp32
 matmul with `quant_blocks.dequantize_blocks` (itself equal to gguf's dequantization), to the
-rounding of the dot's operand dtype ("half2": of its fp16 arithmetic; "dp4a": of x to int8)."""
+rounding of the dot's operand dtype ("half2": of its fp16 arithmetic; "dp4a", "int8x": of x to
+int8)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from .quant_gemv_configs import (
 )
 from .quant_gemv_dp4a import DP4A_FORMATS, gemv_dp4a
 from .quant_gemv_half2 import HALF2_FORMATS, gemv_half2, one_16bit_row
+from .quant_gemv_int8x import INT8X_FORMATS, gemv_int8x
 
 GEMV_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
 # kernel arithmetic per format: Q4_K's sub-blocks of 32 are Q4_1's affine form with fp32 scales
@@ -271,7 +274,7 @@ def _validate(x: torch.Tensor, w: GpuBlocks) -> None:
 
 def _check_one_row_kind(kind: str, x: torch.Tensor, qtype: str) -> None:
     """The packed one-row kinds serve one 16-bit row of their formats; anything else is refused."""
-    served = {"half2": HALF2_FORMATS, "dp4a": DP4A_FORMATS}
+    served = {"half2": HALF2_FORMATS, "dp4a": DP4A_FORMATS, "int8x": INT8X_FORMATS}
     if kind in served and not (qtype in served[kind] and one_16bit_row(x)):
         raise ValueError(
             f"quant_matmul kind {kind!r} serves one bf16/fp16 row of {', '.join(served[kind])} "
@@ -293,10 +296,9 @@ def quant_matmul(x: torch.Tensor, w: GpuBlocks, config: QuantMatmulConfig | None
         return quant_matmul_ref(x, w)
     if cfg.kind == "half2":
         return gemv_half2(x, w.qs, w.d, w.m, w.qtype, cfg.block_n, cfg.block_k // 32, cfg.num_warps)
-    if cfg.kind == "dp4a":
-        return gemv_dp4a(
-            x, w.qs, w.d, w.m, w.qtype, cfg.block_n, cfg.block_k // 32, cfg.num_warps, cfg.num_stages
-        )
+    if cfg.kind in ("dp4a", "int8x"):
+        gemv = gemv_dp4a if cfg.kind == "dp4a" else gemv_int8x
+        return gemv(x, w.qs, w.d, w.m, w.qtype, cfg.block_n, cfg.block_k // 32, cfg.num_warps, cfg.num_stages)
     x = x.contiguous()
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_b = min(cfg.block_k // 32, triton.next_power_of_2(nb))
@@ -373,6 +375,7 @@ __all__ = [
     "GpuBlocks",
     "HALF2",
     "HALF2_FORMATS",
+    "INT8X_FORMATS",
     "KINDS",
     "ONE_ROW",
     "QuantMatmulConfig",

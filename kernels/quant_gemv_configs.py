@@ -20,7 +20,7 @@ class BlockShape(Protocol):
     def cols(self) -> int: ...
 
 
-KINDS = ("acc", "fma", "dot", "half2", "dp4a")
+KINDS = ("acc", "fma", "dot", "half2", "dp4a", "int8x")
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,9 @@ class QuantMatmulConfig:
     (M <= 8); "dot": block_m x block_n tiles, weights dequantized per K tile into tensor-core
     dots; "half2": one bf16/fp16 row of a Q4 format, block_n rows per program (a power of two
     up to 32); "dp4a": one bf16/fp16 row of any format here, x rounded to int8 and integer dot
-    products (`quant_gemv_dp4a`), block_n rows per program. block_k counts values (a multiple
+    products (`quant_gemv_dp4a`), block_n rows per program; "int8x": x rounded alike but once per
+    call, by a launch before the matmul's (`quant_gemv_int8x`).
+    block_k counts values (a multiple
     of 32); magic: quants become floats by exponent bits instead of int-to-float conversions."""
 
     kind: str = "fma"
@@ -70,6 +72,8 @@ DP4A = QuantMatmulConfig("dp4a", 4, 1024, 4, num_stages=1)
 # rows of K >= LONG_K (the MLP's down projection) are few for their length; they measured faster
 # with longer K tiles, pipelined (benchmarks/quant_gpu.py picks both from its sweep)
 DP4A_LONG_K = QuantMatmulConfig("dp4a", 4, 2048, 4, num_stages=3)
+# one block of 32 values per thread (4 rows x 32 blocks over 4 warps): no barrier in the loop
+INT8X = QuantMatmulConfig("int8x", 4, 1024, 4, num_stages=1)
 LONG_K = 8192
 
 

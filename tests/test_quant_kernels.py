@@ -1,11 +1,12 @@
 """The GPU matmul over GGUF blocks (`radixlm.kernels.quant_gemv`) against gguf's own
 dequantization: weights quantized by `gguf.quants.quantize`, dequantized by
 `gguf.quants.dequantize`, a float64 matmul as the reference. The kernel kinds (CUDA-core "acc" and
-"fma" for decode rows, tensor-core "dot" for more, packed-half "half2" and integer "dp4a" for one
-16-bit row) on small odd shapes under TRITON_INTERPRET=1 in a subprocess (the interpreter must be
-on before the kernels are defined; there "half2" and "dp4a" run emulations of their word layouts,
-their inline PTX only compiled), and at Llama-3.1-8B shapes in bf16 on a GPU. "dp4a" rounds x to
-int8, so its reference is the float64 matmul with `quantize_x_ref(x)`."""
+"fma" for decode rows, tensor-core "dot" for more, packed-half "half2" and integer "dp4a" and
+"int8x" for one 16-bit row) on small odd shapes under TRITON_INTERPRET=1 in a subprocess (the
+interpreter must be on before the kernels are defined; there the packed kinds run emulations of
+their word layouts, their inline PTX only compiled), and at Llama-3.1-8B shapes in bf16 on a GPU.
+"dp4a" and "int8x" round x to int8 alike, so their reference is the float64 matmul with
+`quantize_x_ref(x)`."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ HALF2_CASES = [
     ("Q4_0", 19, 160, 16, 64, "bfloat16", 1.0),
 ]
 
-# one 16-bit row, x rounded to int8: (format, N, K, rows per program, block_k, x dtype, x scale)
+# one 16-bit row, x rounded to int8 (kinds "dp4a" and "int8x"): (format, N, K, rows per program,
+# block_k, x dtype, x scale)
 DP4A_CASES = [
     ("Q4_0", 37, 96, 4, 64, "float16", 1.0),
     ("Q4_1", 20, 288, 8, 128, "bfloat16", 1.0),
@@ -101,11 +103,11 @@ def run_half2_case(
     return {"err": err, "ref_err": own, "shape": list(y.shape), "finite": bool(torch.isfinite(y).all())}
 
 
-def run_dp4a_case(
-    qtype: str, n: int, k: int, rows: int, bk: int, dtype: str, scale: float, *, device: str
+def run_int8_case(
+    kind: str, qtype: str, n: int, k: int, rows: int, bk: int, dtype: str, scale: float, *, device: str
 ) -> dict:
-    """y from kind "dp4a" against the float64 matmul of gguf's dequantized weight with x as the
-    kernel rounds it (and with x itself), and the rounding of that reference to x's dtype."""
+    """y from kind "dp4a" or "int8x" against the float64 matmul of gguf's dequantized weight with x
+    as both round it (and with x itself), and the rounding of that reference to x's dtype."""
     from radixlm.kernels.quant_gemv import QuantMatmulConfig, quant_matmul, repack
     from radixlm.kernels.quant_gemv_dp4a import quantize_x_ref
 
@@ -115,9 +117,7 @@ def run_dp4a_case(
     x = torch.from_numpy(rng.standard_normal((1, k)).astype(np.float32) * scale).to(
         device, getattr(torch, dtype)
     )
-    y = quant_matmul(
-        x, repack(torch.from_numpy(raw).to(device), qtype), QuantMatmulConfig("dp4a", rows, bk, 4)
-    )
+    y = quant_matmul(x, repack(torch.from_numpy(raw).to(device), qtype), QuantMatmulConfig(kind, rows, bk, 4))
     ref_q = quantize_x_ref(x).cpu().double() @ w.T
     ref = x.cpu().double() @ w.T
     own = ((ref_q.to(x.dtype).double() - ref_q).norm() / ref_q.norm()).item()
@@ -130,16 +130,47 @@ def run_dp4a_case(
     }
 
 
-def _check_dp4a(results: list[dict]) -> None:
+def run_x_rounding(*, device: str) -> dict:
+    """`quantize_x_int8` against `quantize_x_ref`: the int8 values times their group's scale, and
+    each block's offset (its groups' scales times their integer sums), on a row with a zero
+    block, a large block and a tie-prone block."""
+    from radixlm.kernels.quant_gemv_dp4a import quantize_x_ref
+    from radixlm.kernels.quant_gemv_int8x import quantize_x_int8
+
+    rng = np.random.default_rng(7)
+    x = torch.from_numpy(rng.standard_normal((1, 32 * 37)).astype(np.float32))
+    x[0, 32:64] = 0.0
+    x[0, 64:96] *= 5000.0
+    x[0, 96:128] = torch.arange(32) * 0.5 - 8.0  # x / scale lands on halves
+    x = x.to(device, torch.bfloat16)
+    got = quantize_x_int8(x)
+    # [block, half, t, value] as the groups are: group t of a block is [:, t, :] over both halves
+    q = got.q.cpu().float().reshape(-1, 2, 4, 4)
+    scales = got.scales.cpu()
+    values = (q * scales[:, None, :, None]).reshape(1, -1)
+    offsets = (q.sum(dim=(1, 3)) * scales).sum(dim=1)
+    return {
+        "values_equal": bool(torch.equal(values, quantize_x_ref(x).cpu())),
+        "offset_err": (got.offsets.cpu() - offsets).abs().max().item() / offsets.abs().max().item(),
+        "q_range": [q.min().item(), q.max().item()],
+    }
+
+
+def _check_int8(kind: str, results: list[dict]) -> None:
     """Equal to the quantized-x reference to the rounding of y (an fp32 sum near a rounding
     boundary may round the other way); a wrong pairing of quants and x,
     a lost scale or offset would be off by orders of magnitude. Against x itself, within x's
     int8 rounding."""
     assert len(results) == len(DP4A_CASES)
     for case, r in zip(DP4A_CASES, results):
-        assert r["finite"] and r["shape"] == [1, case[1]], (case, r)
-        assert r["err_q"] < 3 * r["round"] + 1e-5, (case, r)
-        assert r["err"] < 2e-2, (case, r)
+        assert r["finite"] and r["shape"] == [1, case[1]], (kind, case, r)
+        assert r["err_q"] < 3 * r["round"] + 1e-5, (kind, case, r)
+        assert r["err"] < 2e-2, (kind, case, r)
+
+
+def _check_x_rounding(r: dict) -> None:
+    assert r["values_equal"] and r["offset_err"] < 1e-6, r
+    assert r["q_range"] == [-127.0, 127.0], r  # the large block reaches both ends
 
 
 def _check_half2(results: list[dict]) -> None:
@@ -189,7 +220,9 @@ def test_quant_matmul_matches_gguf_under_interpreter() -> None:
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     results = out["cases"]
     _check_half2(out["half2"])
-    _check_dp4a(out["dp4a"])
+    _check_int8("dp4a", out["dp4a"])
+    _check_int8("int8x", out["int8x"])
+    _check_x_rounding(out["x_rounding"])
     assert len(results) == len(CASES)
     for case, r in zip(CASES, results):
         assert r["finite"] and r["shape"] == [case[1], case[2]], (case, r)
@@ -205,7 +238,9 @@ def test_quant_matmul_matches_gguf_on_gpu() -> None:
         r = run_case(*case, device="cuda", dtype="float32")
         assert r["finite"] and r["err"] < 1e-5, (case, r)
     _check_half2([run_half2_case(*c, device="cuda") for c in HALF2_CASES])
-    _check_dp4a([run_dp4a_case(*c, device="cuda") for c in DP4A_CASES])
+    for kind in ("dp4a", "int8x"):
+        _check_int8(kind, [run_int8_case(kind, *c, device="cuda") for c in DP4A_CASES])
+    _check_x_rounding(run_x_rounding(device="cuda"))
     # Llama-3.1-8B shapes in bf16 with each M's default config: bf16 operands, so ~1e-2
     for qtype, n, k in [
         ("Q4_0", 6144, 4096),
@@ -229,8 +264,9 @@ def test_quant_matmul_matches_gguf_on_gpu() -> None:
                 dtype="bfloat16",
             )
             assert r["finite"] and r["err"] < 2e-2, (qtype, m, r)
-        r = run_dp4a_case(qtype, n, k, DP4A.block_n, DP4A.block_k, "bfloat16", 1.0, device="cuda")
-        assert r["finite"] and r["err_q"] < 3 * r["round"] + 1e-5 and r["err"] < 2e-2, (qtype, "dp4a", r)
+        for kind in ("dp4a", "int8x"):
+            r = run_int8_case(kind, qtype, n, k, DP4A.block_n, DP4A.block_k, "bfloat16", 1.0, device="cuda")
+            assert r["finite"] and r["err_q"] < 3 * r["round"] + 1e-5 and r["err"] < 2e-2, (qtype, kind, r)
         if qtype == "Q8_0":
             continue
         r = run_half2_case(qtype, n, k, HALF2.block_n, HALF2.block_k, "bfloat16", 1.0, device="cuda")
@@ -267,13 +303,15 @@ def test_repack_and_refusals() -> None:
         quant_matmul(torch.randn(1, 64), q8, QuantMatmulConfig("dp4a"))
     with pytest.raises(ValueError, match="dp4a"):
         quant_matmul(torch.randn(3, 64, dtype=torch.float16), q8, QuantMatmulConfig("dp4a"))
+    with pytest.raises(ValueError, match="int8x"):
+        quant_matmul(torch.randn(2, 64, dtype=torch.float16), q8, QuantMatmulConfig("int8x"))
     with pytest.raises(ValueError, match="block_k"):
         QuantMatmulConfig("dot", block_k=48)
     with pytest.raises(ValueError, match="kind must be one of"):
         QuantMatmulConfig("int4")
 
 
-@pytest.mark.parametrize("kind,offset", [("half2", 1), ("dp4a", 1), ("dp4a", 2)])
+@pytest.mark.parametrize("kind,offset", [("half2", 1), ("dp4a", 1), ("dp4a", 2), ("int8x", 1)])
 def test_packed_kinds_read_a_row_at_an_unaligned_offset(kind: str, offset: int) -> None:
     """x is read as 32-bit pairs ("half2") or 64-bit groups of four ("dp4a"); a row view that
     starts inside one gives the same y as a fresh copy (compiled on a GPU, else interpreted)."""
@@ -302,5 +340,7 @@ if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1"
     cases = [run_case(*c, device="cpu", dtype="float32") for c in CASES]
     half2 = [run_half2_case(*c, device="cpu") for c in HALF2_CASES]
-    dp4a = [run_dp4a_case(*c, device="cpu") for c in DP4A_CASES]
-    print(json.dumps({"cases": cases, "half2": half2, "dp4a": dp4a}))
+    dp4a = [run_int8_case("dp4a", *c, device="cpu") for c in DP4A_CASES]
+    int8x = [run_int8_case("int8x", *c, device="cpu") for c in DP4A_CASES]
+    rounding = run_x_rounding(device="cpu")
+    print(json.dumps({"cases": cases, "half2": half2, "dp4a": dp4a, "int8x": int8x, "x_rounding": rounding}))

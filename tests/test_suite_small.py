@@ -133,3 +133,29 @@ def test_throughput_refuses_a_run_with_aborted_requests() -> None:
     bad = out(1, {"type": "abort", "message": "CUDA out of memory"})
     with pytest.raises(RuntimeError, match="1 of 2 requests aborted, first: CUDA out of memory"):
         suite_workloads.generate_ids(Stub([ok, bad]), [[1], [2]], {})  # type: ignore[arg-type]
+
+
+def test_one_row_experiments_run_only_when_named_and_restore_the_choice() -> None:
+    """SUITE_QUANT_VARIANTS may name an experiment (the Q4_0 engine with another one-row kernel
+    kind); the default run never includes one, and the kind applies only inside its engine's run."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import suite_quant
+    import torch
+
+    from radixlm.kernels.quant_gemv_configs import choose_config
+
+    assert [v[0] for v in suite_quant.variants(None)] == [v[0] for v in suite_quant.VARIANTS]
+    picked = {label: (kwargs, kind) for label, kwargs, _, kind in suite_quant.variants("q4_0,q4_0_int8x")}
+    assert picked == {
+        "q4_0": ({"quantization": "q4_0"}, None),
+        "q4_0_int8x": ({"quantization": "q4_0"}, "int8x"),
+    }
+
+    class Shape:
+        qtype, cols = "Q4_0", 4096
+
+    row = torch.zeros(1, 4096, dtype=torch.bfloat16)
+    default = choose_config(row, Shape())
+    with suite_quant.one_row_kind("int8x"):
+        assert choose_config(row, Shape()).kind == "int8x"
+    assert choose_config(row, Shape()) == default and default.kind != "int8x"

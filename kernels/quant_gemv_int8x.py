@@ -1,0 +1,169 @@
+"""One row of x times a GGUF weight (`quant_gemv.GpuBlocks`: Q4_0, Q4_1, Q4_K, Q8_0) with x rounded
+to int8 once per call by its own small kernel, as llama.cpp rounds its q8_1 activations, but with
+"dp4a"'s groups: one scale (max|x| / 127) per eight values a weight word meets (values 4t..4t+3
+and 16+4t..19+4t of a block; one per 32 measured worse on the default model), and per block the
+scaled integer sum its offset term needs. The matmul kernel reads x's int8 words beside the
+weight's, each weight word meets them in `dp4a`, and a thread holds whole blocks, so nothing
+crosses threads in the loop. Promises: `gemv_int8x` equals the exact matmul of
+`quant_gemv_dp4a.quantize_x_ref(x)` with the dequantized weight to fp32 rounding, and
+`quantize_x_int8`'s values times their scales equal that rounding exactly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._triton import interpreting, tl, triton
+from .quant_gemv_dp4a import _word_dot
+
+INT8X_FORMATS = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
+_KIND = {"Q4_0": 0, "Q4_1": 1, "Q4_K": 1, "Q8_0": 2}
+_QUANT_BLOCKS = 16  # x blocks per program of the rounding kernel
+
+
+@dataclass(frozen=True)
+class Int8Row:
+    """x [1, K] as the matmul kernel reads it: q int8 [K] (x / scale, rounded); scales fp32
+    [K / 32, 4], the scale of group t of each block (values 4t..4t+3 and 16+4t..19+4t); offsets
+    fp32 [K / 32], each block's sum over its groups of scale times the group's integer sum."""
+
+    q: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor
+
+
+@triton.jit
+def _quantize_x_kernel(X, Q, S, OFF, NB, BLOCKS: tl.constexpr):
+    grp = tl.program_id(0) * BLOCKS * 4 + tl.arange(0, BLOCKS * 4)  # block grp // 4, group grp % 4
+    ok = grp < NB * 4
+    at = ((grp // 4) * 32 + (grp % 4) * 4)[:, None, None] + tl.arange(0, 2)[None, :, None] * 16
+    at += tl.arange(0, 4)[None, None, :]
+    v = tl.load(X + at, mask=ok[:, None, None], other=0.0).to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(v), axis=2), axis=1)
+    inv = tl.where(amax > 0, tl.math.div_rn(127.0, amax), 0.0)
+    q = tl.floor(v * inv[:, None, None] + 0.5).to(tl.int32)
+    tl.store(Q + at, q.to(tl.int8), mask=ok[:, None, None])
+    scale = tl.math.div_rn(amax, 127.0)
+    tl.store(S + grp, scale, mask=ok)
+    part = tl.reshape(tl.sum(tl.sum(q, axis=2), axis=1).to(tl.float32) * scale, (BLOCKS, 4))
+    blk = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
+    tl.store(OFF + blk, tl.sum(part, axis=1), mask=blk < NB)
+
+
+@triton.jit
+def _gemv_int8x_kernel(
+    XQ,
+    XS,
+    XO,
+    QW,
+    D,
+    MN,
+    Y,
+    N,
+    NB,
+    KIND: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    EVEN_B: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """ROWS weight rows per program over [ROWS, BLOCK_B, 4] word tiles. x's words, scales and
+    offsets are addressed per row too (a zero row stride): Triton then lays them out as the weight
+    tile is, so no shared-memory exchange or barrier enters the loop; the repeated reads hit L1."""
+    WB: tl.constexpr = 8 if KIND == 2 else 4  # weight words per block of 32 quants
+    offs = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rows = tl.minimum(offs, N - 1).to(tl.int64)  # rows past N re-read N-1, never stored
+    same = rows * 0
+    bb = tl.arange(0, BLOCK_B)
+    t = tl.arange(0, 4)[None, None, :]
+    acc = tl.zeros((ROWS, BLOCK_B), dtype=tl.float32)
+    for b0 in range(0, NB, BLOCK_B):
+        valid = (b0 + bb) < NB
+        blk = b0 + bb if EVEN_B else tl.minimum(b0 + bb, NB - 1)
+        words = QW + rows[:, None, None] * (NB * WB) + blk[None, :, None] * WB + t
+        qa = tl.load(words)
+        qb = qa
+        if KIND == 2:
+            qb = tl.load(words + 4)
+        x_at = XQ + same[:, None, None] + blk[None, :, None] * 8 + t  # x words 0-3, then 4-7
+        isum = _word_dot(qa, qb, tl.load(x_at), tl.load(x_at + 4), KIND, ASM).to(tl.float32)
+        dot = tl.sum(isum * tl.load(XS + same[:, None, None] + blk[None, :, None] * 4 + t), axis=2)
+        d = tl.load(D + rows[:, None] * NB + blk[None, :]).to(tl.float32)
+        if not EVEN_B:
+            d = tl.where(valid[None, :], d, 0.0)
+        if KIND == 2:
+            acc += d * dot
+        else:
+            off = tl.load(XO + same[:, None] + blk[None, :])
+            if KIND == 0:  # Q4_0 values are q - 8
+                acc += d * (dot - 8.0 * off)
+            else:
+                m = tl.load(MN + rows[:, None] * NB + blk[None, :]).to(tl.float32)
+                if not EVEN_B:
+                    m = tl.where(valid[None, :], m, 0.0)
+                acc += d * dot + m * off
+    y = tl.sum(acc, axis=1)
+    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=offs < N)
+
+
+def quantize_x_int8(x: torch.Tensor) -> Int8Row:
+    """x [1, K] (K a multiple of 32, any float dtype) rounded as `quant_gemv_dp4a.quantize_x_ref`
+    rounds it."""
+    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] % 32:
+        raise ValueError(f"quantize_x_int8 takes one row of a multiple of 32 values, got {tuple(x.shape)}")
+    x = x.contiguous()
+    nb = x.shape[1] // 32
+    q = torch.empty(x.shape[1], dtype=torch.int8, device=x.device)
+    scales = torch.empty(nb, 4, dtype=torch.float32, device=x.device)
+    offsets = torch.empty(nb, dtype=torch.float32, device=x.device)
+    # IEEE division and no multiply-add contraction: the rounding is torch's, bit for bit
+    _quantize_x_kernel[(triton.cdiv(nb, _QUANT_BLOCKS),)](
+        x, q, scales, offsets, nb, BLOCKS=_QUANT_BLOCKS, enable_fp_fusion=False
+    )
+    return Int8Row(q, scales, offsets)
+
+
+def gemv_int8x(
+    x: torch.Tensor,
+    qs: torch.Tensor,
+    d: torch.Tensor,
+    m: torch.Tensor | None,
+    qtype: str,
+    rows: int,
+    block_b: int,
+    num_warps: int,
+    num_stages: int = 1,
+) -> torch.Tensor:
+    """y [1, N] in x's dtype for x [1, K] (bf16, fp16 or fp32) and one `GpuBlocks`' arrays: two
+    launches, x's rounding and the matmul; rows per program a power of two up to 64."""
+    if qtype not in INT8X_FORMATS:
+        raise ValueError(f"gemv_int8x serves {', '.join(INT8X_FORMATS)}, got {qtype}")
+    if rows < 1 or rows & (rows - 1) or rows > 64:
+        raise ValueError(f"gemv_int8x takes a power of two up to 64 rows per program, got {rows}")
+    xq = quantize_x_int8(x)
+    n, nb = qs.shape[0], x.shape[1] // 32
+    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    block_b = min(block_b, triton.next_power_of_2(nb))
+    _gemv_int8x_kernel[(triton.cdiv(n, rows),)](
+        xq.q.view(torch.int32),
+        xq.scales,
+        xq.offsets,
+        qs.view(torch.int32),
+        d,
+        m if m is not None else d,
+        y,
+        n,
+        nb,
+        KIND=_KIND[qtype],
+        ROWS=rows,
+        BLOCK_B=block_b,
+        EVEN_B=nb % block_b == 0,
+        ASM=not interpreting(),
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return y
+
+
+__all__ = ["INT8X_FORMATS", "Int8Row", "gemv_int8x", "quantize_x_int8"]

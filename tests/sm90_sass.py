@@ -1,0 +1,87 @@
+"""Triton kernels compiled for sm_90 (Hopper) on any machine, with Triton's own ptxas and nvdisasm:
+opcode counts of the whole kernel and of its loops, so tests can hold a kernel's machine code to
+what its design promises without a GPU."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from collections import Counter
+
+import pytest
+
+triton = pytest.importorskip("triton")
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+HAVE_NVDISASM = os.path.exists(os.path.join(BIN, "nvdisasm"))
+_INSTR = re.compile(r"/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+
+
+def compile_sm90(
+    fn: object,
+    pointers: dict[str, str],
+    constexprs: dict[str, object],
+    *,
+    num_warps: int,
+    num_stages: int,
+    aligned_ints: tuple[str, ...] = (),
+    floats: tuple[str, ...] = (),
+) -> str:
+    """fn's SASS for sm_90: pointers (name → Triton type) and the ints named in aligned_ints
+    marked divisible by 16, as the launcher specialises them for aligned tensors and sizes;
+    other arguments are i32, or fp32 where floats names them."""
+    from triton.backends.compiler import GPUTarget
+
+    names: list[str] = fn.arg_names  # type: ignore[attr-defined]
+    signature, attrs = {}, {}
+    for i, name in enumerate(names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in floats:
+            signature[name] = "fp32"
+        else:
+            signature[name] = pointers.get(name, "i32")
+            if name in pointers or name in aligned_ints:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    kernel = triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages}
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "kernel.cubin")
+        with open(cubin, "wb") as fh:
+            fh.write(kernel.asm["cubin"])
+        return subprocess.run(
+            [os.path.join(BIN, "nvdisasm"), "-c", cubin], capture_output=True, text=True, check=True
+        ).stdout
+
+
+def opcodes(sass: str) -> Counter[str]:
+    return Counter(m.group(2) for m in _INSTR.finditer(sass))
+
+
+def loop_opcodes(sass: str) -> list[Counter[str]]:
+    """Opcode counts of each loop: the instructions from a label to a branch back to it."""
+    instrs: list[tuple[int, str, str]] = []
+    labels: dict[str, int] = {}
+    pending: list[str] = []
+    for line in sass.splitlines():
+        label = _LABEL.match(line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        m = _INSTR.search(line)
+        if m:
+            addr = int(m.group(1), 16)
+            labels.update((name, addr) for name in pending)
+            pending = []
+            instrs.append((addr, m.group(2), m.group(3)))
+    loops = []
+    for addr, op, rest in instrs:
+        target = re.search(r"\((\.L_x_\d+)\)", rest) if op.startswith("BRA") else None
+        if target and labels.get(target.group(1), addr) < addr:
+            start = labels[target.group(1)]
+            loops.append(Counter(o for a, o, _ in instrs if start <= a <= addr))
+    return loops
