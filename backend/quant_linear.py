@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels import cpu_decode, quant_gemv_cpu
-from radixlm.kernels.quant_gemv import GEMV_FORMATS, quant_matmul, repack
+from radixlm.kernels.quant_gemv import GEMV_FORMATS, quant_matmul, repack, takes_int8_row
+from radixlm.kernels.quant_gemv_int8x import Int8Row
 
 from .quant_formats import AFFINE_FORMATS, AffineGroups, QuantTensor, stack_rows
 
@@ -229,6 +230,21 @@ class QuantLinear(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
+
+    def takes_int8_row(self, x: torch.Tensor) -> bool:
+        """Whether `forward_int8` serves x: one unbiased GPU segment whose one-row matmul reads x
+        rounded to int8, which the op writing x can then round in its own launch."""
+        if x.dim() != 2 or x.shape[0] != 1 or self.bias is not None or len(self.segments) != 1:
+            return False  # the cheap refusals first: prefill steps ask this of every layer
+        seg = self.segments[0]
+        return isinstance(seg, CudaSegment) and takes_int8_row(x, seg.blocks)
+
+    def forward_int8(self, x: torch.Tensor, x_int8: Int8Row) -> torch.Tensor:
+        """forward(x) given x_int8, x already rounded (`quant_gemv_int8x`); only where
+        `takes_int8_row(x)`."""
+        seg = self.segments[0]
+        assert isinstance(seg, CudaSegment)
+        return quant_matmul(x, seg.blocks, x_int8=x_int8)
 
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         """forward() whose output may stay in the CPU kernel's dtype (bf16), for callers whose

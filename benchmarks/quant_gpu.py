@@ -34,6 +34,7 @@ from radixlm.kernels.quant_gemv import (
     quant_matmul,
     repack,
 )  # noqa: E402
+from radixlm.kernels.quant_gemv_int8x import quantize_x_int8  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 ACC = [
@@ -58,12 +59,30 @@ HALF2 = [
 DP4A_KW = [(256, 1), (512, 1), (512, 2), (1024, 2), (1024, 4), (2048, 4), (4096, 4)]
 
 
-def dp4a_configs(rows: tuple[int, ...], kind: str = "dp4a") -> list[QuantMatmulConfig]:
-    return [QuantMatmulConfig(kind, r, k, w, num_stages=s) for r in rows for k, w in DP4A_KW for s in (1, 3)]
+def dp4a_configs(rows: tuple[int, ...]) -> list[QuantMatmulConfig]:
+    return [
+        QuantMatmulConfig("dp4a", r, k, w, num_stages=s) for r in rows for k, w in DP4A_KW for s in (1, 3)
+    ]
 
 
 DP4A = dp4a_configs((4, 8, 16, 32))
-INT8X = dp4a_configs((2, 4, 8, 16), "int8x")
+# rows x blocks per K tile over the threads: one block per thread (the first eight) or two; one
+# stage only: Triton does not pipeline these loads (their sm_90 loops are alike at 1 and 3 stages)
+INT8X = [
+    QuantMatmulConfig("int8x", r, k, w)
+    for r, k, w in [
+        (2, 2048, 4),
+        (4, 1024, 4),
+        (8, 512, 4),
+        (16, 256, 4),
+        (4, 512, 2),
+        (8, 256, 2),
+        (4, 2048, 8),
+        (8, 1024, 8),
+        (4, 2048, 4),
+        (8, 1024, 4),
+    ]
+]
 FMA = [
     QuantMatmulConfig("fma", n, k, w, magic=magic)
     for n, k, w, magic in [
@@ -94,6 +113,11 @@ DOT = [
 
 def nbytes(*ts: torch.Tensor | None) -> int:
     return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+def quantize_time(x: torch.Tensor) -> float:
+    """µs of `quantize_x_int8` alone on x, the launch the fused rounding saves."""
+    return time_fn([lambda: quantize_x_int8(x)], label="int8 rounding") * 1e6
 
 
 def bench_shape(
@@ -139,6 +163,17 @@ def bench_shape(
             except Exception as e:  # a config that does not compile here (shared memory) is skipped
                 times[c.label()] = None
                 print(f"  {c.label()}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+        # int8x with x rounded beforehand (as the model's norm or SiLU-and-mul rounds it in its own
+        # launch): the matmul alone, apart from the configs' two-launch times
+        pre = {}
+        for c in cfgs:
+            if c.kind == "int8x" and times.get(c.label()) is not None:
+                xq = quantize_x_int8(x)
+                fns = [lambda qq=qq, c=c, x=x, xq=xq: quant_matmul(x, qq, c, x_int8=xq) for qq in qs]
+                pre[c.label()] = time_fn(fns, label=c.label() + " pre-rounded") * 1e6
+        if pre:
+            row["int8x_pre_rounded_us"] = pre
+            row["int8x_rounding_launch_us"] = quantize_time(x)
         ok = {k2: v for k2, v in times.items() if v is not None}
         best = min(ok, key=ok.__getitem__)
         row.update(

@@ -1,10 +1,10 @@
 """Matmul over GGUF blocks on the GPU: y [M, N] = x [M, K] @ W^T for W kept as Q4_0 / Q4_1 / Q8_0 / Q4_K,
-repacked once by `repack` into arrays the kernels read with wide loads (quants, fp16 scales and
-offsets), dequantized inside the loop so each weight byte is read once. Decode rows run on CUDA
+in the arrays `quant_gpu_layout.repack` makes (quants, fp16 scales and offsets), dequantized
+inside the loop so each weight byte is read once. Decode rows run on CUDA
 cores (kinds "acc" and "fma"; one 16-bit row by default "dp4a", x rounded to int8 in the matmul,
 in `quant_gemv_dp4a`, or "int8x", x rounded once before it, in `quant_gemv_int8x`, or "half2",
-packed half arithmetic, in `quant_gemv_half2`), more rows dequantize
-tiles into tensor-core dots (kind "dot"); which kind runs is `quant_gemv_configs`'s choice. fp32
+packed half arithmetic, in `quant_gemv_half2`), more rows dequantize tiles into tensor-core dots
+(kind "dot"); which kind runs is `quant_gemv_configs`'s choice. fp32
 accumulation, y in x's dtype. Promises: `quant_matmul` equals `quant_matmul_ref`, the fp32
 matmul with `quant_blocks.dequantize_blocks` (itself equal to gguf's dequantization), to the
 rounding of the dot's operand dtype ("half2": of its fp16 arithmetic; "dp4a", "int8x": of x to
@@ -12,13 +12,11 @@ int8)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
 from ._triton import dot_precision, mma, tl, triton, use_triton
-from .quant_blocks import BLOCKS, affine_terms, dequantize_blocks
+from .quant_blocks import dequantize_blocks
 from .quant_gemv_configs import (
     DEFAULTS,
     DOT,
@@ -34,51 +32,11 @@ from .quant_gemv_configs import (
 )
 from .quant_gemv_dp4a import DP4A_FORMATS, gemv_dp4a
 from .quant_gemv_half2 import HALF2_FORMATS, gemv_half2, one_16bit_row
-from .quant_gemv_int8x import INT8X_FORMATS, gemv_int8x
+from .quant_gemv_int8x import INT8X_FORMATS, Int8Row, gemv_int8x
+from .quant_gpu_layout import GEMV_FORMATS, GpuBlocks, dequantize, repack
 
-GEMV_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
 # kernel arithmetic per format: Q4_K's sub-blocks of 32 are Q4_1's affine form with fp32 scales
 _KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q4_K": 1}
-
-
-@dataclass(frozen=True)
-class GpuBlocks:
-    """A [rows, cols] GGUF weight as arrays: qs uint8 [rows, cols / 2] (Q4: block b's 16 bytes at
-    16b, low nibbles values 0-15, high 16-31) or [rows, cols] (Q8_0: the int8 values' bytes);
-    d fp16 [rows, cols / 32]; m fp16 [rows, cols / 32] for Q4_1 (the block's minimum), else None.
-    Q4_K keeps that Q4 layout per 32 values with fp32 d (super-block scale x 6-bit sub-scale) and
-    m (-dmin x 6-bit sub-min), the products its own dequantization forms."""
-
-    qtype: str
-    qs: torch.Tensor
-    d: torch.Tensor
-    m: torch.Tensor | None
-    cols: int
-
-    @property
-    def rows(self) -> int:
-        return self.qs.shape[0]
-
-
-def repack(raw: torch.Tensor, qtype: str) -> GpuBlocks:
-    """raw uint8 [rows, blocks * bytes] (ggml's layout) → GpuBlocks on raw's device."""
-    if qtype not in GEMV_FORMATS:
-        raise ValueError(f"quant_matmul serves {', '.join(GEMV_FORMATS)}, got {qtype}")
-    nbytes, _ = BLOCKS[qtype]
-    if raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] % nbytes:
-        raise ValueError(f"{qtype} raw must be uint8 [rows, blocks * {nbytes}], got {tuple(raw.shape)}")
-    rows, nb = raw.shape[0], raw.shape[1] // nbytes
-    if qtype == "Q4_K":  # d * sub-scale and -dmin * sub-min per 32 values, the nibbles re-paired
-        g = affine_terms(raw, qtype)[0]
-        q = g.q.reshape(rows, -1, 32)
-        qs = (q[..., :16] | (q[..., 16:] << 4)).reshape(rows, -1)
-        return GpuBlocks(qtype, qs.contiguous(), g.scale.contiguous(), g.offset.contiguous(), g.q.shape[1])
-    b = raw.reshape(rows, nb, nbytes)
-    halves = b[..., :4].contiguous().view(torch.float16)  # [rows, nb, 2]: d, then Q4_1's m
-    head = 4 if qtype == "Q4_1" else 2
-    qs = b[..., head:].contiguous().reshape(rows, -1)
-    m = halves[..., 1].contiguous() if qtype == "Q4_1" else None
-    return GpuBlocks(qtype, qs, halves[..., 0].contiguous(), m, nb * 32)
 
 
 @triton.jit
@@ -282,8 +240,17 @@ def _check_one_row_kind(kind: str, x: torch.Tensor, qtype: str) -> None:
         )
 
 
-def quant_matmul(x: torch.Tensor, w: GpuBlocks, config: QuantMatmulConfig | None = None) -> torch.Tensor:
-    """y [M, N] = x @ dequantize(w)^T, one launch; the torch reference where Triton is off."""
+def takes_int8_row(x: torch.Tensor, w: GpuBlocks) -> bool:
+    """Whether `quant_matmul(x, w)` runs kind "int8x" on a Triton device, so that x rounded to
+    int8 by the op that writes it (`quant_gemv_int8x.round_groups`) saves it a launch."""
+    return x.dim() == 2 and use_triton(x) and choose_config(x, w).kind == "int8x"
+
+
+def quant_matmul(
+    x: torch.Tensor, w: GpuBlocks, config: QuantMatmulConfig | None = None, x_int8: Int8Row | None = None
+) -> torch.Tensor:
+    """y [M, N] = x @ dequantize(w)^T, one launch (kind "int8x": two, or one given x_int8, x
+    already rounded); the torch reference where Triton is off."""
     _validate(x, w)
     m, n, nb = x.shape[0], w.rows, w.cols // 32
     cfg = config or choose_config(x, w)
@@ -296,9 +263,15 @@ def quant_matmul(x: torch.Tensor, w: GpuBlocks, config: QuantMatmulConfig | None
         return quant_matmul_ref(x, w)
     if cfg.kind == "half2":
         return gemv_half2(x, w.qs, w.d, w.m, w.qtype, cfg.block_n, cfg.block_k // 32, cfg.num_warps)
-    if cfg.kind in ("dp4a", "int8x"):
-        gemv = gemv_dp4a if cfg.kind == "dp4a" else gemv_int8x
-        return gemv(x, w.qs, w.d, w.m, w.qtype, cfg.block_n, cfg.block_k // 32, cfg.num_warps, cfg.num_stages)
+    if x_int8 is not None and cfg.kind != "int8x":
+        raise ValueError(f"quant_matmul takes x rounded to int8 for kind 'int8x' only, not {cfg.kind!r}")
+    if cfg.kind == "int8x":
+        k = (cfg.block_n, cfg.block_k // 32, cfg.num_warps, cfg.num_stages)
+        return gemv_int8x(x, w.qs, w.d, w.m, w.qtype, *k, x_int8=x_int8)
+    if cfg.kind == "dp4a":
+        return gemv_dp4a(
+            x, w.qs, w.d, w.m, w.qtype, cfg.block_n, cfg.block_k // 32, cfg.num_warps, cfg.num_stages
+        )
     x = x.contiguous()
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_b = min(cfg.block_k // 32, triton.next_power_of_2(nb))
@@ -340,20 +313,6 @@ def quant_matmul(x: torch.Tensor, w: GpuBlocks, config: QuantMatmulConfig | None
     return y
 
 
-def dequantize(w: GpuBlocks) -> torch.Tensor:
-    """float32 [rows, cols] from the repacked arrays, equal to `dequantize_blocks` of the raw."""
-    rows, nb = w.rows, w.cols // 32
-    d = w.d.float().reshape(rows, nb, 1)
-    if w.qtype == "Q8_0":
-        return (d * w.qs.view(torch.int8).float().reshape(rows, nb, 32)).reshape(rows, -1)
-    qb = w.qs.reshape(rows, nb, 16)
-    q = torch.cat([qb & 0x0F, qb >> 4], dim=-1).float()
-    if w.qtype == "Q4_0":
-        return (d * q + (-8 * d)).reshape(rows, -1)
-    assert w.m is not None
-    return (d * q + w.m.float().reshape(rows, nb, 1)).reshape(rows, -1)
-
-
 def quant_matmul_ref(x: torch.Tensor, w: GpuBlocks) -> torch.Tensor:
     """fp32 F.linear with the dequantized weight, cast to x's dtype."""
     return F.linear(x.float(), dequantize(w)).to(x.dtype)
@@ -386,4 +345,5 @@ __all__ = [
     "quant_matmul_raw_ref",
     "quant_matmul_ref",
     "repack",
+    "takes_int8_row",
 ]

@@ -32,10 +32,24 @@ class Int8Row:
     scales: torch.Tensor
     offsets: torch.Tensor
 
+    @staticmethod
+    def empty(k: int, device: torch.device) -> Int8Row:
+        """Room for a row of k values (k a multiple of 32); `round_groups` fills it."""
+        if k % 32:
+            raise ValueError(f"an int8 row holds whole blocks of 32 values, got {k}")
+        return Int8Row(
+            torch.empty(k, dtype=torch.int8, device=device),
+            torch.empty(k // 32, 4, dtype=torch.float32, device=device),
+            torch.empty(k // 32, dtype=torch.float32, device=device),
+        )
+
 
 @triton.jit
-def _quantize_x_kernel(X, Q, S, OFF, NB, BLOCKS: tl.constexpr):
-    grp = tl.program_id(0) * BLOCKS * 4 + tl.arange(0, BLOCKS * 4)  # block grp // 4, group grp % 4
+def round_groups(X, Q, S, OFF, blk0, NB, BLOCKS: tl.constexpr):
+    """Blocks blk0 .. blk0 + BLOCKS - 1 (those below NB) of the row at X, rounded into an
+    `Int8Row`'s arrays Q, S, OFF. Launch with fp fusion off: IEEE division and no multiply-add
+    contraction make the rounding torch's (`quantize_x_ref`), bit for bit."""
+    grp = blk0 * 4 + tl.arange(0, BLOCKS * 4)  # block grp // 4, group grp % 4
     ok = grp < NB * 4
     at = ((grp // 4) * 32 + (grp % 4) * 4)[:, None, None] + tl.arange(0, 2)[None, :, None] * 16
     at += tl.arange(0, 4)[None, None, :]
@@ -47,8 +61,13 @@ def _quantize_x_kernel(X, Q, S, OFF, NB, BLOCKS: tl.constexpr):
     scale = tl.math.div_rn(amax, 127.0)
     tl.store(S + grp, scale, mask=ok)
     part = tl.reshape(tl.sum(tl.sum(q, axis=2), axis=1).to(tl.float32) * scale, (BLOCKS, 4))
-    blk = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
+    blk = blk0 + tl.arange(0, BLOCKS)
     tl.store(OFF + blk, tl.sum(part, axis=1), mask=blk < NB)
+
+
+@triton.jit
+def _quantize_x_kernel(X, Q, S, OFF, NB, BLOCKS: tl.constexpr):
+    round_groups(X, Q, S, OFF, tl.program_id(0) * BLOCKS, NB, BLOCKS)
 
 
 @triton.jit
@@ -114,14 +133,11 @@ def quantize_x_int8(x: torch.Tensor) -> Int8Row:
         raise ValueError(f"quantize_x_int8 takes one row of a multiple of 32 values, got {tuple(x.shape)}")
     x = x.contiguous()
     nb = x.shape[1] // 32
-    q = torch.empty(x.shape[1], dtype=torch.int8, device=x.device)
-    scales = torch.empty(nb, 4, dtype=torch.float32, device=x.device)
-    offsets = torch.empty(nb, dtype=torch.float32, device=x.device)
-    # IEEE division and no multiply-add contraction: the rounding is torch's, bit for bit
+    out = Int8Row.empty(x.shape[1], x.device)
     _quantize_x_kernel[(triton.cdiv(nb, _QUANT_BLOCKS),)](
-        x, q, scales, offsets, nb, BLOCKS=_QUANT_BLOCKS, enable_fp_fusion=False
+        x, out.q, out.scales, out.offsets, nb, BLOCKS=_QUANT_BLOCKS, enable_fp_fusion=False
     )
-    return Int8Row(q, scales, offsets)
+    return out
 
 
 def gemv_int8x(
@@ -134,15 +150,20 @@ def gemv_int8x(
     block_b: int,
     num_warps: int,
     num_stages: int = 1,
+    x_int8: Int8Row | None = None,
 ) -> torch.Tensor:
     """y [1, N] in x's dtype for x [1, K] (bf16, fp16 or fp32) and one `GpuBlocks`' arrays: two
-    launches, x's rounding and the matmul; rows per program a power of two up to 64."""
+    launches, x's rounding and the matmul, or the matmul alone where x_int8 is x already rounded
+    (by `quantize_x_int8`, or fused into the op that wrote x); rows per program a power of two up
+    to 64."""
     if qtype not in INT8X_FORMATS:
         raise ValueError(f"gemv_int8x serves {', '.join(INT8X_FORMATS)}, got {qtype}")
     if rows < 1 or rows & (rows - 1) or rows > 64:
         raise ValueError(f"gemv_int8x takes a power of two up to 64 rows per program, got {rows}")
-    xq = quantize_x_int8(x)
+    xq = quantize_x_int8(x) if x_int8 is None else x_int8
     n, nb = qs.shape[0], x.shape[1] // 32
+    if xq.q.numel() != x.shape[1]:
+        raise ValueError(f"x_int8 holds {xq.q.numel()} values for a row of {x.shape[1]}")
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
     block_b = min(block_b, triton.next_power_of_2(nb))
     _gemv_int8x_kernel[(triton.cdiv(n, rows),)](
@@ -166,4 +187,4 @@ def gemv_int8x(
     return y
 
 
-__all__ = ["INT8X_FORMATS", "Int8Row", "gemv_int8x", "quantize_x_int8"]
+__all__ = ["INT8X_FORMATS", "Int8Row", "gemv_int8x", "quantize_x_int8", "round_groups"]

@@ -16,9 +16,16 @@ from radixlm.kernels.decode_attention import decode_attention, decode_attention_
 from radixlm.kernels.extend_attention import extend_attention, extend_attention_ref
 from radixlm.kernels.kv_store import kv_store, kv_store_ref
 from radixlm.kernels.merge_state import merge_state, merge_state_ref
-from radixlm.kernels.rmsnorm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
+from radixlm.kernels.quant_gemv_int8x import Int8Row, quantize_x_int8
+from radixlm.kernels.rmsnorm import (
+    fused_add_rmsnorm,
+    fused_add_rmsnorm_ref,
+    rmsnorm,
+    rmsnorm_int8,
+    rmsnorm_ref,
+)
 from radixlm.kernels.rotary import apply_rotary, build_cos_sin_cache, rotary_ref
-from radixlm.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
+from radixlm.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref, silu_mul_int8, silu_mul_ref
 
 Record = tuple[str, float, float]
 BOUND = {torch.float32: 1e-4, torch.bfloat16: 1e-2}
@@ -222,6 +229,37 @@ def check_cascade(
         )
         recs.append((tag, rel_err(o, ref), BOUND[dtype]))
     return recs
+
+
+def _int8_row_mismatch(got: Int8Row, y: torch.Tensor) -> float:
+    """Entries of got's arrays that differ from `quantize_x_int8(y)` (0 when the fused rounding
+    is the standalone one, exactly)."""
+    want = quantize_x_int8(y)
+    pairs = [(got.q, want.q), (got.scales, want.scales), (got.offsets, want.offsets)]
+    return float(sum(int((a != b).sum()) for a, b in pairs))
+
+
+def check_int8_rows(device: str, dtype: torch.dtype, hidden: int, inter: int) -> list[Record]:
+    """The norms and SiLU-and-mul that also round their one-row output to int8 for the next
+    matmul: the output as the unrounded op's reference, the int8 row as `quantize_x_int8` of it."""
+    bound, name = BOUND[dtype], DTYPE_NAME[dtype]
+    x, r = (torch.randn(1, hidden, dtype=dtype, device=device) * 3 for _ in range(2))
+    w = torch.randn(hidden, dtype=dtype, device=device)
+    y, res, rounded = rmsnorm_int8(x, r, w, 1e-5)
+    y_ref, res_ref = fused_add_rmsnorm_ref(x, r, w, 1e-5)
+    y0, none, rounded0 = rmsnorm_int8(x, None, w, 1e-5)
+    assert res is not None and none is None
+    g, u = (torch.randn(1, inter, dtype=dtype, device=device) for _ in range(2))
+    act, act_rounded = silu_mul_int8(g, u)
+    return [
+        (f"rmsnorm_int8 {name} out", rel_err(y, y_ref), bound),
+        (f"rmsnorm_int8 {name} residual", rel_err(res, res_ref), bound),
+        (f"rmsnorm_int8 {name} int8 row", _int8_row_mismatch(rounded, y), 0.0),
+        (f"rmsnorm_int8 {name} no residual", rel_err(y0, rmsnorm_ref(x, w, 1e-5)), bound),
+        (f"rmsnorm_int8 {name} no residual int8 row", _int8_row_mismatch(rounded0, y0), 0.0),
+        (f"silu_mul_int8 {name} out", rel_err(act, silu_mul_ref(g, u)), bound),
+        (f"silu_mul_int8 {name} int8 row", _int8_row_mismatch(act_rounded, act), 0.0),
+    ]
 
 
 def check_pointwise(device: str, dtype: torch.dtype, rows: int = 7, hidden: int = 96) -> list[Record]:

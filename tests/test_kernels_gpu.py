@@ -54,7 +54,10 @@ CASES = {
         "cuda", F32, [2, 1, 3], [300, 0, 77], [5, 9, 1, 40, 2, 3], 9, 3, 64
     ),
     "pointwise": lambda c: (
-        c.check_pointwise("cuda", B16, 300, 4096) + c.check_pointwise("cuda", F32, 33, 576)
+        c.check_pointwise("cuda", B16, 300, 4096)
+        + c.check_pointwise("cuda", F32, 33, 576)
+        + c.check_int8_rows("cuda", B16, 4096, 14336)
+        + c.check_int8_rows("cuda", B16, 160, 1088)
     ),
     "rotary": lambda c: c.check_rotary("cuda", B16, 500, 32, 8, 128) + c.check_rotary("cuda", F32),
 }

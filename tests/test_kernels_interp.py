@@ -74,7 +74,9 @@ def _checks(group: str) -> list:
             ]
         )
     if group == "pointwise":
-        return c.check_pointwise("cpu", f32) + c.check_pointwise("cpu", b16, 5, 130)
+        pointwise = c.check_pointwise("cpu", f32) + c.check_pointwise("cpu", b16, 5, 130)
+        # K not a power of two (160: a masked tail of blocks); I over one SiLU program (1,088)
+        return pointwise + c.check_int8_rows("cpu", b16, 160, 1088) + c.check_int8_rows("cpu", f32, 96, 64)
     if group == "rotary":
         return c.check_rotary("cpu", f32) + c.check_rotary("cpu", b16, 5, 3, 1, 64)
     if group == "backend":

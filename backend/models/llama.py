@@ -1,7 +1,8 @@
 """The Llama-family decoder (Llama 2/3, Mistral, Qwen2/2.5, Qwen3, SmolLM) with config switches:
 qkv bias, q/k RMSNorm, tied embeddings, llama3 rope scaling. q/k/v and gate/up are each one
 fused matmul (HF's separate weights are stacked at load) and the residual add is fused into
-the next RMSNorm. Attention goes through the ForwardBatch's backend, which owns the paged KV
+the next RMSNorm; where a one-row GGUF matmul reads its input rounded to int8, the norm or
+SiLU-and-mul before it rounds it in the same launch. Attention goes through the ForwardBatch's backend, which owns the paged KV
 pool; the model owns only weights."""
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from torch import nn
 
 from radixlm.kernels import cpu_decode
 from radixlm.kernels.gemv import gemv, use_gemv
-from radixlm.kernels.rmsnorm import fused_add_rmsnorm
+from radixlm.kernels.quant_gemv_int8x import Int8Row
+from radixlm.kernels.rmsnorm import fused_add_rmsnorm, rmsnorm_int8
 from radixlm.kernels.rmsnorm import rmsnorm as fused_rmsnorm
-from radixlm.kernels.silu_and_mul import silu_mul
+from radixlm.kernels.silu_and_mul import silu_mul, silu_mul_int8
 
 from ..attention import TorchAttentionBackend
 from ..forward_batch import ForwardBatch
@@ -56,12 +58,31 @@ class RMSNorm(nn.Module):
         residual = x + residual
         return self.forward(residual), residual
 
+    def forward_int8(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, Int8Row]:
+        """(norm(x (+ residual)), the residual stream, the norm rounded to int8) for one row on a
+        Triton device, in one launch."""
+        y, summed, rounded = rmsnorm_int8(x, residual, self.weight, self.eps)
+        return y, x if summed is None else summed, rounded
 
-def linear(layer: nn.Linear | QuantLinear | Fp8Linear, x: torch.Tensor) -> torch.Tensor:
+
+def reads_int8(layer: nn.Linear | QuantLinear | Fp8Linear, x: torch.Tensor) -> bool:
+    """Whether layer's matmul of x reads x rounded to int8 (a one-row GGUF kernel), so the op
+    that writes x should round it too."""
+    return isinstance(layer, QuantLinear) and layer.takes_int8_row(x)
+
+
+def linear(
+    layer: nn.Linear | QuantLinear | Fp8Linear, x: torch.Tensor, x_int8: Int8Row | None = None
+) -> torch.Tensor:
     """layer(x); one row on CUDA goes to radixlm.kernels.gemv, which streams the weight once
     and beats cuBLAS for a single row; from a few rows up cuBLAS is faster, so it keeps those
     (figures: benchmarks/results/gemv_h200.json). GGUF blocks and FP8 weights run their
-    layer's own paths."""
+    layer's own paths; x_int8, x already rounded, only where `reads_int8(layer, x)`."""
+    if x_int8 is not None:
+        assert isinstance(layer, QuantLinear)
+        return layer.forward_int8(x, x_int8)
     if isinstance(layer, (QuantLinear, Fp8Linear)):
         return layer(x)
     if x.shape[0] == 1 and use_gemv(x, layer.weight):
@@ -95,9 +116,11 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rope = rope
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, fb: ForwardBatch, x_int8: Int8Row | None = None
+    ) -> torch.Tensor:
         t = x.shape[0]
-        qkv = linear(self.qkv_proj, x)
+        qkv = linear(self.qkv_proj, x, x_int8)
         if self.q_norm is None and self._fused_cpu(fb, qkv):
             return native(self.o_proj, self._rope_store_attend(positions, qkv, fb))
         if not qkv.is_cuda and self.q_norm is None:
@@ -167,14 +190,20 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, x_int8: Int8Row | None = None) -> torch.Tensor:
         if not x.is_cuda:  # bf16 from the packed matmul on: the down projection casts to it anyway
             gate_up = native(self.gate_up_proj, x)
             if _few_f32_rows(gate_up) and cpu_decode.available():  # one C call, as the one-call loop
                 return native(self.down_proj, cpu_decode.silu_mul(gate_up))
             gate, up = gate_up.chunk(2, dim=-1)
             return native(self.down_proj, F.silu(gate) * up)
-        gate, up = linear(self.gate_up_proj, x).chunk(2, dim=-1)
+        return self.forward_fused(x, x_int8)
+
+    def forward_fused(self, x: torch.Tensor, x_int8: Int8Row | None = None) -> torch.Tensor:
+        """The path of the GPU kernels (on CUDA, or under Triton's interpreter)."""
+        gate, up = linear(self.gate_up_proj, x, x_int8).chunk(2, dim=-1)
+        if reads_int8(self.down_proj, gate):
+            return linear(self.down_proj, *silu_mul_int8(gate, up))
         return linear(self.down_proj, silu_mul(gate, up))  # fused SiLU-and-mul kernel on the GPU
 
 
@@ -194,16 +223,29 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's output, the residual stream before it): the caller adds the two, fused
         into the next RMSNorm."""
-        if residual is None:
-            residual, h = h, self.input_layernorm(h)
-        else:
-            h, residual = self.input_layernorm.add_forward(h, residual)
-        h = self._reduce(self.self_attn(positions, h, fb))
-        h, residual = self.post_attention_layernorm.add_forward(h, residual)
-        return self._reduce(self.mlp(h)), residual
+        h, residual, h_int8 = _norm(self.input_layernorm, h, residual, self.self_attn.qkv_proj)
+        h = self._reduce(self.self_attn(positions, h, fb, h_int8))
+        h, residual, h_int8 = _norm(self.post_attention_layernorm, h, residual, self.mlp.gate_up_proj)
+        return self._reduce(self.mlp(h, h_int8)), residual
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
         return partial if self.tp_size == 1 else reduce_partial(partial)
+
+
+def _norm(
+    norm: RMSNorm,
+    h: torch.Tensor,
+    residual: torch.Tensor | None,
+    consumer: nn.Linear | QuantLinear | Fp8Linear,
+) -> tuple[torch.Tensor, torch.Tensor, Int8Row | None]:
+    """(norm(h (+ residual)), the residual stream, and the norm rounded to int8 where the layer
+    it feeds reads it so)."""
+    if reads_int8(consumer, h):
+        return norm.forward_int8(h, residual)
+    if residual is None:
+        return norm(h), h, None
+    h, residual = norm.add_forward(h, residual)
+    return h, residual, None
 
 
 class LlamaModel(nn.Module):
