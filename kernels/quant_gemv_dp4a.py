@@ -50,7 +50,7 @@ def _dot4(a, b, A_SIGNED: tl.constexpr):
 
 
 @triton.jit
-def _word_dot(qa, qb, xa, xb, KIND: tl.constexpr, ASM: tl.constexpr):
+def word_dot(qa, qb, xa, xb, KIND: tl.constexpr, ASM: tl.constexpr):
     """int32 Σ of the products of one Q4 word (qa; qb unused) or two Q8 words (qa, qb) with the
     x words xa (values 4t..4t+3) and xb (16+4t..19+4t)."""
     if KIND == 2:
@@ -155,7 +155,7 @@ def _gemv_dp4a_kernel(
         qb = qa
         if KIND == 2:
             qb = tl.load(words + 4)
-        dots = _word_dot(qa, qb, xa, xb, KIND, ASM).to(tl.float32)  # [ROWS, BB, 4]
+        dots = word_dot(qa, qb, xa, xb, KIND, ASM).to(tl.float32)  # [ROWS, BB, 4]
         if KIND == 0:
             dots -= 8.0 * sx
         d = tl.load(D + rows[:, None] * NB + blk[None, :]).to(tl.float32)
@@ -217,4 +217,4 @@ def quantize_x_ref(x: torch.Tensor) -> torch.Tensor:
     return (torch.floor(xg * inv + 0.5) * (amax / 127.0)).reshape(x.shape)
 
 
-__all__ = ["DP4A_FORMATS", "gemv_dp4a", "quantize_x_ref"]
+__all__ = ["DP4A_FORMATS", "gemv_dp4a", "quantize_x_ref", "word_dot"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ._triton import interpreting, tl, triton
-from .quant_gemv_dp4a import _word_dot
+from .quant_gemv_dp4a import word_dot
 
 INT8X_FORMATS = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
 _KIND = {"Q4_0": 0, "Q4_1": 1, "Q4_K": 1, "Q8_0": 2}
@@ -106,7 +106,7 @@ def _gemv_int8x_kernel(
         if KIND == 2:
             qb = tl.load(words + 4)
         x_at = XQ + same[:, None, None] + blk[None, :, None] * 8 + t  # x words 0-3, then 4-7
-        isum = _word_dot(qa, qb, tl.load(x_at), tl.load(x_at + 4), KIND, ASM).to(tl.float32)
+        isum = word_dot(qa, qb, tl.load(x_at), tl.load(x_at + 4), KIND, ASM).to(tl.float32)
         dot = tl.sum(isum * tl.load(XS + same[:, None, None] + blk[None, :, None] * 4 + t), axis=2)
         d = tl.load(D + rows[:, None] * NB + blk[None, :]).to(tl.float32)
         if not EVEN_B:

@@ -2,8 +2,8 @@
 qkv bias, q/k RMSNorm, tied embeddings, llama3 rope scaling. q/k/v and gate/up are each one
 fused matmul (HF's separate weights are stacked at load) and the residual add is fused into
 the next RMSNorm; where a one-row GGUF matmul reads its input rounded to int8, the norm or
-SiLU-and-mul before it rounds it in the same launch. Attention goes through the ForwardBatch's backend, which owns the paged KV
-pool; the model owns only weights."""
+SiLU-and-mul before it rounds it in the same launch. Attention goes through the ForwardBatch's
+backend, which owns the paged KV pool; the model owns only weights."""
 
 from __future__ import annotations
 
