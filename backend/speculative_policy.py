@@ -2,7 +2,7 @@
 probability alpha, learned from verify results) and measured step costs (a decode step fitted as
 seconds = a + b * batch; what a verify step adds to it fitted as a + b * drafts per batch-size
 bucket, since verifying has a fixed cost before any draft: on the CPU a step past 8 rows takes
-another pass of the GEMV kernel, past 96 the dequantize path; an unmeasured bucket borrows a near
+another pass of the GEMV kernel, past 192 the dequantize path; an unmeasured bucket borrows a near
 one's fit). Promises:
 a step verifies the number of likeliest drafts that gives the most expected tokens per second, and
 only if that beats plain decoding, never more than twice the most its fit has measured nor, below

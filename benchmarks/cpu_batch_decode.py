@@ -26,8 +26,8 @@ from radixlm.backend.engine import Engine  # noqa: E402
 from radixlm.kernels import quant_gemv_cpu  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "cpu_batch_decode.json"
-BATCHES = (1, 8, 9, 16, 32, 48, 64, 96)
-PROMPTS = (16, 32, 48, 64, 96, 128)
+BATCHES = (1, 8, 9, 16, 32, 64, 96, 128, 192)
+PROMPTS = (16, 32, 64, 96, 128, 192, 256)
 DECODE_TOKENS = 24
 
 

@@ -1,14 +1,15 @@
 """The CPU matmul over GGUF blocks (Q4_0, Q4_1, Q8_0): a small C kernel built once with the
 system C compiler for this CPU (cached by content) and called through ctypes. Weights keep their
-block bytes, reordered per row by repack() (scales, then quants) and placed by arena() in one
-huge-page buffer in the order decode reads them. Up to GEMV_MAX_ROWS rows of x per call (callers
-make several calls for up to GEMV_PASSES_MAX_ROWS rows) take llama.cpp's integer path:
-activations quantized to int8 per block of 32, one int8 dot product per block (AVX-512 VNNI two
-blocks at a time, else AVX2), block scales applied in float, four weight rows streamed side by
-side with software prefetch, each unpacked once for up to four rows of x; a row of x gives the
-same bits whatever rows come with it. More rows dequantize the blocks once per call
-(dense_dtype()) and run torch's matmul. `available()` is False without a compiler or AVX2;
-callers then keep torch's packed int4 path."""
+block bytes, reordered by repack() and placed by arena() in one huge-page buffer in the order
+decode reads them. Up to GEMV_MAX_ROWS rows of x per call (callers make several calls for up to
+GEMV_PASSES_MAX_ROWS rows) take llama.cpp's integer path: activations quantized to int8 per block
+of 32, int8 dot products, block scales applied in float. With AVX-512 VNNI repack() interleaves
+the rows in groups of 16 (group_rows()), one dpbusd meets four x values with all sixteen and a
+block's scale is one vector, every weight unpacked once for all rows of x; else rows stay whole
+and AVX2 walks four side by side with software prefetch. A row of x gives the same bits whatever
+rows come with it. More rows dequantize the blocks once per call (dense_dtype()) and run torch's
+matmul. `available()` is False without a compiler or AVX2; callers then keep torch's packed int4
+path."""
 
 from __future__ import annotations
 
@@ -30,12 +31,15 @@ BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 # weights again, a fixed cost on top of its rows' (benchmarks/results/cpu_batch_decode.md).
 GEMV_MAX_ROWS = 8
 # Up to this many rows a matmul runs the kernel in passes of GEMV_MAX_ROWS rows: each pass costs
-# what its rows cost alone, where dequantizing the whole weight costs about 70-100 ms per forward
-# of the default model before the first row. The two meet near 96 rows on a 2-core machine with
-# bf16 matmuls (benchmarks/cpu_batch_decode.py); without them the dense path is slower still.
-GEMV_PASSES_MAX_ROWS = 96
+# what its rows cost alone, where dequantizing the whole weight costs tens of ms per forward of
+# the default model before the first row. With the 16-row groups the two meet near 192 rows of a
+# prompt on a 2-core AVX-512 machine with bf16 matmuls (benchmarks/cpu_batch_decode.py); without
+# bf16 matmuls the dense path is slower still.
+GEMV_PASSES_MAX_ROWS = 192
 
-_SOURCE = (Path(__file__).parent / "csrc" / "quant_gemv.c").read_text()
+_SOURCE = "\n".join(
+    (Path(__file__).parent / "csrc" / f).read_text() for f in ("quant_gemv.c", "quant_dequant.c")
+)
 
 _FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-pthread"]
 _lock = threading.Lock()
@@ -87,6 +91,8 @@ def _build() -> ctypes.CDLL | None:
         lib.dequant_f32.argtypes = [p, i, i, ctypes.c_int, p]
         lib.matmul.argtypes = [p, i, i, p, i, ctypes.c_int, p]
         lib.matmul.restype = None
+        lib.group_rows.argtypes = []
+        lib.group_rows.restype = ctypes.c_int
     return lib
 
 
@@ -104,14 +110,32 @@ def supports(qtype: str, cols: int) -> bool:
     return qtype in FORMATS and cols <= 16384 and available()
 
 
+def group_rows() -> int:
+    """Rows the kernel interleaves (16 with AVX-512 VNNI, else 1: rows kept whole)."""
+    lib = _lib[0] if available() else None
+    return int(lib.group_rows()) if lib is not None else 1
+
+
 def repack(raw: torch.Tensor, qtype: str) -> torch.Tensor:
-    """GGUF blocks [rows, nb * bytes] → the kernel's rows: each row's nb scales (halves), for
-    Q4_1 its nb offsets, then its quants. The same bytes, reordered."""
+    """GGUF blocks [rows, nb * bytes] → the kernel's layout, the same bytes reordered (plus zero
+    rows up to a whole group). Rows kept whole: each row's nb scales (halves), for Q4_1 its nb
+    offsets, then its quants. Groups of 16 rows (csrc/quant_gemv.c says why): per block, the 16
+    scales, for Q4_1 the 16 offsets, then the quants as 4-byte pieces, piece c of every row in
+    turn."""
     rows, nbytes = raw.shape[0], BLOCK_BYTES[qtype]
     b = raw.reshape(rows, -1, nbytes)
     head = 4 if qtype == "Q4_1" else 2
-    fields = [b[..., k : k + 2].reshape(rows, -1) for k in range(0, head, 2)]
-    return torch.cat([*fields, b[..., head:].reshape(rows, -1)], dim=1).contiguous()
+    g = group_rows()
+    if g == 1:
+        fields = [b[..., k : k + 2].reshape(rows, -1) for k in range(0, head, 2)]
+        return torch.cat([*fields, b[..., head:].reshape(rows, -1)], dim=1).contiguous()
+    if rows % g:  # zero rows: scale 0, so their outputs are 0 (the kernel stores none of them)
+        b = torch.cat([b, b.new_zeros(g - rows % g, *b.shape[1:])])
+    nb = b.shape[1]
+    grouped = b.reshape(-1, g, nb, nbytes).transpose(1, 2)  # [groups, nb, 16 rows, bytes]
+    fields = [grouped[..., k : k + 2].reshape(-1, nb, 2 * g) for k in range(0, head, 2)]
+    q = grouped[..., head:].reshape(-1, nb, g, (nbytes - head) // 4, 4).transpose(2, 3)
+    return torch.cat([*fields, q.reshape(-1, nb, (nbytes - head) * g)], dim=2).reshape(b.shape[0] // g, -1)
 
 
 def arena(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -38,8 +38,8 @@ def simulated(x: torch.Tensor, raw: torch.Tensor, qtype: str) -> torch.Tensor:
 @pytest.mark.parametrize(("rows", "cols"), [(44, 576), (7, 96), (5, 32), (9, 1536)])
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_decode_kernel_is_exact_for_its_quantized_activations(qtype, rows, cols, m) -> None:
-    """7 and 5 rows leave a partial group of 4; 96 and 32 columns an odd block count (a block
-    outside the 512-bit pairs)."""
+    """44, 7 and 5 rows leave a partial group (of 16 rows interleaved with AVX-512 VNNI, of 4 rows
+    walked side by side with AVX2); 96 and 32 columns an odd block count."""
     raw = torch.from_numpy(random_blocks(qtype, rows, cols, seed=rows + cols + m))
     x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m))
     y = K.gemm(x, K.repack(raw, qtype), qtype, rows)
@@ -54,7 +54,7 @@ def test_decode_kernel_is_exact_for_its_quantized_activations(qtype, rows, cols,
 @pytest.mark.parametrize(("rows", "cols"), [(44, 576), (7, 96), (9, 1536)])
 def test_a_row_of_x_gives_the_same_bits_among_others(qtype, rows, cols) -> None:
     """A verify step's rows go through the kernel together: each must equal what it gives alone
-    (a decode step), for every count the kernel takes (x rows run in passes of up to four)."""
+    (a decode step), for every count the kernel takes (AVX2 runs x rows in passes of up to four)."""
     raw = torch.from_numpy(random_blocks(qtype, rows, cols, seed=rows * cols))
     packed = K.repack(raw, qtype)
     x = torch.randn(K.GEMV_MAX_ROWS, cols, generator=torch.Generator().manual_seed(rows))
@@ -186,6 +186,46 @@ def test_one_request_decode_equals_batched_decode() -> None:
     one = TorchAttentionBackend._decode_one(q, k_buf, v_buf, Fb)
     batched = TorchAttentionBackend._decode(q, k_buf, v_buf, Fb)
     torch.testing.assert_close(one, batched, rtol=1e-5, atol=1e-6)
+
+
+def test_avx2_build_is_exact_and_row_independent(tmp_path, monkeypatch) -> None:
+    """The fallback for CPUs without AVX-512 VNNI (rows kept whole, AVX2 dots), compiled here for
+    Haswell whatever this CPU has, with the row layout repack() gives it: exact for its quantized
+    activations, each row of x the same alone as among others, its dequantization gguf's."""
+    import ctypes
+    import os
+    import shutil
+    import subprocess
+
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if not cc or torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("no C compiler, or a CPU that cannot run AVX2 code")
+    so = tmp_path / "quant_gemv_avx2.so"
+    src = tmp_path / "quant_gemv.c"
+    src.write_text(K._SOURCE)
+    flags = ["-O3", "-march=haswell", "-shared", "-fPIC", "-fno-math-errno", "-pthread"]
+    subprocess.run([cc, *flags, str(src), "-o", str(so), "-lm"], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(so))
+    p, i = ctypes.c_void_p, ctypes.c_int64
+    lib.matmul.argtypes = [p, i, i, p, i, ctypes.c_int, p]
+    lib.dequant_f32.argtypes = [p, i, i, ctypes.c_int, p]
+    assert lib.group_rows() == 1
+    for qtype, (rows, cols) in [(t, shape) for t in FORMATS for shape in ((7, 96), (9, 320))]:
+        raw = torch.from_numpy(random_blocks(qtype, rows, cols, seed=rows + cols))
+        monkeypatch.setattr(K, "group_rows", lambda: 1)  # the layout this build reads
+        packed = K.repack(raw, qtype)
+        monkeypatch.undo()
+        x = torch.randn(5, cols, generator=torch.Generator().manual_seed(5))
+        y = torch.empty(5, rows)
+        lib.matmul(x.data_ptr(), 5, cols, packed.data_ptr(), rows, K.FORMATS.index(qtype), y.data_ptr())
+        ref = simulated(x, raw, qtype)
+        assert ((y.double() - ref).norm() / ref.norm()).item() < 2e-6, (qtype, cols)
+        y0 = torch.empty(1, rows)
+        lib.matmul(x[2:3].data_ptr(), 1, cols, packed.data_ptr(), rows, K.FORMATS.index(qtype), y0.data_ptr())
+        assert torch.equal(y0[0], y[2]), qtype
+        w = torch.empty(rows, cols)
+        lib.dequant_f32(packed.data_ptr(), rows, cols // 32, K.FORMATS.index(qtype), w.data_ptr())
+        assert torch.equal(w, reference(raw.numpy(), qtype)), qtype
 
 
 def test_kernel_builds_where_a_compiler_and_avx2_exist() -> None:

@@ -110,7 +110,7 @@ static inline void share(int64_t n, int64_t align, int tid, int nt, int64_t *lo,
 static void matmul_share(const float *x, int64_t m, int64_t k, const uint8_t *w, int64_t n, int fmt, float *y,
                          int tid, int nt) {
     int64_t lo, hi;
-    share(n, ROWS, tid, nt, &lo, &hi);
+    share(n, COL_ALIGN, tid, nt, &lo, &hi);
     if (lo < hi) matmul_cols(x, m, k, w, n, fmt, y, lo, hi);
 }
 
