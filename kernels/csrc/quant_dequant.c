@@ -19,8 +19,10 @@ static inline void row_quants(const uint8_t *w, int64_t r0, int64_t b, int64_t n
 #if USE512  /* chunk c holds 4 bytes of every row of the group, 64 bytes apart: transpose 4 x 4 */
     for (int half = 0; half < (fmt == 2 ? 2 : 1); half++) {
         const uint8_t *h = p + half * 256;
-        const __m128i c0 = _mm_loadu_si128((const __m128i *)h), c1 = _mm_loadu_si128((const __m128i *)(h + 64));
-        const __m128i c2 = _mm_loadu_si128((const __m128i *)(h + 128)), c3 = _mm_loadu_si128((const __m128i *)(h + 192));
+        const __m128i c0 = _mm_loadu_si128((const __m128i *)h);
+        const __m128i c1 = _mm_loadu_si128((const __m128i *)(h + 64));
+        const __m128i c2 = _mm_loadu_si128((const __m128i *)(h + 128));
+        const __m128i c3 = _mm_loadu_si128((const __m128i *)(h + 192));
         const __m128i t0 = _mm_unpacklo_epi32(c0, c1), t1 = _mm_unpackhi_epi32(c0, c1);
         const __m128i t2 = _mm_unpacklo_epi32(c2, c3), t3 = _mm_unpackhi_epi32(c2, c3);
         const __m128i rows[4] = {_mm_unpacklo_epi64(t0, t2), _mm_unpackhi_epi64(t0, t2), _mm_unpacklo_epi64(t1, t3),
@@ -29,7 +31,8 @@ static inline void row_quants(const uint8_t *w, int64_t r0, int64_t b, int64_t n
             q[i] = half ? _mm256_inserti128_si256(q[i], rows[i], 1) : _mm256_castsi128_si256(rows[i]);
     }
 #else
-    q[0] = fmt == 2 ? _mm256_loadu_si256((const __m256i *)p) : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    q[0] = fmt == 2 ? _mm256_loadu_si256((const __m256i *)p)
+                    : _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p));
 #endif
 }
 

@@ -70,8 +70,8 @@ static void quantize_x(const float *x, int64_t m, int64_t nb, int8_t *qx, float 
 #define MAXNB 512   /* blocks per row the scratch holds (K <= 16384) */
 
 #if USE512
-/* Rows come repacked (repack() below) in groups of 16, padded with zero rows: per block of the
-   group the 16 rows' scales d as halves, for Q4_1 their 16 offsets m, then their quants
+/* Rows come repacked (quant_gemv_cpu.repack()) in groups of 16, padded with zero rows: per block
+   of the group the 16 rows' scales d as halves, for Q4_1 their 16 offsets m, then their quants
    interleaved by dwords: chunk c of 64 bytes holds, for row r, bytes 4c .. 4c + 3 of its block
    (Q4: 4 chunks, low nibbles values 4c .. 4c + 3, high 16 + 4c ..; Q8_0: 8 chunks, values 4c ..).
    One dpbusd then multiplies four x values into sixteen rows' int32 sums, and the block's scale
@@ -167,12 +167,13 @@ static inline int64_t offset_at(int64_t r, int64_t b, int64_t nb, int fmt) {
     return scale_at(r, b, nb, fmt) + 32;
 }
 static inline int64_t quant_at(int64_t r, int64_t b, int j, int64_t nb, int fmt) {
-    return (r / 16) * nb * block_bytes(fmt) + b * block_bytes(fmt) + scale_bytes(fmt) + (j / 4) * 64 + (r % 16) * 4 + j % 4;
+    return (r / 16) * nb * block_bytes(fmt) + b * block_bytes(fmt) + scale_bytes(fmt) + (j / 4) * 64 + (r % 16) * 4 +
+           j % 4;
 }
 #define COL_ALIGN GROUP_ROWS
 #else
-/* Rows come repacked (repack() below): per row the nb block scales d as halves, for Q4_1 the nb
-   offsets m too, then the quants, nb * 16 bytes (Q4: low nibbles values 0-15 of a block, high
+/* Rows come repacked (quant_gemv_cpu.repack()): per row the nb block scales d as halves, for Q4_1
+   the nb offsets m too, then the quants, nb * 16 bytes (Q4: low nibbles values 0-15 of a block, high
    16-31) or nb * 32 (Q8_0). Scales in a run vectorise the per-block float work, leaving one
    broadcast and one FMA per block in the inner loop. fmt: 0 Q4_0, 1 Q4_1, 2 Q8_0. */
 #define ROWS 4        /* rows walked side by side: four memory streams, x loaded once per block */
