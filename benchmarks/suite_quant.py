@@ -32,8 +32,7 @@ def one_row_kind(kind: str | None) -> Iterator[None]:
 
     saved = dict(qc.ONE_ROW)
     if kind is not None:
-        cfg = {"dp4a": qc.DP4A, "half2": qc.HALF2, "int8x": qc.INT8X}[kind]
-        qc.ONE_ROW.update({f: cfg for f in qc.ONE_ROW if kind != "half2" or f != "Q8_0"})
+        qc.ONE_ROW.update(dict.fromkeys(qc.ONE_ROW, {"int8x": qc.INT8X}[kind]))  # the kinds experiments name
     try:
         yield
     finally:

@@ -185,7 +185,7 @@ static inline int64_t quant_bytes(int fmt) { return fmt == 2 ? 32 : 16; }
 /* sc[b] = d[b] * dx[b]; returns the row's term in sum(x) (sum m * sx for Q4_1, -8 sum d * sx for
    Q4_0) as 8 partial sums: the dot products accumulate onto them, and one reduction ends all */
 static inline __m256 prologue(const uint8_t *row, int64_t nb, int fmt, const float *dx, const float *sx,
-                              const float *qsum, float *sc) {
+                              float *sc) {
     const uint16_t *d = (const uint16_t *)row;
     __m256 e = _mm256_setzero_ps();
     int64_t b = 0;
@@ -236,17 +236,17 @@ static inline __m256 block_dot(const uint8_t *qs, __m256i xv, int fmt) {
    and their order do not depend on im or on the other rows: a row's result is the same alone
    (decode) as among others (a verify step). Inlined with constant rows and im, so the
    accumulators stay in registers. */
-#define MAXIM 4  /* x rows per pass: 4 x 4 accumulators, 4 unpacked pairs and x fit 32 registers */
+#define MAXIM 4  /* x rows per pass: the prologue's scales of 4 x 4 (x row, weight row) stay in L1 */
 static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t r, const int rows,
                                                        const int im, int64_t n, int64_t nb, const int8_t *qx,
-                                                       const float *dx, const float *sx, const float *qsum,
-                                                       float *y, const int fmt) {
+                                                       const float *dx, const float *sx, float *y,
+                                                       const int fmt) {
     const int64_t hdr = header_bytes(fmt, nb), qb = quant_bytes(fmt), stride = hdr + qb * nb;
     float sc[MAXIM][ROWS][MAXNB];  /* d * dx per (x row, weight row, block) */
     __m256 e[MAXIM][ROWS];  /* the prologue's terms, where the dot products start */
     for (int i = 0; i < im; i++)
         for (int j = 0; j < rows; j++)
-            e[i][j] = prologue(w + (r + j) * stride, nb, fmt, dx + i * nb, sx + i * nb, qsum + i * nb, sc[i][j]);
+            e[i][j] = prologue(w + (r + j) * stride, nb, fmt, dx + i * nb, sx + i * nb, sc[i][j]);
     const uint8_t *q0 = w + r * stride + hdr;
     for (int i = 0; i < im; i++) {
         const int8_t *xq = qx + i * nb * 32;
@@ -262,10 +262,10 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
     }
 }
 
-#define TILE(ROWS_, IM_) tile(w, r, ROWS_, IM_, n, nb, qx + i0 * nb * 32, dx + i0 * nb, sx + i0 * nb, \
-                              qsum + i0 * nb, y + i0 * n, fmt)
+#define TILE(ROWS_, IM_) tile(w, r, ROWS_, IM_, n, nb, qx + i0 * nb * 32, dx + i0 * nb, sx + i0 * nb, y + i0 * n, fmt)
 
-/* columns r0 .. r1 of y [m, n] = x [m, k] @ w^T, w n repacked rows of nb blocks, x given quantized */
+/* columns r0 .. r1 of y [m, n] = x [m, k] @ w^T, w n repacked rows of nb blocks, x given quantized
+   (qsum: the group kernel's Q8_0 correction; whole rows dot Q8_0 by signs and need none) */
 static __attribute__((noinline)) void gemm(const uint8_t *w, int64_t n, int64_t nb, const int8_t *qx, const float *dx,
                         const float *sx, const float *qsum, int64_t m, float *y, const int fmt, int64_t r0,
                         int64_t r1) {
