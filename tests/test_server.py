@@ -627,6 +627,39 @@ def test_error_cases_keep_serving(server: Server) -> None:
     )
 
 
+def test_request_errors_are_statuses_streamed_or_not(server: Server) -> None:
+    """A request refused while starting gets its 4xx before any event, streamed or not, and is not
+    counted as a client abort; a lone surrogate escape anywhere in the body is a 400 naming the
+    field (the tokenizer and the response encoder cannot take one)."""
+    h = server.http
+    aborts = server.metrics()["radixlm_client_aborted_requests_total"]
+    lone = "hi \\ud800"  # JSON text: a backslash-u escape with no pair
+    for path, body, field in [
+        ("/v1/completions", f'{{"model": "m", "prompt": "{lone}", "max_tokens": 2}}', "prompt"),
+        ("/v1/chat/completions", f'{{"model": "m", "messages": [{{"role": "user", "content": "{lone}"}}]}}', "messages[0].content"),
+        ("/generate", f'{{"text": "ok", "rid": "{lone}", "stream": true}}', "rid"),
+    ]:  # fmt: skip
+        r = h.post(path, content=body.encode(), headers={"content-type": "application/json"})
+        _error(r, 400, field, "surrogate")
+    bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
+    with pytest.raises(openai.BadRequestError):
+        server.oai.chat.completions.create(model="m", messages=CHAT, response_format=bad_schema, stream=True)  # type: ignore[arg-type,call-overload]
+    bad_regex = {"text": "a", "stream": True, "sampling_params": {"regex": "(unclosed"}}
+    _error(h.post("/generate", json=bad_regex), 400)
+    with pytest.raises(openai.BadRequestError):
+        server.oai.completions.create(
+            model="m", prompt="a", max_tokens=2, stream=True, extra_body={"regex": "(unclosed"}
+        )
+    _error(h.post("/generate", json={"text": []}), 422, "empty batch")
+    name = h.get("/v1/models").json()["data"][0]["id"]
+    assert h.get(f"/v1/models/{name}").json()["id"] == name
+    _error(h.get("/v1/models/no-such-model"), 404, "does not exist")
+    assert server.metrics()["radixlm_client_aborted_requests_total"] == aborts
+    with h.stream("POST", "/generate", json={"text": PROMPT, "stream": True, "sampling_params": GREEDY}) as r:
+        chunks = list(_sse(r.iter_lines()))
+    assert chunks[-1] == "[DONE]" and chunks[-2]["meta_info"]["finish_reason"] is not None
+
+
 def test_overload_gives_503_with_retry_after(server: Server) -> None:
     body = {"text": "Count to ten:", "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}}
 

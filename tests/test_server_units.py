@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from radixlm.backend.server.app import _format_validation
+from radixlm.backend.server.body_text import lone_surrogate_at
 from radixlm.backend.server.native import CumulativeEvents
 from radixlm.backend.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from radixlm.backend.server.streams import sse
@@ -157,3 +158,20 @@ def test_stream_events_encoded_incrementally_equal_whole_event_json(
         got = events.event(req, tokenizer=None)
         assert got == sse(whole)
         assert json.loads(got[len(b"data: ") :]) == whole
+
+
+@pytest.mark.parametrize(
+    "body,where",
+    [
+        (rb'{"prompt": "hi \ud800"}', "prompt"),
+        (rb'{"messages": [{"content": "x"}, {"content": "\uDFFF tail"}]}', "messages[1].content"),
+        (rb'{"stop": ["\ud83d\ude00", "\ude00"]}', "stop[1]"),  # a pair, then its low half alone
+        (rb'{"a\udc00": 1}', "a\\udc00"),  # the key itself
+        (rb'"\ud800"', "body"),
+        (rb'{"ok": "\ud83d\ude00 \u00e9"}', None),  # a valid pair and a plain escape
+        (rb'{"prompt": "plain"}', None),
+        (rb'{"prompt": "\ud800', None),  # not JSON: the app's own 400 says so
+    ],
+)
+def test_lone_surrogates_are_found_with_their_field(body: bytes, where: str | None) -> None:
+    assert lone_surrogate_at(body) == where

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from . import docs, embeddings_api, info, native, openai_api, studio, trace_api
 from . import programs as programs_api
 from .access_log import AccessLogMiddleware
+from .body_text import LONE_SURROGATE, lone_surrogate_at
 from .metrics import ServerMetrics
 from .programs import ProgramRegistry
 from .protocol import error_body
@@ -207,7 +208,8 @@ def _install_error_handlers(app: FastAPI, limits: ServerLimits, metrics: ServerM
 
 
 class _GuardMiddleware:
-    """Pure ASGI: API key check and body-size limit before the app sees the request."""
+    """Pure ASGI: API key check, body-size limit and lone-surrogate check (body_text) before the
+    app sees the request."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
         self.app = app
@@ -233,6 +235,10 @@ class _GuardMiddleware:
         body = await self._read_body(receive)
         if body is None:
             await self._too_large(scope, receive, send)
+            return
+        where = lone_surrogate_at(body)
+        if where is not None:
+            await _error(400, f"{where}: {LONE_SURROGATE}")(scope, receive, send)
             return
         await self.app(scope, _replay(body, receive), send)
 

@@ -143,11 +143,15 @@ async def _stream_events(
     indexed = req.is_batch or len(seqs) > 1
     acc = [CumulativeEvents(i if indexed else None) for i in range(len(seqs))]
     gens = [runner.run(s, stream=True, group=group) for s in seqs]
+    started = False  # an error before the first event propagates: sse_response makes it the status
     try:
         async for i, chunk in merge_streams(gens):
+            started = True
             acc[i].add(chunk)
             yield acc[i].event(req, runner.engine.tokenizer)
     except ValueError as exc:
+        if not started:
+            raise
         yield sse(error_body(str(exc), 400))
     finally:
         runner.release_all(seqs)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 
 from .openai_chat import ChatCtx, chat_seqs, chat_stream, chat_usage, collect_choice
 from .openai_completions import completion_choices, completion_events, completion_seqs, prompt_usage
@@ -29,21 +29,26 @@ def register(app: FastAPI) -> None:
     runner: Runner = app.state.runner
     tok = Tok(app.state.engine.tokenizer)
 
+    def model_card() -> dict[str, Any]:
+        return {
+            "id": app.state.model_name,
+            "object": "model",
+            "created": now(),
+            "owned_by": "radixlm",
+            "max_model_len": getattr(app.state.engine.model_config, "context_len", None),
+        }
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        cfg = app.state.engine.model_config
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": app.state.model_name,
-                    "object": "model",
-                    "created": now(),
-                    "owned_by": "radixlm",
-                    "max_model_len": getattr(cfg, "context_len", None),
-                }
-            ],
-        }
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != app.state.model_name:
+            raise HTTPException(
+                404, f"model {model_id!r} does not exist; this server serves {app.state.model_name!r}"
+            )
+        return model_card()
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Any:

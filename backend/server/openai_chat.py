@@ -183,33 +183,41 @@ async def collect_choice(runner: Runner, ctx: ChatCtx, seq: Seq) -> ChatChoice:
     return choice
 
 
+def _role_delta(index: int) -> dict[str, Any]:
+    return {
+        "index": index,
+        "delta": {"role": "assistant", "content": ""},
+        "logprobs": None,
+        "finish_reason": None,
+    }
+
+
 async def chat_stream(
     runner: Runner, ctx: ChatCtx, seqs: list[Seq], rid: str, model: str
 ) -> AsyncGenerator[bytes, None]:
+    """The role chunks wait for the engine's first event, so an error in starting the requests
+    propagates before anything is sent (sse_response makes it the HTTP status)."""
     head = {"id": rid, "object": "chat.completion.chunk", "created": now(), "model": model}
     choices = [ChatChoice(s.index) for s in seqs]
+    events = merge_streams([_choice_events(runner, ctx, s, True) for s in seqs])
+    started = False
     try:
+        first = await anext(events, None)
+        started = True
         for c in choices:
-            yield sse(
-                {
-                    **head,
-                    "choices": [
-                        {
-                            "index": c.index,
-                            "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    ],
-                }
-            )
-        async for i, event in merge_streams([_choice_events(runner, ctx, s, True) for s in seqs]):
-            yield sse({**head, "choices": [choices[i].add(event)]})
+            yield sse({**head, "choices": [_role_delta(c.index)]})
+        if first is not None:
+            yield sse({**head, "choices": [choices[first[0]].add(first[1])]})
+            async for i, event in events:
+                yield sse({**head, "choices": [choices[i].add(event)]})
         opts = ctx.req.stream_options
         if opts and opts.include_usage:
             yield sse({**head, "choices": [], "usage": chat_usage(ctx, choices)})
     except ValueError as exc:
+        if not started:
+            raise
         yield sse(error_body(str(exc), 400))
     finally:
+        await events.aclose()
         runner.release_all(seqs)
     yield SSE_DONE

@@ -104,14 +104,18 @@ async def completion_events(
     model: str,
 ) -> AsyncGenerator[bytes, None]:
     head = {"id": rid, "object": "text_completion", "created": now(), "model": model}
+    started = False  # an error before the first event propagates: sse_response makes it the status
     try:
         async for i, chunk in merge_streams([runner.run(s, stream=True) for s in seqs]):
+            started = True
             fragment = choices[i].add(chunk)
             if fragment["text"] or fragment["finish_reason"] or fragment["logprobs"]:
                 yield sse({**head, "choices": [fragment]})
         if req.stream_options and req.stream_options.include_usage:
             yield sse({**head, "choices": [], "usage": usage(*prompt_usage(choices, req.n))})
     except ValueError as exc:
+        if not started:
+            raise
         yield sse(error_body(str(exc), 400))
     finally:
         runner.release_all(seqs)

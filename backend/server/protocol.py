@@ -90,6 +90,8 @@ class GenerateRequest(GenerateFields):
     def _one_prompt_kind(self) -> GenerateRequest:
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("give exactly one of `text` or `input_ids`")
+        if isinstance(self.text, list) and not self.text:
+            raise ValueError("`text` is an empty batch: give at least one prompt")
         n_prompts = (
             len(self.text)
             if isinstance(self.text, list)

@@ -155,7 +155,7 @@ class Runner:
     ) -> AsyncGenerator[dict[str, Any], None]:
         """Chunks of one engine request, each with only the new text/ids/logprobs; the last one
         has meta_info.finish_reason. Cancelling the consumer aborts the engine request."""
-        finished = False
+        finished = failed = False
         start = time.perf_counter()
         try:
             if stream:
@@ -169,10 +169,14 @@ class Runner:
                 yield out
             if seq.log_metrics:
                 self.metrics.observe_finished(seq_e2e=time.perf_counter() - start)
+        except Exception:
+            failed = True  # refused or failed: not a client abort
+            raise
         finally:
             if not finished:
                 self.engine.abort_request(seq.rid)
-                self.metrics.client_aborts.inc()
+                if not failed:  # the consumer left (disconnect, cancel) before the end
+                    self.metrics.client_aborts.inc()
             self._release(seq)
             if group is not None and not any(r in self.inflight for r in self.groups.get(group, [])):
                 self.groups.pop(group, None)
