@@ -114,7 +114,14 @@ def _generate(engine: Any, outbox: Outbox, call_id: int, kw: dict[str, Any]) -> 
         engine._submit(reqs)
         outbox.put(("ack", call_id, ([r.rid for r in reqs], single)))
     except Exception as e:  # noqa: BLE001 - the caller gets it, as in-process
-        outbox.put(("error", call_id, (type(e).__name__, str(e))))
+        outbox.put(("error", call_id, (error_kind(e), str(e))))
+
+
+def error_kind(e: Exception) -> str:
+    """The built-in type the parent rebuilds e as: its nearest ValueError or TypeError base (a
+    UnicodeEncodeError or JSONDecodeError is a bad request like any ValueError), else its own name."""
+    names = [c.__name__ for c in type(e).__mro__ if c.__module__ == "builtins"]
+    return next((n for n in names if n in ("ValueError", "TypeError")), type(e).__name__)
 
 
 def _call(
@@ -125,4 +132,4 @@ def _call(
             raise ValueError(f"unknown engine call {method!r}")
         outbox.put(("reply", call_id, getattr(engine, method)(*args[0], **args[1])))
     except Exception as e:  # noqa: BLE001 - the caller gets it
-        outbox.put(("error", call_id, (type(e).__name__, str(e))))
+        outbox.put(("error", call_id, (error_kind(e), str(e))))

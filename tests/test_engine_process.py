@@ -4,6 +4,7 @@ in-process Engine (same greedy outputs, streams, ValueError on bad input, aborts
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -84,3 +85,22 @@ def test_engine_process_death_ends_every_waiter() -> None:
             ep.generate("x", GREEDY)
     finally:
         ep.shutdown()
+
+
+@pytest.mark.parametrize(
+    "exc,kind",
+    [
+        (UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"), "ValueError"),
+        (json.JSONDecodeError("bad", "x", 0), "ValueError"),
+        (ValueError("v"), "ValueError"),
+        (TypeError("t"), "TypeError"),
+        (KeyError("k"), "KeyError"),
+        (RuntimeError("r"), "RuntimeError"),
+    ],
+)
+def test_child_errors_keep_their_request_error_base(exc: Exception, kind: str) -> None:
+    """A ValueError subclass raised in the engine process reaches the caller as ValueError (the
+    server's 400), not as the RuntimeError every unknown name becomes."""
+    from radixlm.backend.engine_child import error_kind
+
+    assert error_kind(exc) == kind
