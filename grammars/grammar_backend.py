@@ -22,6 +22,7 @@ from .json_schema import (
     json_schema_to_regex,
     normalize_json_schema,
 )
+from .schema_empty import empty_reason
 from .schema_exact import xgrammar_exact
 from .schema_policy import (
     PreparedSchema,
@@ -152,6 +153,9 @@ class GrammarBackend:
         if kind == "json_schema":
             check_schema(json.loads(spec))
             prepared = prepare(json.loads(spec), strict)
+            empty = empty_reason(prepared.schema)
+            if empty is not None:
+                raise ValueError(f"invalid JSON schema: it matches nothing ({empty})")
             if engine in ("auto", "llguidance"):
                 return self._llguidance_schema(prepared, strict)
             if prepared.checked and strict:  # value checks run beside llguidance's grammars only
