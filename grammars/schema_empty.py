@@ -72,8 +72,9 @@ def _satisfiable(node: Any, refs: dict[str, bool]) -> bool:
 
 
 def _object_satisfiable(node: dict[str, Any], refs: dict[str, bool]) -> bool:
-    props = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-    required = node.get("required") if isinstance(node.get("required"), list) else []
+    props, required = node.get("properties"), node.get("required")
+    props = props if isinstance(props, dict) else {}
+    required = required if isinstance(required, list) else []
     return all(
         _satisfiable(props[name], refs) for name in required if isinstance(name, str) and name in props
     )
