@@ -45,6 +45,23 @@ def to_device_packed(parts: list[list[int] | torch.Tensor], device: torch.device
     return [v[: h.numel()] for v, h in zip(views, host)]
 
 
+@dataclass
+class MixedStepSplit:
+    """A mixed step's attention in two parts: its first `decode_rows` items (one new token each)
+    through decode attention with `num_splits` splits, the rest through extend attention over
+    their own device copies of the per-item tensors (fresh, so each starts 16-byte aligned as the
+    kernels were compiled for; extend_start_loc counted from the first extend row) with
+    `max_extend_len` sizing its grid."""
+
+    decode_rows: int
+    num_splits: int
+    req_pool_indices: torch.Tensor
+    prefix_lens: torch.Tensor
+    extend_lens: torch.Tensor
+    extend_start_loc: torch.Tensor
+    max_extend_len: int
+
+
 class AttentionBackend(Protocol):
     """Stores the step's new K/V into the pool and attends through the request→token table. Its
     capabilities are attributes the model runner and the model read (never its class name)."""
@@ -87,6 +104,10 @@ class ForwardBatch:
     cascade_plan: CascadePlan | None = None  # groups sharing a cached prefix (backend/cascade_groups.py)
     cascade_shared_splits: int | None = None
     cascade_own_splits: int | None = None
+    # A mixed step's split between decode and extend attention, decided by the backend at the
+    # first layer and memoized for the others; None: undecided, or run as one extend.
+    mixed_split: MixedStepSplit | None = None
+    mixed_split_decided: bool = False
     # [N, vocab] float32 the forward writes its logits into and returns (None: a fresh tensor).
     # Every captured graph writes the runner's one buffer, so graphs hold no logits of their own.
     logits_out: torch.Tensor | None = None

@@ -103,6 +103,11 @@ RATIOS: list[Ratio] = [
         target=9000,
         unit=" tok/s",
     ),
+    Ratio(
+        "mixed_decode_split",
+        "mixed requests, output tok/s: mixed steps' decode rows through decode attention / through the extend kernel",
+        lambda r: _w(r, "engine", "mixed_split", "output_tok_s") / _w(r, "engine", "mixed", "output_tok_s"),
+    ),
     *[
         Ratio(
             f"{w}_radix",

@@ -1,7 +1,7 @@
 """The forked attention-backend workload shared by the backend checks (tests/test_kernels_interp.py,
 tests/kv_fp8_checks.py): request 0 extends 6 tokens, requests 1 and 2 fork from its first 6
-slots, then a mixed extend, a decode step and a decode step through a cascade plan. Each step
-comes with its ForwardBatch; `causal_ref` is the float64 attention over a request's history."""
+slots, then a mixed extend, a decode step, a decode step through a cascade plan and a mixed step
+whose first two items are decode rows. Each step comes with its ForwardBatch; `causal_ref` is the float64 attention over a request's history."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ STEPS: list[tuple[list[int], list[int], str | None]] = [
     ([0, 1, 2], [1, 3, 2], None),
     ([0, 1, 2], [1, 1, 1], None),
     ([0, 1, 2], [1, 1, 1], "cascade"),
+    ([0, 1, 2], [1, 1, 2], None),
 ]
 FORK_LEN = 6
 

@@ -251,7 +251,8 @@ def check_store_fp8(
 
 def check_backend_fp8(device: str, dtype: torch.dtype, backend_name: str, unit: bool = False) -> list[Record]:
     """An attention backend on an fp8 KVPool with per-head scales over the forked workload
-    (tests/forked_steps.py): extend, mixed extend, decode, cascade decode. Reference: attention
+    (tests/forked_steps.py): extend, mixed extend, decode, cascade decode, mixed; backend_name
+    "triton_split" runs mixed steps' leading decode rows through decode attention. Reference: attention
     (float64) over each request's history of its K/V quantized by the rule and dequantized here;
     the pool rows must hold exactly the quantized K/V."""
     from forked_steps import FORK_LEN, causal_ref, forked_steps
@@ -265,7 +266,11 @@ def check_backend_fp8(device: str, dtype: torch.dtype, backend_name: str, unit: 
     ks, vs = head_scales(hkv, device, unit)
     if not unit:
         pool.set_scales(ks.cpu(), vs.cpu())
-    backend = TritonAttentionBackend() if backend_name == "triton" else TorchAttentionBackend()
+    backend = {
+        "triton": TritonAttentionBackend,
+        "triton_split": lambda: TritonAttentionBackend(mixed_decode_min_rows=1),
+        "torch": TorchAttentionBackend,
+    }[backend_name]()
     hist: list[list] = [[], [], []]
     recs: list[Record] = []
     for st in forked_steps(pool, backend, device):
@@ -284,6 +289,8 @@ def check_backend_fp8(device: str, dtype: torch.dtype, backend_name: str, unit: 
             vv = deq(torch.stack([y for _, y in hist[r]]), vs, torch.float64).cpu()
             ref[s0 : s0 + e] = causal_ref(q[s0 : s0 + e], kk, vv, p)
         tag = _tag(f"{backend_name} backend step {st.index} {st.mode or ''}", dtype, unit, "")
+        if backend_name == "triton_split" and not st.fb.is_decode and st.ext[0] == 1:
+            assert st.fb.mixed_split is not None, f"{tag}: the mixed step ran unsplit"
         recs.append((tag, rel_err(out.view(t, hq, d), ref), BOUND[dtype]))
         stored = bits_differ(pool.k_buffers[0][st.slots], k8) + bits_differ(pool.v_buffers[0][st.slots], v8)
         recs.append((tag + " pool bits off", stored, 0.0))

@@ -80,14 +80,17 @@ def _checks(group: str) -> list:
     if group == "rotary":
         return c.check_rotary("cpu", f32) + c.check_rotary("cpu", b16, 5, 3, 1, 64)
     if group == "backend":
-        return _backend_records(f32) + _backend_records(b16)
+        split = _backend_records(f32, 1) + _backend_records(b16, 1)
+        assert sum(tag.endswith("split") for tag, _, _ in split) == 4, "mixed steps ran unsplit"
+        return _backend_records(f32) + _backend_records(b16) + split
     raise KeyError(group)
 
 
-def _backend_records(dtype) -> list:
+def _backend_records(dtype, mixed_decode_min_rows: int | None = None) -> list:
     """TritonAttentionBackend over the forked workload (tests/forked_steps.py): extend, mixed
-    extend, then decode steps plain and through a cascade plan. Reference: attention over each
-    request's own K/V history kept outside the pool."""
+    extend, then decode steps plain and through a cascade plan, then a mixed step. Reference:
+    attention over each request's own K/V history kept outside the pool. mixed_decode_min_rows 1:
+    mixed steps run their leading decode rows through decode attention."""
     import torch
     from forked_steps import FORK_LEN, causal_ref, forked_steps
     from kernel_checks import BOUND, DTYPE_NAME, rel_err
@@ -100,7 +103,8 @@ def _backend_records(dtype) -> list:
     pool = KVPool(1, 100, hkv, d, dtype, dev)
     hist: list[list] = [[], [], []]  # per request: (k, v) rows so far
     recs = []
-    for st in forked_steps(pool, TritonAttentionBackend(), dev):
+    split = {} if mixed_decode_min_rows is None else {"mixed_decode_min_rows": mixed_decode_min_rows}
+    for st in forked_steps(pool, TritonAttentionBackend(**split), dev):
         if st.index == 1:
             hist[1], hist[2] = list(hist[0][:FORK_LEN]), list(hist[0][:FORK_LEN])
         t = st.tokens
@@ -112,7 +116,7 @@ def _backend_records(dtype) -> list:
             kk = torch.stack([x for x, _ in hist[r]]).double()
             vv = torch.stack([y for _, y in hist[r]]).double()
             ref[s0 : s0 + e] = causal_ref(q[s0 : s0 + e], kk, vv, p)
-        tag = f"backend {DTYPE_NAME[dtype]} {st.label()}"
+        tag = f"backend {DTYPE_NAME[dtype]} {st.label()}" + (" split" if st.fb.mixed_split else "")
         recs.append((tag, rel_err(out.view(t, hq, d), ref), BOUND[dtype]))
         slots = st.slots
         stored = (pool.k_buffers[0][slots] - k).abs().max() + (pool.v_buffers[0][slots] - v).abs().max()

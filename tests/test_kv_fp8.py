@@ -55,8 +55,10 @@ def _checks(group: str) -> list:
             ]
         )
     if group == "backend":
-        return c.check_backend_fp8("cpu", torch.bfloat16, "triton") + c.check_backend_fp8(
-            "cpu", torch.float32, "triton", unit=True
+        return (
+            c.check_backend_fp8("cpu", torch.bfloat16, "triton")
+            + c.check_backend_fp8("cpu", torch.float32, "triton", unit=True)
+            + c.check_backend_fp8("cpu", torch.bfloat16, "triton_split")
         )
     raise KeyError(group)
 

@@ -50,6 +50,7 @@ CASES = {
     "store_bf16": lambda c: c.check_store_fp8("cuda", B16, 300, 8, 128),
     "store_fp32": lambda c: c.check_store_fp8("cuda", F32, 33, 3, 64),
     "backend_bf16": lambda c: c.check_backend_fp8("cuda", B16, "triton"),
+    "backend_split": lambda c: c.check_backend_fp8("cuda", B16, "triton_split"),
     "backend_torch": lambda c: c.check_backend_fp8("cuda", B16, "torch"),
 }
 
