@@ -51,10 +51,13 @@ class TorchAttentionBackend:
             qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
             ki = dequantize_kv(k_buf[slots], sc[0], q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, seq, D]
             vi = dequantize_kv(v_buf[slots], sc[1], q.dtype).transpose(0, 1).unsqueeze(0)
-            key_pos = torch.arange(seq, device=q.device)
-            query_pos = torch.arange(prefix, seq, device=q.device)
-            mask = key_pos.unsqueeze(0) <= query_pos.unsqueeze(1)  # [n, seq]
-            o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=True)
+            if prefix == 0:  # plain causal: the kernel skips the masked half instead of reading a mask
+                o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)
+            else:
+                key_pos = torch.arange(seq, device=q.device)
+                query_pos = torch.arange(prefix, seq, device=q.device)
+                mask = key_pos.unsqueeze(0) <= query_pos.unsqueeze(1)  # [n, seq]
+                o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=True)
             out[start : start + n] = o[0].transpose(0, 1)
         return out
 
