@@ -88,6 +88,7 @@ def test_tool_call_parsing() -> None:
         ({"tool_choice": {"type": "function", "function": {"name": "ghost"}}}, "unknown tool"),
         ({"top_logprobs": 2}, "logprobs"),
         ({"logit_bias": {"1": 1.0}}, "logit_bias"),
+        ({"stream_options": {"include_usage": True}}, "only allowed when stream is true"),
     ],
 )
 def test_chat_request_rejections(kwargs: dict, reason: str) -> None:

@@ -186,6 +186,8 @@ class _SamplingExtras(_OpenAISampling):  # type: ignore[misc,valid-type]
     def _no_logit_bias(self) -> _SamplingExtras:
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
         return self
 
     def sampling_params(self, max_new_tokens: int | None) -> dict[str, Any]:
