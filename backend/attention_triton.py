@@ -1,7 +1,7 @@
 """TritonAttentionBackend: the GPU attention path. Per layer it stores the step's new K/V into the
 KV pool (one kernel), then runs split-K paged decode (or cascade decode when the batch carries a
-CascadePlan in fb.cascade_plan) for decode batches, else paged extend attention; a mixed step's
-leading decode rows go through decode attention beside the extend rows. An fp8 pool is
+CascadePlan in fb.cascade_plan) for decode batches, else paged extend attention (with
+mixed_decode_min_rows set, a mixed step's leading decode rows take decode attention). An fp8 pool is
 quantized on store and read by the kernels with its per-head scales; extend reads the new tokens
 back from the pool, so every token is attended as decode will later see it.
 Promises: the same outputs as the torch reference backend up to rounding, no host sync."""
