@@ -1,7 +1,7 @@
 """TritonAttentionBackend: the GPU attention path. Per layer it stores the step's new K/V into the
 KV pool (one kernel), then runs split-K paged decode (or cascade decode when the batch carries a
-CascadePlan in fb.cascade_plan) for decode batches, else paged extend attention (with
-mixed_decode_min_rows set, a mixed step's leading decode rows take decode attention). An fp8 pool is
+CascadePlan in fb.cascade_plan) for decode batches, else paged extend attention (a mixed step with
+at least mixed_decode_min_rows leading decode rows runs those through decode attention). An fp8 pool is
 quantized on store and read by the kernels with its per-head scales; extend reads the new tokens
 back from the pool, so every token is attended as decode will later see it.
 Promises: the same outputs as the torch reference backend up to rounding, no host sync."""
@@ -20,9 +20,9 @@ from radixlm.kernels.kv_store import kv_store
 
 from .forward_batch import ForwardBatch, MixedStepSplit, to_device_packed
 
-# Fewest leading decode rows for which a mixed step runs them through decode attention, where
-# that is on (TritonAttentionBackend.mixed_split says why there is a floor). It is off by default
-# until the suite's mixed_decode_split row has measured it on a GPU.
+# Fewest leading decode rows for which a mixed step runs them through decode attention
+# (TritonAttentionBackend.mixed_split says why there is a floor); the suite's mixed_decode_split
+# row measures the split against running the whole step through extend.
 MIXED_DECODE_MIN_ROWS = 16
 
 
@@ -34,7 +34,7 @@ class TritonAttentionBackend:
         *,
         sm_scale: float | None = None,
         num_sms: int | None = None,
-        mixed_decode_min_rows: int | None = None,
+        mixed_decode_min_rows: int | None = MIXED_DECODE_MIN_ROWS,
     ) -> None:
         """mixed_decode_min_rows: run a mixed step's leading decode rows through decode attention
         when there are at least this many (None: every mixed step runs as one extend)."""

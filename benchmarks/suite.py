@@ -98,7 +98,7 @@ def worker_engine(sizes: dict[str, Any], device: str) -> dict[str, Any]:
             ("json", lambda: w.json_decoding(engine, **sizes["json"])),
             ("serving", lambda: suite_serving.engine_side(engine, sizes["serving"])),
             ("mixed", lambda: w.batch_throughput(engine, **sizes["mixed"])),
-            ("mixed_split", lambda: mixed_decode_split(engine, sizes)),
+            ("mixed_unsplit", lambda: mixed_unsplit(engine, sizes)),
             ("programs", lambda: programs_overhead(engine, sizes["programs"])),
             ("speculative", lambda: suite_speculative.speculative_rows(engine, **sizes["speculative"])),
         ]
@@ -136,18 +136,17 @@ def prefix_cascade_off(engine: Any, sizes: dict[str, Any]) -> dict[str, Any]:
         w.set_cascade(engine, True)
 
 
-def mixed_decode_split(engine: Any, sizes: dict[str, Any]) -> dict[str, Any]:
-    """The mixed workload again, with mixed steps' decode rows through decode attention
-    (backend/attention_triton.py, off by default); skipped where the backend has no such split."""
+def mixed_unsplit(engine: Any, sizes: dict[str, Any]) -> dict[str, Any]:
+    """The mixed workload again, with every mixed step run as one extend (the default runs its
+    leading decode rows through decode attention, backend/attention_triton.py); skipped where the
+    backend has no such split."""
     import suite_workloads as w
-
-    from radixlm.backend.attention_triton import MIXED_DECODE_MIN_ROWS
 
     backend = engine.runner.attn_backend
     if not hasattr(backend, "mixed_decode_min_rows"):
         return {"skipped": f"{type(backend).__name__} runs mixed steps as one pass"}
     before = backend.mixed_decode_min_rows
-    w.on_scheduler(engine, lambda: setattr(backend, "mixed_decode_min_rows", MIXED_DECODE_MIN_ROWS))
+    w.on_scheduler(engine, lambda: setattr(backend, "mixed_decode_min_rows", None))
     try:
         return w.batch_throughput(engine, **sizes["mixed"])
     finally:

@@ -106,7 +106,7 @@ RATIOS: list[Ratio] = [
     Ratio(
         "mixed_decode_split",
         "mixed requests, output tok/s: mixed steps' decode rows through decode attention / through the extend kernel",
-        lambda r: _w(r, "engine", "mixed_split", "output_tok_s") / _w(r, "engine", "mixed", "output_tok_s"),
+        lambda r: _w(r, "engine", "mixed", "output_tok_s") / _w(r, "engine", "mixed_unsplit", "output_tok_s"),
     ),
     *[
         Ratio(

@@ -267,7 +267,7 @@ def check_backend_fp8(device: str, dtype: torch.dtype, backend_name: str, unit: 
     if not unit:
         pool.set_scales(ks.cpu(), vs.cpu())
     backend = {
-        "triton": TritonAttentionBackend,
+        "triton": lambda: TritonAttentionBackend(mixed_decode_min_rows=None),
         "triton_split": lambda: TritonAttentionBackend(mixed_decode_min_rows=1),
         "torch": TorchAttentionBackend,
     }[backend_name]()

@@ -90,7 +90,7 @@ def _backend_records(dtype, mixed_decode_min_rows: int | None = None) -> list:
     """TritonAttentionBackend over the forked workload (tests/forked_steps.py): extend, mixed
     extend, then decode steps plain and through a cascade plan, then a mixed step. Reference:
     attention over each request's own K/V history kept outside the pool. mixed_decode_min_rows 1:
-    mixed steps run their leading decode rows through decode attention."""
+    mixed steps run their leading decode rows through decode attention; None: never."""
     import torch
     from forked_steps import FORK_LEN, causal_ref, forked_steps
     from kernel_checks import BOUND, DTYPE_NAME, rel_err
@@ -103,8 +103,8 @@ def _backend_records(dtype, mixed_decode_min_rows: int | None = None) -> list:
     pool = KVPool(1, 100, hkv, d, dtype, dev)
     hist: list[list] = [[], [], []]  # per request: (k, v) rows so far
     recs = []
-    split = {} if mixed_decode_min_rows is None else {"mixed_decode_min_rows": mixed_decode_min_rows}
-    for st in forked_steps(pool, TritonAttentionBackend(**split), dev):
+    backend = TritonAttentionBackend(mixed_decode_min_rows=mixed_decode_min_rows)
+    for st in forked_steps(pool, backend, dev):
         if st.index == 1:
             hist[1], hist[2] = list(hist[0][:FORK_LEN]), list(hist[0][:FORK_LEN])
         t = st.tokens
