@@ -15,6 +15,7 @@ import pytest
 
 import radixlm as sgl
 from radixlm.backend.server import ServerThread, create_app
+from radixlm.backend.server.runner import Runner, ServerLimits
 
 MSG = [{"role": "user", "content": "Reply with a short answer: is the sky blue?"}]
 # Appended to the model's own template: renders only when the kwarg reaches the template.
@@ -126,6 +127,31 @@ def test_tool_strict_takes_effect(client: openai.OpenAI) -> None:
     if checked.choices[0].finish_reason == "tool_calls":
         args = json.loads(checked.choices[0].message.tool_calls[0].function.arguments)
         assert len(set(args["tags"])) == len(args["tags"]), args
+
+
+def test_chat_without_max_tokens_runs_to_the_end_of_the_context(engine) -> None:
+    """As vLLM and SGLang serve it: no max_tokens is the rest of the context (here bounded by a
+    server limit above the engine's own default of 128, so the run stays short), not 128."""
+    limit = 150
+    thread = ServerThread(create_app(engine, limits=ServerLimits(max_new_tokens=limit)), drain_timeout_s=2.0)
+    thread.start()
+    try:
+        oai = openai.OpenAI(base_url=thread.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        out = oai.chat.completions.create(
+            model="m", messages=MSG, temperature=0, extra_body={"ignore_eos": True}
+        )
+        assert (out.usage.completion_tokens, out.choices[0].finish_reason) == (limit, "length")
+    finally:
+        thread.stop()
+    runner = Runner.__new__(Runner)  # the arithmetic alone: context 1,000, with and without a limit
+    runner.context_len, runner.limits = 1000, ServerLimits()
+    assert [runner.rest_of_context(n) for n in (0, 900, 999, 1000)] == [1000, 100, 1, 1]
+    runner.limits = ServerLimits(max_new_tokens=50)
+    assert [runner.rest_of_context(n) for n in (900, 980)] == [50, 20]
+    runner.context_len = None
+    assert runner.rest_of_context(10) == 50
+    runner.limits = ServerLimits()
+    assert runner.rest_of_context(10) is None
 
 
 def test_formerly_ignored_program_options_are_refused() -> None:

@@ -482,6 +482,15 @@ def test_tools_required_named_and_auto(server: Server) -> None:
     calls = [tc for ch in stream if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
     assert [c.function.arguments for c in calls] == [r.choices[0].message.tool_calls[0].function.arguments]
 
+    # max_tokens bounds the text before the tag and the call together: two tokens short of the
+    # whole call, the call is cut off
+    short = r.usage.completion_tokens - 2
+    cut = server.oai.chat.completions.create(
+        model="x", messages=shots, tools=tools, tool_choice="auto", max_tokens=short, temperature=0
+    )
+    assert cut.choices[0].finish_reason == "length" and not cut.choices[0].message.tool_calls
+    assert cut.usage.completion_tokens <= short
+
 
 # ---------------------------------------------------------------- programs and metrics
 

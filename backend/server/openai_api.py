@@ -80,13 +80,11 @@ def register(app: FastAPI) -> None:
         _log_user(request, req.user)
         req.check_supported()
         plan = plan_tools(req)
-        ctx = ChatCtx(
-            req,
-            plan,
-            chat_prompt_ids(tok.tokenizer, req, plan),
-            req.sampling_params(req.max_new_tokens()),
-            tok,
-        )
+        prompt_ids = chat_prompt_ids(tok.tokenizer, req, plan)
+        max_new = req.max_new_tokens()
+        if max_new is None:
+            max_new = runner.rest_of_context(len(prompt_ids))
+        ctx = ChatCtx(req, plan, prompt_ids, req.sampling_params(max_new), tok)
         seqs = chat_seqs(ctx)
         runner.check(seqs)
         runner.reserve(seqs)

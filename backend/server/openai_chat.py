@@ -75,7 +75,7 @@ async def _choice_events(
     tokens = int(meta.get("completion_tokens", 0))
     called = plan.mode == "auto" and _matched_tag(meta, text)
     if called:
-        text, reason, more = await _run_call(runner, ctx, seq, text)
+        text, reason, more = await _run_call(runner, ctx, seq, text, tokens)
         tokens += more
     if constrained or called:
         calls, reason = _tool_calls(plan, text, reason)
@@ -86,11 +86,19 @@ async def _choice_events(
     yield ("finish", reason, tokens, int(meta.get("cached_tokens", 0)), grammar_report(meta))
 
 
-async def _run_call(runner: Runner, ctx: ChatCtx, seq: Seq, before: str) -> tuple[str, str, int]:
-    """Auto mode after the model wrote the tag: generate the call JSON under the call schema."""
+async def _run_call(runner: Runner, ctx: ChatCtx, seq: Seq, before: str, used: int) -> tuple[str, str, int]:
+    """Auto mode after the model wrote the tag: generate the call JSON under the call schema,
+    within what the request's max_tokens leaves after the `used` tokens before the tag."""
     content = before.removesuffix(TOOL_CALL_TAG) + TOOL_CALL_TAG
     ids = ctx.prompt_ids + ctx.tok.tokenizer.encode(content, add_special_tokens=False)
     sp = {k: v for k, v in seq.sampling_params.items() if k != "stop"}
+    budget = sp.get("max_new_tokens")
+    if budget is not None:
+        if budget <= used:
+            return "", "length", 0
+        sp["max_new_tokens"] = budget - used
+    if sp.get("min_new_tokens"):
+        sp["min_new_tokens"] = max(sp["min_new_tokens"] - used, 0)
     sp["json_schema"] = ctx.plan.call_schema()
     sp["json_schema_strict"] = ctx.plan.strict
     call = Seq(prompt={"input_ids": ids}, sampling_params=sp, index=seq.index)

@@ -60,8 +60,19 @@ class Runner:
         self._reserved = 0
         self._sources: list[tuple[Callable[[], int], Callable[[], int]]] = []
         context = int(getattr(engine.model_config, "context_len", 0) or 0) or None
+        self.context_len = context
         self.max_prompt_tokens = limits.max_prompt_tokens or (context - 1 if context else None)
         self.max_new_tokens = limits.max_new_tokens or context
+
+    def rest_of_context(self, prompt_tokens: int) -> int | None:
+        """max_new_tokens for a request that names none where the API's default is the rest of
+        the context (OpenAI chat, as vLLM and SGLang serve it): what the context leaves after the
+        prompt, within a configured max_new_tokens limit. None (the engine's default) where the
+        context length is unknown and no limit is set."""
+        if self.context_len is None:
+            return self.limits.max_new_tokens
+        rest = max(self.context_len - prompt_tokens, 1)
+        return min(rest, self.limits.max_new_tokens) if self.limits.max_new_tokens else rest
 
     # ------------------------------------------------------------ admission
 
