@@ -1,7 +1,5 @@
 # H200: the end-to-end suite on default settings (benchmarks/suite.py), full log and results in
-# $OUT. Carry .whl (shared/tools/gpu_wheels.sh .whl jsonschema jsonschema-specifications
-# referencing rpds-py jsonschema-rs, plus llguidance==1.9.1, whose wheel is manylinux_2_31) and .smol_tok (the
-# default model's config.json and tokenizer files, from ~/.cache/radixlm/<converted model>/).
+# $OUT. Carry .whl and .smol_tok (benchmarks/h200/prepare.sh makes both here).
 source benchmarks/h200/setup.sh
 export RADIXLM_DEFAULT_MODEL=$PWD/.smol_tok   # tokenizer only: the random shapes need no weights
 set -o pipefail
