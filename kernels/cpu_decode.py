@@ -187,7 +187,8 @@ def gemm_threads(x: torch.Tensor, packed: torch.Tensor, qtype: str, rows: int, t
     xf = x.to(torch.float32).contiguous()
     m, k = xf.shape
     y = torch.empty(m, rows)
-    lib.matmul_threads(
-        xf.data_ptr(), m, k, packed.data_ptr(), rows, FORMATS.index(qtype), y.data_ptr(), threads
-    )
+    if m:  # no rows (a prompt chunk that needs no logits) is an empty result, not a kernel call
+        lib.matmul_threads(
+            xf.data_ptr(), m, k, packed.data_ptr(), rows, FORMATS.index(qtype), y.data_ptr(), threads
+        )
     return y

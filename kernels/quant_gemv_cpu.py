@@ -181,7 +181,8 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, qtype: str, rows: int) -> torch.
     xf = x.to(torch.float32).contiguous()
     m, k = xf.shape
     y = torch.empty(m, rows)
-    lib.matmul(xf.data_ptr(), m, k, packed.data_ptr(), rows, FORMATS.index(qtype), y.data_ptr())
+    if m:  # no rows (a prompt chunk that needs no logits) is an empty result, not a kernel call
+        lib.matmul(xf.data_ptr(), m, k, packed.data_ptr(), rows, FORMATS.index(qtype), y.data_ptr())
     return y
 
 
