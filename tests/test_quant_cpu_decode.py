@@ -80,7 +80,7 @@ def test_verify_rows_equal_torch_extend_and_decode_calls(hq: int, hkv: int, d: i
     q, k, v = qkv.view(n, hq + 2 * hkv, d).split([hq, hkv, hkv], dim=1)
     q, k = rope(pos, q, k)
     k_ref[new], v_ref[new] = k, v
-    ref = TorchAttentionBackend._extend(q, k_ref, v_ref, Fb).reshape(n, hq * d)  # type: ignore[arg-type]
+    ref = TorchAttentionBackend()._extend(q, k_ref, v_ref, Fb).reshape(n, hq * d)  # type: ignore[arg-type]
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(k_buf, k_ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(v_buf, v_ref)
