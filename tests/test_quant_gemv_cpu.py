@@ -142,6 +142,26 @@ def test_block_segment_in_quant_linear(m) -> None:
         assert torch.equal(out, torch.cat([layer(x[i : i + 1]) for i in range(m)]))
 
 
+def test_no_rows_are_an_empty_result_without_a_kernel_call() -> None:
+    """The LM head of a prompt chunk that needs no logits gets x of no rows: models.llama.linear
+    answers [0, out] without calling the layer (the GPU block kernels refuse an empty x)."""
+    from radixlm.backend.models.llama import linear
+
+    raw = random_blocks("Q4_1", 64, 256, seed=9)
+    layer = QuantLinear(
+        [QuantTensor("Q4_1", torch.from_numpy(raw), 256)], None, torch.device("cpu"), torch.float32
+    )
+
+    def refuse(x: torch.Tensor, native: bool = False) -> torch.Tensor:
+        raise AssertionError("called with no rows")
+
+    layer.forward = refuse  # type: ignore[method-assign]
+    for dense in (False, True):
+        target = torch.nn.Linear(256, 64) if dense else layer
+        out = linear(target, torch.empty(0, 256))
+        assert out.shape == (0, 64) and out.dtype == torch.float32
+
+
 @needs_kernel
 def test_arena_holds_exact_copies_in_one_buffer() -> None:
     ts = [torch.randint(0, 256, (n, 36), dtype=torch.uint8) for n in (3, 70, 1)]

@@ -79,7 +79,10 @@ def linear(
     """layer(x); one row on CUDA goes to radixlm.kernels.gemv, which streams the weight once
     and beats cuBLAS for a single row; from a few rows up cuBLAS is faster, so it keeps those
     (figures: benchmarks/results/gemv_h200.json). GGUF blocks and FP8 weights run their
-    layer's own paths; x_int8, x already rounded, only where `reads_int8(layer, x)`."""
+    layer's own paths; x_int8, x already rounded, only where `reads_int8(layer, x)`. No rows (the
+    LM head of a chunk that needs no logits) give an empty result: not every kernel takes them."""
+    if x.shape[0] == 0:
+        return x.new_empty(0, layer.out_features)
     if x_int8 is not None:
         assert isinstance(layer, QuantLinear)
         return layer.forward_int8(x, x_int8)
