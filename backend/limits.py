@@ -7,6 +7,10 @@ from __future__ import annotations
 import torch
 
 GIB = 1 << 30
+# Memory classes by the card's marketing size: an "80 GB" H100 or A100 reports 79.3-79.7 GiB and a
+# "40 GB" A100 39.4 GiB, so each class starts well below its name.
+CLASS_80GB = 60 * GIB
+CLASS_40GB = 30 * GIB
 
 
 def device_memory(device: torch.device) -> int:
@@ -17,7 +21,7 @@ def device_memory(device: torch.device) -> int:
 def chunked_prefill_size(device: torch.device) -> int:
     """Prompt tokens per step: large GPUs fill their matrix units with bigger chunks."""
     mem = device_memory(device)
-    return 8192 if mem >= 80 * GIB else 4096 if mem >= 40 * GIB else 2048
+    return 8192 if mem >= CLASS_80GB else 4096 if mem >= CLASS_40GB else 2048
 
 
 def max_running_requests(device: torch.device, kv_slots: int) -> int:
@@ -33,5 +37,5 @@ def cuda_graph_max_bs(device: torch.device, max_running: int) -> int:
     on 80 GB GPUs (an eager step of hundreds of requests costs ~10 ms of host time), 256 on 40 GB,
     else 160."""
     mem = device_memory(device)
-    cap = 1024 if mem >= 80 * GIB else 256 if mem >= 40 * GIB else 160
+    cap = 1024 if mem >= CLASS_80GB else 256 if mem >= CLASS_40GB else 160
     return max(1, min(cap, max_running))
