@@ -15,3 +15,13 @@ if [ ! -d .smol_tok ]; then  # the converted default model's folder, less its we
   cp "$src"/{chat_template.jinja,config.json,tokenizer.json,tokenizer_config.json} .smol_tok/
 fi
 du -sh .whl .smol_tok
+# The GPU tests that load the default model's weights need its GGUF (98 MB, over one call's 64 MiB):
+# GGUF=1 splits it into .gguf_a and .gguf_b; carry one per back-to-back call, each call first
+# copying its part to /tmp/gguf/ (outside the tree), then `cat /tmp/gguf/a /tmp/gguf/b > /tmp/m.gguf`
+# and RADIXLM_DEFAULT_MODEL=/tmp/m.gguf for the tests.
+if [ -n "${GGUF:-}" ] && [ ! -d .gguf_a ]; then
+  src=$(python3 -c "from radixlm.backend.loader import default_model_path; print(default_model_path())")
+  mkdir -p .gguf_a .gguf_b
+  head -c 50000000 "$src" > .gguf_a/part && tail -c +50000001 "$src" > .gguf_b/part
+  du -sh .gguf_a .gguf_b
+fi
