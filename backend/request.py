@@ -136,15 +136,18 @@ class Req:
             self.finished_reason = {"type": "length", "length": n_out}
         elif self.grammar is not None and self.grammar.is_terminated():
             self.finished_reason = {"type": "stop", "matched": token}
-        if p.stop and n_out >= p.min_new_tokens and not self.finished:
-            self._check_stop_strings()
+        if p.stop and not self.finished:
+            if n_out >= p.min_new_tokens:
+                self._check_stop_strings()
+            else:  # a stop string counts only where it ends past the first min_new_tokens tokens
+                self.stop_checked = len(self.detok.text)
 
     def _check_stop_strings(self) -> None:
-        # Only text added since the last check (plus a stop string's length) can hold a new match.
-        text = self.detok.text
-        start = max(0, self.stop_checked - max(len(s) for s in self.params.stop) + 1)
+        # A new match ends in the text added since the last check: it starts at most len(s) - 1
+        # characters before it.
+        text, checked = self.detok.text, self.stop_checked
         self.stop_checked = len(text)
-        hits = [(text.find(s, start), s) for s in self.params.stop]
+        hits = [(text.find(s, max(0, checked - len(s) + 1)), s) for s in self.params.stop]
         hits = [(i, s) for i, s in hits if i >= 0]
         if hits:
             self.stop_cut, matched = min(hits)

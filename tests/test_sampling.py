@@ -110,6 +110,26 @@ def test_eos_masked_until_min_new_tokens(engine, tokenizer):
     assert tokenizer.eos_token_id not in longer["output_ids"][: n + 4]
 
 
+def test_stop_strings_count_only_past_min_new_tokens(engine, tokenizer):
+    """A stop string written within the first min_new_tokens tokens is not a stop: generation
+    goes on to the first one that ends later, and the text keeps the earlier ones (streamed too)."""
+    prompt = "List five fruits, one per line:\n1."
+    sp = {"max_new_tokens": 40, "temperature": 0, "stop": "\n"}
+    first = engine.generate(prompt, sp)
+    assert first["meta_info"]["finish_reason"] == {"type": "stop", "matched": "\n"}
+    least = first["meta_info"]["completion_tokens"] + 3
+    out = engine.generate(prompt, {**sp, "min_new_tokens": least})
+    n_out = out["meta_info"]["completion_tokens"]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": "\n"} and n_out >= least
+    whole = tokenizer.decode(out["output_ids"])
+    assert out["text"] == whole[: whole.rindex("\n")] and out["text"].startswith(first["text"] + "\n")
+    assert len(out["text"]) >= len(tokenizer.decode(out["output_ids"][: least - 1]))
+    streamed = "".join(
+        c["text"] for c in engine.generate(prompt, {**sp, "min_new_tokens": least}, stream=True)
+    )
+    assert streamed == out["text"]
+
+
 def test_stop_token_ids_and_ignore_eos(engine):
     out = engine.generate("a b c d e f g", {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
     first = out["output_ids"][2]
