@@ -9,6 +9,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from radixlm.kernels import compiled_kernel_count
 
 from . import collector, limits
 from .constrained import grammar_backend
-from .embeddings import check_inputs, embed, embedding_inputs
+from .embeddings import KVPoolBusy, check_inputs, embed, embedding_inputs
 from .engine_inbox import EngineInbox, RunCall, Stop
 from .engine_release import holders, release_tensors
 from .engine_requests import EngineRequests
@@ -34,11 +35,13 @@ from .sampler import Sampler
 from .scheduler import Scheduler
 from .scheduler_config import SchedulerConfig, SpeculativeConfig
 from .speculative_draft import DraftModelProposer, load_draft_runner
+from .stall_guard import StallGuard
 from .tokenizer import load_tokenizer
 from .tp_workers import TPDriver, engine_shards, start_workers
 from .warmup import measure_cascade_costs, warm_request_path, warm_up
 
 logger = logging.getLogger(__name__)
+EMBED_WAIT_S = 60.0  # how long an embedding waits for running requests to free the KV it needs
 
 T = TypeVar("T")
 _live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
@@ -234,15 +237,13 @@ class Engine(EngineRequests):
     # ---- the scheduler thread -----------------------------------------------------------
     def _loop(self) -> None:
         sched = self.scheduler
+        guard = StallGuard(sched)
         while True:
-            if not self._inbox.drain(sched, block=not sched.has_work()):
+            # a stalled scheduler changes only through a message: wait for one instead of spinning
+            if not self._inbox.drain(sched, block=not sched.has_work() or guard.stalled):
                 break
-            if not sched.has_work():
-                continue
-            try:
-                sched.step()
-            except Exception:  # the step's own requests were aborted; the rest go on
-                logger.exception("scheduler step failed")
+            if sched.has_work():
+                guard.step()
         self._abort_all("engine shut down")
         self._inbox.refuse_all()
 
@@ -281,8 +282,20 @@ class Engine(EngineRequests):
         mean over its tokens), L2-normalized (backend/embeddings.py)."""
         with self._tok_lock:
             id_lists = embedding_inputs(self.tokenizer, prompt, input_ids)
-        check_inputs(id_lists, pooling, self.model_config.context_len, self.model_config.vocab_size)
-        return self._call(lambda: [embed(self.runner, self.scheduler.kv, ids, pooling) for ids in id_lists])
+        cfg = self.model_config
+        check_inputs(id_lists, pooling, cfg.context_len, cfg.vocab_size, self.runner.allocator.size)
+        return [self._embed_when_room(ids, pooling) for ids in id_lists]
+
+    def _embed_when_room(self, ids: list[int], pooling: str) -> list[float]:
+        """One input's embedding, waiting (up to EMBED_WAIT_S) while running requests hold the room."""
+        deadline = time.monotonic() + EMBED_WAIT_S
+        while True:
+            try:
+                return self._call(lambda: embed(self.runner, self.scheduler.kv, ids, pooling))
+            except KVPoolBusy as e:
+                if time.monotonic() > deadline:
+                    raise KVPoolBusy(f"{e}, after waiting {EMBED_WAIT_S:.0f} s") from e
+                time.sleep(0.02)
 
     def pin_prefix(self, input_ids: list[int]) -> int:
         """Prefill input_ids into the cache and keep them locked until unpin_prefix(handle)."""

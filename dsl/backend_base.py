@@ -29,6 +29,14 @@ _OUT_LOGPROBS = ("output_token_logprobs", "output_top_logprobs")
 LENGTH_KEY = "output_token_logprobs_length"
 
 
+def raise_if_aborted(meta: dict[str, Any]) -> None:
+    """A request the engine ended with an abort (KV pool stalled, grammar dead end, shutdown) fails
+    its gen with the engine's reason: its text is a fragment, not an answer."""
+    reason = meta.get("finish_reason")
+    if isinstance(reason, dict) and reason.get("type") == "abort":
+        raise RuntimeError(f"generation aborted: {reason.get('message', 'no reason given')}")
+
+
 def chunk_logprobs(meta: dict[str, Any], sent: int) -> dict[str, Any]:
     """SGLang's streaming shape: a chunk's meta holds only its own output logprobs, plus the
     running count `output_token_logprobs_length`. Metas already in that shape (a radixlm server's)
@@ -134,6 +142,7 @@ class TokenBackend(ProgramBackend):
 
     def generate(self, ex: ProgramView, sampling: dict[str, Any], logprob: dict[str, Any]) -> GenOutput:
         out = self._request([list(ex.ids_)], sampling, **logprob)[0]
+        raise_if_aborted(out["meta_info"])
         return GenOutput(out["text"], list(out["output_ids"]), chunk_logprobs(out["meta_info"], 0))
 
     def generate_stream(
@@ -141,6 +150,7 @@ class TokenBackend(ProgramBackend):
     ) -> Iterator[GenOutput]:
         sent = 0
         for chunk in self._request_stream(list(ex.ids_), sampling, **logprob):
+            raise_if_aborted(chunk["meta_info"])
             meta = chunk_logprobs(chunk["meta_info"], sent)
             sent = int(meta.get(LENGTH_KEY, sent))
             yield GenOutput(chunk["text"], list(chunk["output_ids"]), meta)
