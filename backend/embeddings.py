@@ -1,7 +1,8 @@
 """Embeddings from a generation model: one prompt at a time through the model's prefill, on the
 scheduler thread between steps, pooled from the final normalized hidden states (the last token's,
 or the mean over tokens) and L2-normalized. Promises: the KV slots and the table row it borrows are
-back in the pool when it returns; bad input raises ValueError."""
+back in the pool when it returns; bad input raises ValueError, a pool that running requests hold
+for now KVPoolBusy."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ if TYPE_CHECKING:
 POOLINGS = ("last", "mean")
 
 
-def check_inputs(id_lists: list[list[int]], pooling: str, context_len: int, vocab_size: int) -> None:
+class KVPoolBusy(RuntimeError):
+    """Running requests hold the KV slots or table rows an input needs now: worth waiting for."""
+
+
+def check_inputs(
+    id_lists: list[list[int]], pooling: str, context_len: int, vocab_size: int, pool_slots: int
+) -> None:
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, not {pooling!r}")
     if not id_lists:
@@ -28,6 +35,8 @@ def check_inputs(id_lists: list[list[int]], pooling: str, context_len: int, voca
             raise ValueError("an input to embed is empty")
         if len(ids) > context_len:
             raise ValueError(f"an input has {len(ids)} tokens; the context length is {context_len}")
+        if len(ids) > pool_slots:
+            raise ValueError(f"an input has {len(ids)} tokens; the KV pool holds {pool_slots}")
         if min(ids) < 0 or max(ids) >= vocab_size:
             raise ValueError(f"token ids must be in [0, {vocab_size})")
 
@@ -36,13 +45,13 @@ def embed(runner: ModelRunner, kv: CacheManager, ids: list[int], pooling: str) -
     """One prompt's embedding (call on the scheduler thread, between steps)."""
     row = runner.req_table.alloc()
     if row is None:
-        raise RuntimeError("no free request row to embed with (too many running requests)")
+        raise KVPoolBusy("no free request row to embed with (too many running requests)")
     slots = None
     try:
         kv.make_room(len(ids))
         slots = runner.allocator.alloc(len(ids))
         if slots is None:
-            raise RuntimeError(f"no room in the KV pool for {len(ids)} tokens to embed")
+            raise KVPoolBusy(f"no room in the KV pool for {len(ids)} tokens to embed")
         runner.req_table.write(row, 0, slots)
         offsets = [len(ids) - 1] if pooling == "last" else list(range(len(ids)))
         fb = runner.build_batch([ScheduledItem(row, list(ids), 0, offsets)], slots)

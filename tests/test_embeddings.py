@@ -45,6 +45,39 @@ def test_encode_refuses_bad_input(engine) -> None:
         engine.encode(input_ids=[10**9])
 
 
+def test_encode_in_a_small_pool_refuses_what_cannot_fit_and_waits_for_what_can() -> None:
+    """An input larger than the KV pool is a ValueError (a 400 over HTTP); one that fits but finds
+    the pool held by a running request waits for it, and gets the vector it gets alone."""
+    import threading
+
+    from radixlm.backend.engine import Engine
+
+    eng = Engine(max_total_tokens=1000)
+    try:
+        ids = eng.tokenizer.encode(" ".join(f"item{i}" for i in range(3000)))
+        with pytest.raises(ValueError, match="KV pool holds"):
+            eng.encode(input_ids=ids[:1500])
+        alone = eng.encode(input_ids=ids[:600])[0]
+        done = threading.Event()
+        busy = threading.Thread(
+            target=lambda: (
+                eng.generate(
+                    input_ids=ids[1000:1700], sampling_params={"max_new_tokens": 60, "ignore_eos": True}
+                ),
+                done.set(),
+            )
+        )
+        busy.start()
+        while eng.get_stats()["num_running"] == 0 and not done.is_set():  # the prompt is in the pool
+            threading.Event().wait(0.01)
+        assert not done.is_set()  # the request still holds its KV when the embedding asks
+        vec = eng.encode(input_ids=ids[:600])[0]
+        busy.join(120)
+        assert np.allclose(vec, alone, atol=1e-5)
+    finally:
+        eng.shutdown()
+
+
 @pytest.fixture(scope="module")
 def client(engine) -> Iterator[openai.OpenAI]:
     thread = ServerThread(create_app(engine), drain_timeout_s=2.0).start()
