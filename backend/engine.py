@@ -244,6 +244,8 @@ class Engine(EngineRequests):
                 break
             if sched.has_work():
                 guard.step()
+            else:
+                guard.idle()
         self._abort_all("engine shut down")
         self._inbox.refuse_all()
 

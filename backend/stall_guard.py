@@ -28,6 +28,10 @@ class StallGuard:
     def stalled(self) -> bool:
         return self.since is not None
 
+    def idle(self) -> None:
+        """Nothing held: a stall, if there was one, is over (a later request starts a new clock)."""
+        self.since = None
+
     def step(self) -> None:
         """One scheduler step; records whether it made progress (planned a step or processed one)."""
         sched = self.scheduler
