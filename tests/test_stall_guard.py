@@ -49,7 +49,9 @@ def test_only_a_step_without_progress_starts_a_stall_and_a_long_one_fails_the_re
     clock[0] += 5.0
     guard.observe(progressed=False)
     assert sched.failed == ["stalled 5 s"] and not guard.stalled
-    guard.observe(progressed=False)  # a stall that ends with nothing held (its requests aborted)
+    sched.waiting = 1
+    guard.observe(progressed=False)  # another stall, which the client ends by aborting its request:
+    sched.waiting = 0  # the loop sees nothing held and calls idle, not step
     guard.idle()
     clock[0] += 60.0
     sched.waiting = 1  # a new request's stall starts its own clock
