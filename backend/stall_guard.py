@@ -44,7 +44,7 @@ class StallGuard:
         self.observe(progressed)
 
     def observe(self, progressed: bool) -> None:
-        if progressed or not self.scheduler.has_work():
+        if progressed:  # the loop calls idle, not observe, once nothing is held
             self.since = None
             return
         now = time.monotonic()
