@@ -23,6 +23,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--context-length", type=int, default=8192)
     p.add_argument("--no-overlap", action="store_true")
+    p.add_argument("--quantization", default=None, help="weights quantized at load: q4_0, fp8, ...")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8_e4m3")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     eng = Engine(
@@ -31,6 +33,8 @@ def main() -> None:
         context_length=args.context_length,
         mem_fraction_static=0.6,
         overlap_schedule=not args.no_overlap,
+        quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     try:
         ids = [[100 + (i * 7 + j) % 20000 for j in range(args.input_len)] for i in range(args.batch)]
