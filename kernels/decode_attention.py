@@ -38,8 +38,6 @@ def _decode_partial_kernel(
     num_q_heads,
     split_stride,
     split_offset,
-    stride_ob,
-    stride_oh,
     stride_qb,
     stride_qh,
     stride_kt,
@@ -106,10 +104,9 @@ def _decode_partial_kernel(
         m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
 
     out, lse = finish_state(m_i, l_i, acc)
-    at = split_offset + split
-    o_rows = b * stride_ob + heads * stride_oh + at * HEAD_DIM
-    tl.store(MidO + o_rows[:, None] + offs_d[None, :], out, mask=mask_h[:, None] & mask_d[None, :])
-    tl.store(MidLse + (b * num_q_heads + heads) * split_stride + at, lse, mask=mask_h)
+    base = (b * num_q_heads + heads) * split_stride + split_offset + split
+    tl.store(MidO + base[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask_h[:, None] & mask_d[None, :])
+    tl.store(MidLse + base, lse, mask=mask_h)
 
 
 @overload
@@ -207,6 +204,8 @@ def decode_attention(
         num_splits = choose_decode_splits(
             bsz, hkv, max_len if max_len is not None else 4096, sms, k_buffer.dtype
         )
+    mid_o = torch.empty((bsz, hq, num_splits, d), dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty((bsz, hq, num_splits), dtype=torch.float32, device=q.device)
     out = out if out is not None else torch.empty_like(q)
     lse = torch.empty((bsz, hq), dtype=torch.float32, device=q.device) if return_lse else None
     if bsz == 0:
@@ -214,14 +213,6 @@ def decode_attention(
             assert lse is not None
             return out, lse
         return out
-    # one split is already the whole state: it is written to out directly, with no merge launch
-    direct = num_splits == 1
-    mid_o = out if direct else torch.empty((bsz, hq, num_splits, d), dtype=torch.float32, device=q.device)
-    mid_lse = (
-        lse
-        if direct and lse is not None
-        else torch.empty((bsz, hq, num_splits), dtype=torch.float32, device=q.device)
-    )
     decode_partial(
         fold_k_scale(q, k_scale),
         k_buffer,
@@ -239,8 +230,7 @@ def decode_attention(
         num_warps,
         num_stages,
     )
-    if not direct:
-        merge_splits(mid_o, mid_lse, out, lse)
+    merge_splits(mid_o, mid_lse, out, lse)
     apply_v_scale(out, v_scale)
     if return_lse:
         assert lse is not None
@@ -266,13 +256,8 @@ def decode_partial(
     num_stages: int = 3,
 ) -> None:
     """Stage 1 only: write num_splits partial states per (request, head) into mid_o [B, Hq, S, D]
-    / mid_lse [B, Hq, S] at split indices split_offset.. (S may hold other partial states); or,
-    with one split, the final state into mid_o [B, Hq, D] (any float dtype) / mid_lse [B, Hq]."""
+    / mid_lse [B, Hq, S] at split indices split_offset.. (S may hold other partial states)."""
     bsz, hq, d = q.shape
-    if mid_o.dim() == 3 and num_splits + split_offset != 1:
-        raise ValueError(f"a [B, Hq, D] output holds one split, got {num_splits} at offset {split_offset}")
-    if mid_o.stride(-1) != 1 or (mid_o.dim() == 4 and mid_o.stride(2) != d):
-        raise ValueError("decode_partial needs mid_o's last dimension contiguous, splits D apart")
     hkv = k_buffer.shape[1]
     group = hq // hkv
     block_h = max(16, min(64, next_pow2(group)))
@@ -290,10 +275,8 @@ def decode_partial(
         sm_scale,
         num_splits,
         hq,
-        mid_o.shape[2] if mid_o.dim() == 4 else 1,
+        mid_o.shape[2],
         split_offset,
-        mid_o.stride(0),
-        mid_o.stride(1),
         q.stride(0),
         q.stride(1),
         k_buffer.stride(0),
