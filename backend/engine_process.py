@@ -22,6 +22,7 @@ import torch
 
 from .engine_child import child_main
 from .loop_mailbox import LoopMailbox, coalesce_chunks
+from .spawned import died_while_starting
 from .tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,11 @@ class EngineProcess:
         if not self._conn.poll(start_timeout_s):
             self._proc.kill()
             raise RuntimeError(f"the engine process did not start within {start_timeout_s:.0f} s")
-        kind, info = self._conn.recv()
+        try:
+            kind, info = self._conn.recv()
+        except EOFError:  # gone before it could say why
+            self._proc.join(10)
+            raise died_while_starting(self._proc, "the engine process") from None
         if kind != "ready":
             self._proc.join(10)
             raise RuntimeError(f"the engine process failed to start: {info}")

@@ -11,6 +11,7 @@ import multiprocessing as mp
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,11 @@ import torch.distributed as dist
 from .forward_batch import ForwardBatch
 from .model_config import ModelConfig
 from .model_runner import ModelRunner
+from .spawned import wait_started
 from .tensor_parallel import TPShard, plan_shards
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=120)
+WORKER_START_S = 300.0  # a spawned worker imports torch and the main script before its own code
 STEP_TENSORS = (
     "input_ids",
     "positions",
@@ -63,14 +66,26 @@ class TPDriver:
         self.size = len(shards)
         port = _free_port()
         ctx = mp.get_context("spawn")
+        started = [ctx.Event() for _ in shards[1:]]
         self.procs = [
             ctx.Process(
-                target=worker_main, args=(shard, port, spec), name=f"radixlm-tp{shard.rank}", daemon=True
+                target=worker_main,
+                args=(shard, port, spec, event),
+                name=f"radixlm-tp{shard.rank}",
+                daemon=True,
             )
-            for shard in shards[1:]
+            for shard, event in zip(shards[1:], started)
         ]
         for p in self.procs:
             p.start()
+        # the group's rendezvous below would wait out its whole timeout for a worker that died
+        # while starting; this sees it go
+        try:
+            wait_started(self.procs, started, WORKER_START_S, "a tensor-parallel worker")
+        except RuntimeError:
+            for p in self.procs:
+                p.kill()
+            raise
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://127.0.0.1:{port}",
@@ -156,8 +171,9 @@ def start_workers(
     return driver
 
 
-def worker_main(shard: TPShard, port: int, spec: WorkerSpec) -> None:
-    """A worker rank: join the group, build its shard, run every step rank 0 sends."""
+def worker_main(shard: TPShard, port: int, spec: WorkerSpec, started: Event) -> None:
+    """A worker rank: say it started, join the group, build its shard, run every step rank 0 sends."""
+    started.set()
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
