@@ -189,14 +189,17 @@ class BatchPlanner:
         held = [r for r in q.waiting if r.req_pool_idx is not None]
         fresh = [r for r in q.waiting if r.req_pool_idx is None] if held else list(q.waiting)
         candidates = inflight + held + self.policy.order(fresh, inflight, budget)
-        reserve = sum(self._decode_reserve(r) for r in q.running)
+        held_back = self._embedding_hold()
+        reserve = held_back + sum(self._decode_reserve(r) for r in q.running)
+        max_active = self.cfg.max_running_requests - (1 if held_back else 0)
         active = len(q.running)
         for req in candidates:
-            if budget <= 0 or active >= self.cfg.max_running_requests:
+            if budget <= 0 or active >= max_active:
                 break
             if req.req_pool_idx is None and not self._admit(req):
                 break
-            slots = self.kv.alloc_for_prefill(min(req.seq_len - req.kv_len, budget), reserve, bool(q.running))
+            want = min(req.seq_len - req.kv_len, budget)
+            slots = self.kv.alloc_for_prefill(want, reserve, bool(q.running) or held_back > 0)
             if slots is None:
                 if req is not q.chunked:
                     self.kv.release(req, cache_it=False)
@@ -211,6 +214,13 @@ class BatchPlanner:
             q.chunked = None if completes else req
             if not completes:
                 break
+
+    def _embedding_hold(self) -> int:
+        """KV tokens (and so one table row) new prompts must leave to a waiting embedding
+        (embeddings.embed_when_room): while requests run, which will free room, or while the room
+        is there now, for its next try; 0 when waiting cannot help it (pinned prefixes hold it)."""
+        need = max(self.queues.embedding_holds.values(), default=0)
+        return need if need and (self.queues.running or self.kv.room() >= need) else 0
 
     def _decode_reserve(self, req: Req) -> int:
         return min(self.cfg.decode_reserve, max(req.params.max_new_tokens - len(req.output_ids), 1))

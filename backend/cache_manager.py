@@ -38,10 +38,14 @@ class CacheManager:
     def alloc(self, n: int) -> torch.Tensor | None:
         return self.allocator.alloc(n)
 
+    def room(self) -> int:
+        """Slots a new request could get now: free ones and those the cache could evict."""
+        return self.allocator.available_size() + self.cache.evictable_size()
+
     def alloc_for_prefill(self, want: int, reserve: int, anyone_running: bool) -> torch.Tensor | None:
         """Slots for up to `want` prompt tokens, keeping `reserve` free for running decodes
         (unless nothing runs). Evicts from the cache only what is needed; None if nothing fits."""
-        room = self.allocator.available_size() + self.cache.evictable_size()
+        room = self.room()
         n = min(want, room - reserve if anyone_running else room)
         if n <= 0:
             return None

@@ -2,11 +2,15 @@
 scheduler thread between steps, pooled from the final normalized hidden states (the last token's,
 or the mean over tokens) and L2-normalized. Promises: the KV slots and the table row it borrows are
 back in the pool when it returns; bad input raises ValueError, a pool that running requests hold
-for now KVPoolBusy."""
+for now KVPoolBusy; an embedding that waits for room holds it against newly admitted prompts, so a
+stream of generation requests cannot starve it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import itertools
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
@@ -17,6 +21,17 @@ if TYPE_CHECKING:
     from .model_runner import ModelRunner
 
 POOLINGS = ("last", "mean")
+WAIT_S = 60.0  # how long an embedding waits for running requests to free the KV it needs
+RETRY_S = 0.02
+_tickets = itertools.count()
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class OnScheduler(Protocol):
+    """Runs a function on the scheduler thread, between steps, and returns its result (Engine._call)."""
+
+    def __call__(self, fn: Callable[[], R]) -> R: ...
 
 
 class KVPoolBusy(RuntimeError):
@@ -62,6 +77,40 @@ def embed(runner: ModelRunner, kv: CacheManager, ids: list[int], pooling: str) -
         if slots is not None:
             runner.allocator.free(slots)
         runner.req_table.free(row)
+
+
+def embed_when_room(
+    on_scheduler: OnScheduler,
+    attempt: Callable[[], T],
+    holds: dict[int, int],
+    tokens: int,
+) -> T:
+    """attempt() run on the scheduler thread until it stops raising KVPoolBusy (up to WAIT_S).
+    While it waits, holds[ticket] = tokens: the planner admits no prompt into that room (and keeps
+    a table row free), so running requests, as they finish, free it for this embedding."""
+    ticket = next(_tickets)
+
+    def once() -> T:
+        try:
+            out = attempt()
+        except KVPoolBusy:
+            holds[ticket] = tokens
+            raise
+        except BaseException:
+            holds.pop(ticket, None)
+            raise
+        holds.pop(ticket, None)
+        return out
+
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            return on_scheduler(once)
+        except KVPoolBusy as e:
+            if time.monotonic() > deadline:
+                on_scheduler(lambda: holds.pop(ticket, None))
+                raise KVPoolBusy(f"{e}, after waiting {WAIT_S:.0f} s") from e
+            time.sleep(RETRY_S)
 
 
 def embedding_inputs(

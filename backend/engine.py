@@ -9,11 +9,11 @@ import itertools
 import logging
 import queue
 import threading
-import time
 import uuid
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import Any, TypeVar, cast
 
 import torch
@@ -22,7 +22,7 @@ from radixlm.kernels import compiled_kernel_count
 
 from . import collector, limits
 from .constrained import grammar_backend
-from .embeddings import KVPoolBusy, check_inputs, embed, embedding_inputs
+from .embeddings import check_inputs, embed, embed_when_room, embedding_inputs
 from .engine_inbox import EngineInbox, RunCall, Stop
 from .engine_release import holders, release_tensors
 from .engine_requests import EngineRequests
@@ -41,7 +41,6 @@ from .tp_workers import TPDriver, engine_shards, start_workers
 from .warmup import measure_cascade_costs, warm_request_path, warm_up
 
 logger = logging.getLogger(__name__)
-EMBED_WAIT_S = 60.0  # how long an embedding waits for running requests to free the KV it needs
 
 T = TypeVar("T")
 _live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
@@ -286,18 +285,13 @@ class Engine(EngineRequests):
             id_lists = embedding_inputs(self.tokenizer, prompt, input_ids)
         cfg = self.model_config
         check_inputs(id_lists, pooling, cfg.context_len, cfg.vocab_size, self.runner.allocator.size)
-        return [self._embed_when_room(ids, pooling) for ids in id_lists]
-
-    def _embed_when_room(self, ids: list[int], pooling: str) -> list[float]:
-        """One input's embedding, waiting (up to EMBED_WAIT_S) while running requests hold the room."""
-        deadline = time.monotonic() + EMBED_WAIT_S
-        while True:
-            try:
-                return self._call(lambda: embed(self.runner, self.scheduler.kv, ids, pooling))
-            except KVPoolBusy as e:
-                if time.monotonic() > deadline:
-                    raise KVPoolBusy(f"{e}, after waiting {EMBED_WAIT_S:.0f} s") from e
-                time.sleep(0.02)
+        holds = self.scheduler.queues.embedding_holds
+        return [
+            embed_when_room(
+                self._call, partial(embed, self.runner, self.scheduler.kv, ids, pooling), holds, len(ids)
+            )
+            for ids in id_lists
+        ]
 
     def pin_prefix(self, input_ids: list[int]) -> int:
         """Prefill input_ids into the cache and keep them locked until unpin_prefix(handle)."""

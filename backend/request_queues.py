@@ -15,6 +15,8 @@ class RequestQueues:
     waiting: deque[Req] = field(default_factory=deque)
     running: list[Req] = field(default_factory=list)  # prefill done, decoding
     chunked: Req | None = None  # a prompt part-way through chunked prefill
+    # KV tokens each embedding waiting for room needs, by ticket (embeddings.embed_when_room)
+    embedding_holds: dict[int, int] = field(default_factory=dict)
 
     def discard(self, req: Req) -> None:
         if req in self.running:

@@ -1,6 +1,7 @@
 """Embeddings of a generation model: Engine.encode against HF transformers' final hidden state
-(last token, and the mean over tokens), the KV pool untouched afterwards, bad input refused, and
-/v1/embeddings through the official openai client (float and base64)."""
+(last token, and the mean over tokens), the KV pool untouched afterwards, bad input refused, an
+embedding waiting for KV room neither starved by queued prompts nor holding them back when waiting
+cannot help it, and /v1/embeddings through the official openai client (float and base64)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,77 @@ def test_encode_in_a_small_pool_refuses_what_cannot_fit_and_waits_for_what_can()
         vec = eng.encode(input_ids=ids[:600])[0]
         busy.join(120)
         assert np.allclose(vec, alone, atol=1e-5)
+    finally:
+        eng.shutdown()
+
+
+def test_encode_is_not_starved_by_a_queue_of_generation_requests(monkeypatch) -> None:
+    """Prompts that each need most of a small pool, queued deeper than it holds: as each finishes,
+    the next takes its room in the same scheduler pass, before the embedding's next try (tries half
+    a second apart here, so they rarely land in that pass). The embedding holds the room it waits
+    for, so it runs once the request running when it asked is done, not after the whole queue."""
+    import threading
+
+    from radixlm.backend import embeddings
+    from radixlm.backend.engine import Engine
+
+    monkeypatch.setattr(embeddings, "RETRY_S", 0.5)
+    eng = Engine(max_total_tokens=1000)
+    try:
+        ids = eng.tokenizer.encode(" ".join(f"item{i}" for i in range(3000)))
+        alone = eng.encode(input_ids=ids[:600])[0]
+        finished: list[int] = []
+        params = {"max_new_tokens": 24, "ignore_eos": True}
+
+        def one(k: int) -> None:
+            eng.generate(input_ids=ids[k * 7 : k * 7 + 700], sampling_params=params)
+            finished.append(k)
+
+        queue = [threading.Thread(target=one, args=(k,)) for k in range(8)]
+        for t in queue:
+            t.start()
+        while not (eng.get_stats()["num_running"] and eng.get_stats()["num_waiting"]):
+            threading.Event().wait(0.01)
+        vec = eng.encode(input_ids=ids[:600])[0]
+        done_when_embedded = len(finished)
+        for t in queue:
+            t.join(300)
+        assert len(finished) == 8
+        assert done_when_embedded <= 3, f"the embedding waited for {done_when_embedded} of 8 queued requests"
+        assert np.allclose(vec, alone, atol=1e-5)
+    finally:
+        eng.shutdown()
+
+
+def test_an_embedding_that_waiting_cannot_help_holds_nothing_back(monkeypatch) -> None:
+    """A pinned prefix leaves too little room for the embedding and nothing runs to free more:
+    prompts that fit are still served while it waits, and it fails with KVPoolBusy at its limit."""
+    import threading
+
+    from radixlm.backend import embeddings
+    from radixlm.backend.engine import Engine
+
+    monkeypatch.setattr(embeddings, "WAIT_S", 4.0)
+    eng = Engine(max_total_tokens=1000)
+    try:
+        ids = eng.tokenizer.encode(" ".join(f"item{i}" for i in range(3000)))
+        eng.pin_prefix(ids[2000:2600])
+        failed: list[BaseException] = []
+
+        def wait_for_room() -> None:
+            try:
+                eng.encode(input_ids=ids[:600])
+            except embeddings.KVPoolBusy as e:
+                failed.append(e)
+
+        waiter = threading.Thread(target=wait_for_room)
+        waiter.start()
+        threading.Event().wait(0.5)
+        out = eng.generate(input_ids=ids[:100], sampling_params={"max_new_tokens": 4, "ignore_eos": True})
+        assert waiter.is_alive(), "the embedding gave up before the prompt was served"
+        assert len(out["output_ids"]) == 4
+        waiter.join(30)
+        assert failed and "after waiting 4 s" in str(failed[0])
     finally:
         eng.shutdown()
 
