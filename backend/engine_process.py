@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import torch
 
+from .embeddings import KVPoolBusy
 from .engine_child import child_main
 from .loop_mailbox import LoopMailbox, coalesce_chunks
 from .spawned import died_while_starting
@@ -286,9 +287,13 @@ def _aborted(why: str) -> dict[str, Any]:
 
 
 def _rebuild(err: tuple[str, str]) -> Exception:
-    """The child's exception as the same built-in type where it is one (ValueError stays ValueError)."""
+    """The child's exception as the same type where it is a built-in one (ValueError stays
+    ValueError) or KVPoolBusy (the server answers it with 503), else RuntimeError."""
     kind, message = err
-    cls = {"ValueError": ValueError, "RuntimeError": RuntimeError, "TypeError": TypeError}.get(
-        kind, RuntimeError
-    )
-    return cls(message)
+    types: dict[str, type[Exception]] = {
+        "ValueError": ValueError,
+        "RuntimeError": RuntimeError,
+        "TypeError": TypeError,
+        "KVPoolBusy": KVPoolBusy,
+    }
+    return types.get(kind, RuntimeError)(message)

@@ -150,6 +150,30 @@ def test_an_embedding_that_waiting_cannot_help_holds_nothing_back(monkeypatch) -
         eng.shutdown()
 
 
+def test_v1_embeddings_answers_503_when_the_pool_stays_held(monkeypatch) -> None:
+    import httpx
+
+    from radixlm.backend import embeddings
+    from radixlm.backend.engine import Engine
+    from radixlm.backend.engine_process import _rebuild
+
+    assert isinstance(_rebuild(("KVPoolBusy", "held")), embeddings.KVPoolBusy)  # across the pipe
+    monkeypatch.setattr(embeddings, "WAIT_S", 1.0)
+    eng = Engine(max_total_tokens=1000)
+    thread = ServerThread(create_app(eng), drain_timeout_s=2.0).start()
+    try:
+        ids = eng.tokenizer.encode(" ".join(f"item{i}" for i in range(3000)))
+        eng.pin_prefix(ids[2000:2600])
+        r = httpx.post(thread.url + "/v1/embeddings", json={"input": [ids[:600]]}, timeout=60)
+        assert r.status_code == 503 and r.headers.get("retry-after"), r.text
+        assert "no room in the KV pool" in r.json()["error"]["message"]
+        ok = httpx.post(thread.url + "/v1/embeddings", json={"input": [ids[:100]]}, timeout=60)
+        assert ok.status_code == 200 and len(ok.json()["data"]) == 1
+    finally:
+        thread.stop()
+        eng.shutdown()
+
+
 @pytest.fixture(scope="module")
 def client(engine) -> Iterator[openai.OpenAI]:
     thread = ServerThread(create_app(engine), drain_timeout_s=2.0).start()

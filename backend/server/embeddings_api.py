@@ -1,6 +1,7 @@
 """POST /v1/embeddings (OpenAI's shape) for a generation model: each input's final normalized
 hidden state, last-token pooled and L2-normalized (Engine.encode). Promises: the OpenAI client's
-request and response shapes (float or base64 encoding); bad input is a 400 with the reason."""
+request and response shapes (float or base64 encoding); bad input is a 400 with the reason; an
+input the KV pool could not take within the engine's wait is a 503 with Retry-After."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from typing import Any, Literal
 
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
+
+from ..embeddings import KVPoolBusy
+from .runner import Overloaded
 
 MAX_INPUTS = 2048
 
@@ -60,7 +64,10 @@ def register(app: FastAPI) -> None:
             raise ValueError(
                 f"dimensions: this model's embeddings have {hidden}; other sizes are not supported"
             )
-        vectors = await asyncio.to_thread(engine.encode, input_ids=lists)
+        try:
+            vectors = await asyncio.to_thread(engine.encode, input_ids=lists)
+        except KVPoolBusy as e:  # running requests held the room for as long as it waited
+            raise Overloaded(str(e)) from e
         tokens = sum(len(x) for x in lists)
         return {
             "object": "list",
