@@ -131,7 +131,8 @@ def test_tool_strict_takes_effect(client: openai.OpenAI) -> None:
 
 def test_chat_without_max_tokens_runs_to_the_end_of_the_context(engine) -> None:
     """As vLLM and SGLang serve it: no max_tokens is the rest of the context (here bounded by a
-    server limit above the engine's own default of 128, so the run stays short), not 128."""
+    server limit above the engine's own default of 128, so the run stays short), not 128; for
+    /v1/completions an explicit null is, and an absent max_tokens is OpenAI's 16."""
     limit = 150
     thread = ServerThread(create_app(engine, limits=ServerLimits(max_new_tokens=limit)), drain_timeout_s=2.0)
     thread.start()
@@ -141,6 +142,15 @@ def test_chat_without_max_tokens_runs_to_the_end_of_the_context(engine) -> None:
             model="m", messages=MSG, temperature=0, extra_body={"ignore_eos": True}
         )
         assert (out.usage.completion_tokens, out.choices[0].finish_reason) == (limit, "length")
+        params = {
+            "model": "m",
+            "prompt": "Once upon a time",
+            "temperature": 0,
+            "extra_body": {"ignore_eos": True},
+        }
+        null = oai.completions.create(max_tokens=None, **params)  # /v1/completions: null is the rest too
+        assert (null.usage.completion_tokens, null.choices[0].finish_reason) == (limit, "length")
+        assert oai.completions.create(**params).usage.completion_tokens == 16  # absent: OpenAI's 16
     finally:
         thread.stop()
     runner = Runner.__new__(Runner)  # the arithmetic alone: context 1,000, with and without a limit

@@ -55,6 +55,11 @@ def register(app: FastAPI) -> None:
         _log_user(request, req.user)
         req.check_supported()
         seqs = completion_seqs(req)
+        if req.max_tokens is None:  # an explicit null: the rest of the context, as vLLM serves it
+            for s in seqs:
+                rest = runner.rest_of_context(runner.count_prompt_tokens(s.prompt))
+                if rest is not None:
+                    s.sampling_params["max_new_tokens"] = rest
         runner.check(seqs)
         runner.reserve(seqs)
         rid, model = new_id("cmpl"), req.model or app.state.model_name
