@@ -7,6 +7,7 @@ stream of generation requests cannot starve it."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections.abc import Callable
@@ -103,14 +104,18 @@ def embed_when_room(
         return out
 
     deadline = time.monotonic() + WAIT_S
-    while True:
-        try:
-            return on_scheduler(once)
-        except KVPoolBusy as e:
-            if time.monotonic() > deadline:
+    try:
+        while True:
+            try:
+                return on_scheduler(once)
+            except KVPoolBusy as e:
+                if time.monotonic() > deadline:
+                    raise KVPoolBusy(f"{e}, after waiting {WAIT_S:.0f} s") from e
+                time.sleep(RETRY_S)
+    finally:  # however the wait ends (its limit, an interrupt), the room goes back to prompts
+        if ticket in holds:
+            with contextlib.suppress(RuntimeError):  # an engine already shut down holds nothing
                 on_scheduler(lambda: holds.pop(ticket, None))
-                raise KVPoolBusy(f"{e}, after waiting {WAIT_S:.0f} s") from e
-            time.sleep(RETRY_S)
 
 
 def embedding_inputs(

@@ -146,6 +146,7 @@ def test_an_embedding_that_waiting_cannot_help_holds_nothing_back(monkeypatch) -
         assert len(out["output_ids"]) == 4
         waiter.join(30)
         assert failed and "after waiting 4 s" in str(failed[0])
+        assert eng.scheduler.queues.embedding_holds == {}  # the room it held goes back to prompts
     finally:
         eng.shutdown()
 
