@@ -12,15 +12,15 @@ from multiprocessing.synchronize import Event
 
 POLL_S = 0.05
 SPAWN_HINT = (
-    'children are started with the "spawn" method, which runs the main script again in each of them, '
-    "so a script that starts an engine at import time must do so under "
-    '`if __name__ == "__main__":` (the child\'s own error is printed above)'
+    'children are started with the "spawn" method, which runs the main script again in each of them: '
+    "if the script starts an engine at import time, start it under "
+    '`if __name__ == "__main__":` (the child\'s own error, if it printed one, is above)'
 )
 
 
 def died_while_starting(proc: BaseProcess, what: str) -> RuntimeError:
     return RuntimeError(
-        f"{what} ({proc.name}) exited with status {proc.exitcode} before it started; {SPAWN_HINT}"
+        f"{what} ({proc.name}) exited with status {proc.exitcode} while starting; {SPAWN_HINT}"
     )
 
 

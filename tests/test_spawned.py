@@ -38,7 +38,7 @@ def test_unguarded_script_fails_fast_with_the_fix(kind, tmp_path, default_model_
     res = _run(script)
     assert res.returncode != 0, res.stdout
     last = res.stderr.strip().splitlines()[-1]
-    assert last.startswith("RuntimeError:") and "before it started" in last, res.stderr[-2000:]
+    assert last.startswith("RuntimeError:") and "while starting" in last, res.stderr[-2000:]
     assert 'if __name__ == "__main__":' in last
 
 
