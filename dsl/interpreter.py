@@ -87,6 +87,8 @@ class Executor:
         self.stream_var_event: dict[str, threading.Event] = {}
         # per streamed variable: (text delta, meta with that chunk's own output logprobs)
         self.stream_chunks: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        # per streamed gen: its text so far, kept as text when a dtype converts the variable
+        self.stream_text_of: dict[str, str] = {}
         self._queue: queue.Queue = queue.Queue()
         self._worker: Future[None] | None = None
         if not self.inline:
@@ -313,6 +315,7 @@ class Executor:
         if name is not None:
             self.variables[name] = ""
             self.stream_chunks[name] = []
+            self.stream_text_of[name] = ""
         for chunk in self.backend.generate_stream(self, sampling, logprob):
             text += chunk.text
             ids.extend(chunk.ids or [])
@@ -320,7 +323,7 @@ class Executor:
             self.text_ += chunk.text
             if name is not None:
                 self.stream_chunks[name].append((chunk.text, chunk.meta))  # before the text wakes readers
-                self.variables[name] = text
+                self.variables[name] = self.stream_text_of[name] = text
                 self.meta_info[name] = meta
                 self.stream_var_event[name].set()
             assert self.stream_text_event is not None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -193,6 +194,17 @@ def _resolve_dtype(dtype: Any) -> type | None:
     return dtype
 
 
+def check_logprob_options(logprob: dict[str, Any]) -> dict[str, Any]:
+    """The logprob options, or ValueError naming the first that is not of its type and range."""
+    if not isinstance(logprob.get("return_logprob", False), bool):
+        raise ValueError(f"return_logprob must be True or False, got {logprob['return_logprob']!r}")
+    for key, low in (("logprob_start_len", -1), ("top_logprobs_num", 0)):
+        value = logprob.get(key, low)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{key} must be an int >= {low}, got {value!r}")
+    return logprob
+
+
 def make_gen(name: str | None, options: dict[str, Any], dtype: Any = None) -> Gen:
     """Build a Gen from gen()'s keyword arguments (None means 'not set')."""
     if name is not None and not isinstance(name, str):
@@ -201,7 +213,7 @@ def make_gen(name: str | None, options: dict[str, Any], dtype: Any = None) -> Ge
     for key, engine_key in GEN_TO_ENGINE_KEYS.items():
         if options.get(key) is not None:
             sampling[engine_key] = options[key]
-    logprob = {k: options[k] for k in LOGPROB_KEYS if options.get(k) is not None}
+    logprob = check_logprob_options({k: options[k] for k in LOGPROB_KEYS if options.get(k) is not None})
     dtype = _resolve_dtype(dtype)
     schema_cls = None
     if "json_schema" in sampling:
@@ -213,7 +225,10 @@ def make_gen(name: str | None, options: dict[str, Any], dtype: Any = None) -> Ge
             raise ValueError(f"invalid regex {sampling['regex']!r}: {e}") from e
     if "regex" in sampling and "json_schema" in sampling:
         raise ValueError("gen: give at most one of regex and json_schema")
-    if dtype is not None and "regex" not in sampling and "json_schema" not in sampling:
+    if dtype is not None and "regex" in sampling:
+        # as SGLang: the dtype's own pattern, so the output always parses as the dtype
+        warnings.warn(f"gen: dtype={dtype.__name__} overrides regex={sampling['regex']!r}", stacklevel=3)
+    if dtype is not None and "json_schema" not in sampling:
         sampling["regex"] = _DTYPE_REGEX[dtype]
     try:
         check_values(sampling, _GEN_NAMES)

@@ -21,6 +21,7 @@ from radixlm.backend.sampling_params import (
 )
 from radixlm.backend_base import ProgramBackend
 from radixlm.interpreter import Executor
+from radixlm.ir import check_logprob_options
 from radixlm.prefix_trace import trace_prefix
 from radixlm.state import ProgramState
 from radixlm.threads import PROGRAM_THREADS
@@ -40,6 +41,11 @@ def set_default_backend(backend: ProgramBackend | None) -> None:
     """Programs run on `backend` unless given another. At interpreter exit the default backend
     is shut down, before the engines under it (their own exit hook was registered earlier)."""
     global _default_backend, _exit_hook_registered
+    if backend is not None and not isinstance(backend, ProgramBackend):
+        raise TypeError(
+            f"set_default_backend takes a backend (radixlm.Runtime(), RuntimeEndpoint(url), OpenAI(...)), "
+            f"not {type(backend).__name__}"
+        )
     _default_backend = backend
     if backend is not None and not _exit_hook_registered:
         atexit.register(_shutdown_default_backend)
@@ -67,7 +73,7 @@ def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
         raise ValueError(f"unknown run option(s): {sorted(unknown)}")
     sampling = {k: options[k] for k in _RUN_SAMPLING_KEYS if options.get(k) is not None}
     check_values(sampling)
-    logprob = {k: options[k] for k in _RUN_LOGPROB_KEYS if options.get(k) is not None}
+    logprob = check_logprob_options({k: options[k] for k in _RUN_LOGPROB_KEYS if options.get(k) is not None})
     return sampling, logprob
 
 
@@ -123,7 +129,9 @@ class Program:
         options: dict[str, Any],
         stream: bool,
     ) -> Executor:
-        sampling, logprob = _split_options({**self.options, **options})
+        given = {k: v for k, v in options.items() if v is not None}
+        merged = {"max_new_tokens": DEFAULT_MAX_NEW_TOKENS, **self.options, **given}
+        sampling, logprob = _split_options(merged)
         # a streamed run's body runs on a thread of its own while the caller reads the stream,
         # so its expressions need a worker; otherwise the body's thread runs them itself
         inline = not stream
@@ -132,12 +140,13 @@ class Program:
     def run(
         self,
         *args: Any,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        max_new_tokens: int | None = None,
         stream: bool = False,
         backend: ProgramBackend | None = None,
         **options: Any,
     ) -> ProgramState:
-        """Run once. Sampling options (temperature, stop, ...) are defaults for every gen."""
+        """Run once. Sampling options (temperature, stop, ...) are defaults for every gen, over
+        those given to @function(...); max_new_tokens None: @function's, else DEFAULT_MAX_NEW_TOKENS."""
         kwargs = self._arguments(args, options)
         ex = self._executor(
             self._backend(backend), kwargs, {"max_new_tokens": max_new_tokens, **options}, stream
@@ -177,7 +186,7 @@ class Program:
         self,
         batch_kwargs: list[dict[str, Any]],
         *,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        max_new_tokens: int | None = None,
         num_threads: int | str = "auto",
         progress_bar: bool = False,
         generator_style: bool = False,
@@ -194,7 +203,8 @@ class Program:
         threads = _num_threads(num_threads, len(batch_kwargs))
 
         def one(kw: dict[str, Any]) -> ProgramState:
-            return self.run(max_new_tokens=max_new_tokens, backend=backend, **dict(kw), **options)
+            # an entry's own key (an argument, or an option it sets for itself) wins over the batch's
+            return self.run(backend=backend, **{"max_new_tokens": max_new_tokens, **options, **kw})
 
         it = _run_all(one, list(batch_kwargs), threads, progress_bar)
         return it if generator_style else list(it)

@@ -28,6 +28,7 @@ class _Submitted:
 
 
 SUBMITTED = _Submitted()
+STREAM_POLL_S = 0.05  # a stream reader's longest wait for a wake-up it may share with another
 
 
 class _RoleScope:
@@ -154,21 +155,23 @@ class ProgramState:
             yield from self._iter_var(ex, var_name)
         ex.raise_error()
 
+    # Readers share one event per stream and each clears it, so a reader may miss a wake-up that
+    # another took (or come after the last one): waits are bounded, and "done" is read before the
+    # text, so the read after it sees everything.
     @staticmethod
     def _iter_text(ex: Executor) -> Iterator[str]:
         event, pos = ex.stream_text_event, 0
         assert event is not None
         while True:
-            event.wait()
-            event.clear()
+            done = ex.is_finished
+            if not done:
+                event.wait(STREAM_POLL_S)
+                event.clear()
             out = ex.text_[pos:]
             pos += len(out)
             if out:
                 yield out
-            if ex.is_finished:
-                out = ex.text_[pos:]
-                if out:
-                    yield out
+            if done:
                 return
 
     @staticmethod
@@ -178,18 +181,21 @@ class ProgramState:
             if ex.is_finished:
                 return
             assert ex.stream_text_event is not None
-            ex.stream_text_event.wait(0.05)
+            ex.stream_text_event.wait(STREAM_POLL_S)
             event = ex.stream_var_event.get(name)
         pos = 0
         while True:
-            event.wait()
-            event.clear()
-            value = ex.variables.get(name, "")
+            done = ex.variable_event[name].is_set()
+            if not done:
+                event.wait(STREAM_POLL_S)
+                event.clear()
+            text = ex.stream_text_of.get(name)  # a typed gen's variable is its value, not text
+            value = text if text is not None else ex.variables.get(name, "")
             out = value[pos:] if isinstance(value, str) else ""
             pos += len(out)
             if out:
                 yield out
-            if ex.variable_event[name].is_set():
+            if done:
                 return
 
     async def text_async_iter(

@@ -1,0 +1,114 @@
+"""The language where an SGLang program leans on it: @function's own sampling defaults, streamed
+typed gens and repeated stream readers, bad backends and bad logprob options refused where they
+are given, dtype over regex, and run_batch entries that set their own options. On the session's
+shared engine (CPU, default model)."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import pytest
+
+import radixlm as sgl
+from radixlm.backend.sampling_params import DEFAULT_MAX_NEW_TOKENS
+from radixlm.ir import REGEX_INT
+
+
+@pytest.fixture(scope="module")
+def rt(engine):
+    return sgl.Runtime(engine=engine)
+
+
+def test_function_decorator_max_new_tokens_is_the_default_for_every_gen(rt):
+    @sgl.function(max_new_tokens=4, temperature=0)
+    def prog(s):
+        s += "Once upon a time"
+        s += sgl.gen("x", ignore_eos=True)
+
+    assert prog.run(backend=rt).get_meta_info("x")["completion_tokens"] == 4
+    assert prog.run_batch([{}], backend=rt)[0].get_meta_info("x")["completion_tokens"] == 4
+    assert prog.run(backend=rt, max_new_tokens=6).get_meta_info("x")["completion_tokens"] == 6
+    plain = sgl.function(prog.func)  # no decorator value: the engine's one default
+    assert (
+        plain.run(backend=rt, temperature=0).get_meta_info("x")["completion_tokens"] == DEFAULT_MAX_NEW_TOKENS
+    )
+
+
+def test_streamed_typed_gen_chunks_join_to_its_text(rt, engine):
+    engine.generate("x", {"max_new_tokens": 1, "regex": "a"})  # grammars are wired
+
+    @sgl.function
+    def prog(s):
+        s += "Number:"
+        s += sgl.gen("n", max_tokens=4, dtype=int)
+
+    st = prog.run(stream=True, temperature=0, backend=rt)
+    chunks = list(st.text_iter("n"))
+    assert isinstance(st["n"], int)
+    assert "".join(chunks) == st.text()[len("Number:") :] and int("".join(chunks)) == st["n"]
+
+
+def test_a_second_stream_reader_replays_instead_of_hanging(rt):
+    @sgl.function
+    def prog(s):
+        s += "Hello"
+        s += sgl.gen("x", max_tokens=4, ignore_eos=True)
+
+    st = prog.run(stream=True, temperature=0, backend=rt)
+    first = "".join(st.text_iter("x"))
+    again: list[str] = []
+    reader = threading.Thread(
+        target=lambda: again.extend(["".join(st.text_iter("x")), "".join(st.text_iter())]), daemon=True
+    )
+    reader.start()
+    reader.join(30)
+    assert not reader.is_alive(), "a second text_iter on a finished stream hung"
+    assert again == [first, st.text()] and first == st["x"]
+
+
+def test_set_default_backend_refuses_what_is_not_a_backend():
+    with pytest.raises(TypeError, match="takes a backend"):
+        sgl.set_default_backend("http://localhost:30000")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "options,reason",
+    [
+        ({"return_logprob": "yes"}, "return_logprob must be True or False"),
+        ({"logprob_start_len": "a"}, "logprob_start_len must be an int >= -1"),
+        ({"top_logprobs_num": -1}, "top_logprobs_num must be an int >= 0"),
+    ],
+)
+def test_logprob_options_are_checked_where_given(options, reason):
+    with pytest.raises(ValueError, match=reason):
+        sgl.gen("x", max_tokens=2, **options)
+
+    @sgl.function
+    def prog(s):
+        s += "x"
+
+    with pytest.raises(ValueError, match=reason):
+        prog.run(backend=object(), **options)  # refused before the backend is used
+
+
+def test_dtype_overrides_regex_with_a_warning():
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        g = sgl.gen("y", max_tokens=4, dtype=int, regex="[a-z]+")
+    assert g.sampling["regex"] == REGEX_INT
+    assert any("overrides regex" in str(w.message) for w in seen)
+
+
+def test_run_batch_entries_set_their_own_options(rt):
+    @sgl.function
+    def prog(s, q):
+        s += q + sgl.gen("a", ignore_eos=True)
+
+    states = prog.run_batch(
+        [{"q": "Hi", "max_new_tokens": 3}, {"q": "Yo", "temperature": 0}],
+        backend=rt,
+        temperature=0.5,
+        max_new_tokens=5,
+    )
+    assert [st.get_meta_info("a")["completion_tokens"] for st in states] == [3, 5]
