@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from radixlm.chat_template import ChatTemplate
-from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod
+from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod, call_method, needs_unconditional
 from radixlm.tokens import TokenCodec
 
 
@@ -185,5 +185,5 @@ class TokenBackend(ProgramBackend):
         if len(choices) > 1:
             self.cache_prefix(prefix)  # prefill the shared prefix once, then score all choices
         cond = self.score([prefix + c for c in choice_ids], len(prefix))
-        uncond = self.score(choice_ids, 0) if method.requires_unconditional_logprobs else None
-        return method(choices=choices, input_token_logprobs=cond, unconditional_token_logprobs=uncond)
+        uncond = self.score(choice_ids, 0) if needs_unconditional(method) else None
+        return call_method(method, choices, cond, uncond)

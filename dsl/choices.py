@@ -136,3 +136,25 @@ class UnconditionalLikelihoodNormalized(ChoicesSamplingMethod):
 token_length_normalized = TokenLengthNormalized()
 greedy_token_selection = GreedyTokenSelection()
 unconditional_likelihood_normalized = UnconditionalLikelihoodNormalized()
+
+
+def needs_unconditional(method: ChoicesSamplingMethod) -> bool:
+    """Whether `method` asks for unconditional logprobs (False for a plain callable)."""
+    return bool(getattr(method, "requires_unconditional_logprobs", False))
+
+
+def call_method(
+    method: ChoicesSamplingMethod,
+    choices: list[str],
+    input_token_logprobs: list[list[LogprobEntry]],
+    unconditional_token_logprobs: list[list[LogprobEntry]] | None,
+) -> ChoicesDecision:
+    """`method` called as SGLang calls a choices method: all five keyword arguments (no tokens are
+    generated when scoring, so each choice's output_token_logprobs is empty)."""
+    return method(
+        choices=choices,
+        normalized_prompt_logprobs=normalized_logprobs(input_token_logprobs),
+        input_token_logprobs=input_token_logprobs,
+        output_token_logprobs=[[] for _ in choices],
+        unconditional_token_logprobs=unconditional_token_logprobs,
+    )

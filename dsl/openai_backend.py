@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any, cast
 from radixlm.backend.sampling_params import FRONTEND_NAMES
 from radixlm.backend_base import GenOutput, ProgramBackend, ProgramView
 from radixlm.chat_template import ChatTemplate, PlainChatTemplate
-from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod, LogprobEntry
+from radixlm.choices import (
+    ChoicesDecision,
+    ChoicesSamplingMethod,
+    LogprobEntry,
+    call_method,
+    needs_unconditional,
+)
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
@@ -142,8 +148,8 @@ class OpenAI(ProgramBackend):
         if not prefix:
             raise ValueError("select needs some text before it to condition on")
         cond = self._echo_logprobs([prefix + c for c in choices], len(prefix))
-        uncond = self._echo_logprobs(list(choices), 0) if method.requires_unconditional_logprobs else None
-        return method(choices=choices, input_token_logprobs=cond, unconditional_token_logprobs=uncond)
+        uncond = self._echo_logprobs(list(choices), 0) if needs_unconditional(method) else None
+        return call_method(method, choices, cond, uncond)
 
     def _echo_logprobs(self, prompts: list[str], start: int) -> list[list[LogprobEntry]]:
         resp = self.client.completions.create(

@@ -193,9 +193,9 @@ class Program:
         backend: ProgramBackend | None = None,
         **options: Any,
     ) -> list[ProgramState] | Iterator[ProgramState]:
-        """Run the program once per kwargs dict, concurrently. The first error is raised."""
-        if not isinstance(batch_kwargs, (list, tuple)) or not all(isinstance(b, dict) for b in batch_kwargs):
-            raise ValueError("run_batch takes a list of dicts of program arguments")
+        """Run the program once per entry, concurrently: a dict of arguments (and options), or,
+        as in SGLang, a list of positional arguments. The first error is raised."""
+        batch_kwargs = [self._batch_entry(b) for b in _batch_list(batch_kwargs)]
         backend = self._backend(backend)
         _split_options(options)  # validate before any work
         if len(batch_kwargs) > 1:
@@ -208,6 +208,15 @@ class Program:
 
         it = _run_all(one, list(batch_kwargs), threads, progress_bar)
         return it if generator_style else list(it)
+
+    def _batch_entry(self, entry: Any) -> dict[str, Any]:
+        if isinstance(entry, dict):
+            return entry
+        if len(entry) > len(self.arg_names):
+            raise ValueError(
+                f"{self.__name__} takes {len(self.arg_names)} argument(s), a batch entry has {len(entry)}"
+            )
+        return dict(zip(self.arg_names, entry))
 
     async def arun(self, *args: Any, **kwargs: Any) -> ProgramState:
         return await asyncio.to_thread(self.run, *args, **kwargs)
@@ -235,6 +244,14 @@ class Program:
             return 0
         backend.cache_prefix(ids)
         return len(ids)
+
+
+def _batch_list(batch: Any) -> list[Any]:
+    if not isinstance(batch, (list, tuple)) or not all(isinstance(b, (dict, list, tuple)) for b in batch):
+        raise ValueError(
+            "run_batch takes a list of dicts of program arguments (or of lists of positional ones)"
+        )
+    return list(batch)
 
 
 def _num_threads(num_threads: int | str, n: int) -> int:

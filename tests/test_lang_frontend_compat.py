@@ -112,3 +112,40 @@ def test_run_batch_entries_set_their_own_options(rt):
         max_new_tokens=5,
     )
     assert [st.get_meta_info("a")["completion_tokens"] for st in states] == [3, 5]
+
+
+def test_a_choices_method_written_to_sglangs_interface_gets_all_five_arguments(rt):
+    seen: dict[str, object] = {}
+
+    class Shortest(sgl.ChoicesSamplingMethod):
+        def __call__(
+            self,
+            *,
+            choices,
+            normalized_prompt_logprobs,
+            input_token_logprobs,
+            output_token_logprobs,
+            unconditional_token_logprobs=None,
+        ):
+            seen.update(normalized=normalized_prompt_logprobs, output=output_token_logprobs)
+            best = min(range(len(choices)), key=lambda i: len(input_token_logprobs[i]))
+            return sgl.ChoicesDecision(decision=choices[best], meta_info={})
+
+    @sgl.function
+    def prog(s):
+        s += "The capital of France is"
+        s += sgl.select("c", choices=[" the city of Paris", " Paris"], choices_method=Shortest())
+
+    assert prog.run(backend=rt)["c"] == " Paris"
+    assert seen["output"] == [[], []] and len(seen["normalized"]) == 2  # type: ignore[arg-type]
+
+
+def test_run_batch_takes_lists_of_positional_arguments(rt):
+    @sgl.function
+    def prog(s, q, tail="!"):
+        s += q + tail + sgl.gen("a", max_tokens=2)
+
+    states = prog.run_batch([["Hi"], ("Yo", "?")], backend=rt, temperature=0)
+    assert [st.text()[:3] for st in states] == ["Hi!", "Yo?"]
+    with pytest.raises(ValueError, match="a batch entry has 3"):
+        prog.run_batch([["a", "b", "c"]], backend=rt)
