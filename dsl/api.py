@@ -13,8 +13,10 @@ def gen(
     name: str | None = None,
     max_tokens: int | None = None,
     min_tokens: int | None = None,
+    n: int | None = None,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -25,6 +27,7 @@ def gen(
     return_logprob: bool | None = None,
     logprob_start_len: int | None = None,
     top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
     dtype: type | str | None = None,
     regex: str | None = None,
     json_schema: Any = None,
@@ -49,8 +52,10 @@ def _typed(name: str | None, dtype: type, options: dict[str, Any]) -> Gen:
 def gen_int(
     name: str | None = None,
     max_tokens: int | None = None,
+    n: int | None = None,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -61,6 +66,7 @@ def gen_int(
     return_logprob: bool | None = None,
     logprob_start_len: int | None = None,
     top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
 ) -> Gen:
     """Generate an integer (regex-constrained); `s[name]` is an int."""
     return _typed(name, int, dict(locals()))
@@ -69,8 +75,10 @@ def gen_int(
 def gen_string(
     name: str | None = None,
     max_tokens: int | None = None,
+    n: int | None = None,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -81,6 +89,7 @@ def gen_string(
     return_logprob: bool | None = None,
     logprob_start_len: int | None = None,
     top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
 ) -> Gen:
     """Generate a double-quoted string (regex-constrained); `s[name]` is the unquoted str."""
     return _typed(name, str, dict(locals()))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from radixlm.backend.logprob_text import with_logprob_text
 from radixlm.backend_base import ProgramBackend, StreamedLogprobs
 from radixlm.call_site import CallSite
 from radixlm.ir import (
@@ -78,6 +79,7 @@ class Executor:
         self._scope_start: dict[str, int] = {}
         self.error_: BaseException | None = None
         self.is_finished = False
+        self._logprob_text = False  # the running gen's return_text_in_logprobs
         self._ended = False
         self._pins: list[Any] = []
         self._last_pin: Any = None
@@ -87,8 +89,7 @@ class Executor:
         self.stream_var_event: dict[str, threading.Event] = {}
         # per streamed variable: (text delta, meta with that chunk's own output logprobs)
         self.stream_chunks: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-        # per streamed gen: its text so far, kept as text when a dtype converts the variable
-        self.stream_text_of: dict[str, str] = {}
+        self.stream_text_of: dict[str, str] = {}  # a streamed gen's text, even once a dtype converts it
         self._queue: queue.Queue = queue.Queue()
         self._worker: Future[None] | None = None
         if not self.inline:
@@ -298,6 +299,7 @@ class Executor:
 
     def _exec_gen(self, gen: Gen) -> None:
         sampling, logprob = self._resolve(gen)
+        self._logprob_text = bool(logprob.pop("return_text_in_logprobs", False))  # applied here, not sent
         self._commit()
         if self.stream:
             text, meta = self._gen_stream(gen, sampling, logprob)
@@ -305,7 +307,7 @@ class Executor:
             out = self.backend.generate(self, sampling, logprob)
             self.text_ += out.text
             self._append_generated_ids(out.text, out.ids)
-            text, meta = out.text, out.meta
+            text, meta = out.text, with_logprob_text(out.meta, self.codec, self._logprob_text)
         self._set_result(gen.name, convert_value(gen, text), meta)
 
     def _gen_stream(self, gen: Gen, sampling: dict[str, Any], logprob: dict[str, Any]) -> tuple[str, Any]:
@@ -319,10 +321,11 @@ class Executor:
         for chunk in self.backend.generate_stream(self, sampling, logprob):
             text += chunk.text
             ids.extend(chunk.ids or [])
-            meta = merged.add(chunk.meta)
+            meta = with_logprob_text(merged.add(chunk.meta), self.codec, self._logprob_text)
             self.text_ += chunk.text
             if name is not None:
-                self.stream_chunks[name].append((chunk.text, chunk.meta))  # before the text wakes readers
+                chunk_meta = with_logprob_text(chunk.meta, self.codec, self._logprob_text)
+                self.stream_chunks[name].append((chunk.text, chunk_meta))  # before the text wakes readers
                 self.variables[name] = self.stream_text_of[name] = text
                 self.meta_info[name] = meta
                 self.stream_var_event[name].set()

@@ -41,7 +41,7 @@ GEN_SAMPLING_KEYS = (
 GEN_TO_ENGINE_KEYS = {FRONTEND_NAMES.get(k, k): k for k in GEN_SAMPLING_KEYS}
 _GEN_NAMES = {k: FRONTEND_NAMES.get(k, k) for k in SAMPLING_KEYS}
 # Options that are not sampling parameters but ride along with a request.
-LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
+LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
 REGEX_INT = r"[-+]?[0-9]+"
 REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?"
@@ -196,8 +196,9 @@ def _resolve_dtype(dtype: Any) -> type | None:
 
 def check_logprob_options(logprob: dict[str, Any]) -> dict[str, Any]:
     """The logprob options, or ValueError naming the first that is not of its type and range."""
-    if not isinstance(logprob.get("return_logprob", False), bool):
-        raise ValueError(f"return_logprob must be True or False, got {logprob['return_logprob']!r}")
+    for key in ("return_logprob", "return_text_in_logprobs"):
+        if not isinstance(logprob.get(key, False), bool):
+            raise ValueError(f"{key} must be True or False, got {logprob[key]!r}")
     for key, low in (("logprob_start_len", -1), ("top_logprobs_num", 0)):
         value = logprob.get(key, low)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -209,6 +210,14 @@ def make_gen(name: str | None, options: dict[str, Any], dtype: Any = None) -> Ge
     """Build a Gen from gen()'s keyword arguments (None means 'not set')."""
     if name is not None and not isinstance(name, str):
         raise ValueError(f"gen name must be a str, got {type(name).__name__}")
+    if options.get("n") not in (None, 1):
+        raise ValueError(
+            f"gen(n={options['n']!r}) is not supported: fork the state (s.fork(n)) and gen in each"
+        )
+    if options.get("stop_regex") is not None:
+        raise ValueError(
+            "gen(stop_regex=...) is not supported: use stop= (strings) or regex= (the whole output)"
+        )
     sampling: dict[str, Any] = {}
     for key, engine_key in GEN_TO_ENGINE_KEYS.items():
         if options.get(key) is not None:

@@ -34,7 +34,7 @@ PRECACHE_MIN_TOKENS = 32
 # Sampling options a run sets for every gen: the one definition's keys (radixlm.backend.
 # sampling_params) except those that belong to a single request (n, its constraint).
 _RUN_SAMPLING_KEYS = tuple(k for k in SAMPLING_KEYS if k not in ("n", *CONSTRAINT_KEYS, "json_schema_strict"))
-_RUN_LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num")
+_RUN_LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
 
 def set_default_backend(backend: ProgramBackend | None) -> None:

@@ -149,3 +149,33 @@ def test_run_batch_takes_lists_of_positional_arguments(rt):
     assert [st.text()[:3] for st in states] == ["Hi!", "Yo?"]
     with pytest.raises(ValueError, match="a batch entry has 3"):
         prog.run_batch([["a", "b", "c"]], backend=rt)
+
+
+def test_gen_takes_sglangs_parameters_in_sglangs_order():
+    g = sgl.gen("x", 4, None, None, "\n")  # name, max_tokens, min_tokens, n, stop
+    assert g.sampling["max_new_tokens"] == 4 and g.sampling["stop"] == "\n"
+    assert sgl.gen_int("i", 3, 1, ".").sampling["stop"] == "."  # name, max_tokens, n, stop
+    with pytest.raises(ValueError, match="s.fork"):
+        sgl.gen("x", n=2)
+    with pytest.raises(ValueError, match="stop_regex"):
+        sgl.gen("x", stop_regex="a+")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_return_text_in_logprobs_fills_each_tokens_text(rt, stream):
+    @sgl.function
+    def prog(s):
+        s += "The sky is"
+        s += sgl.gen("x", max_tokens=3, return_logprob=True, top_logprobs_num=2, ignore_eos=True)
+
+    plain = prog.run(backend=rt, temperature=0, stream=stream)
+    with_text = prog.run(backend=rt, temperature=0, stream=stream, return_text_in_logprobs=True)
+    if stream:
+        for st in (plain, with_text):
+            list(st.text_iter())
+    entries = with_text.get_meta_info("x")["output_token_logprobs"]
+    assert [e[2] for e in plain.get_meta_info("x")["output_token_logprobs"]] == [None] * 3
+    assert [e[2] for e in entries] == [rt.tokenizer.decode([e[1]]) for e in entries]
+    assert "".join(e[2] for e in entries) == with_text["x"]
+    tops = with_text.get_meta_info("x")["output_top_logprobs"]
+    assert all(isinstance(t[2], str) for row in tops for t in row)

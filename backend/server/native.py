@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from ..logprob_text import add_logprob_text
 from .protocol import AbortRequest, GenerateRequest, SamplingParams, error_body
 from .runner import Runner, Seq, run_to_end
 from .streams import (
@@ -26,9 +27,7 @@ from .streams import (
     until_disconnect,
 )
 
-_LOGPROB_LISTS = ("input_token_logprobs", "output_token_logprobs")
 LENGTH_KEY = "output_token_logprobs_length"
-_TOP_LISTS = ("input_top_logprobs", "output_top_logprobs")
 
 
 def build_seqs(req: GenerateRequest) -> list[Seq]:
@@ -73,23 +72,6 @@ def _rids(rid: str | list[str] | None, n: int) -> list[str]:
     if len(rid) != n or len(set(rid)) != n:
         raise ValueError(f"rid must be {n} distinct ids, one per prompt")
     return list(rid)
-
-
-def add_logprob_text(meta: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
-    """Fill the third slot of each (logprob, token_id, text) entry with the token's text."""
-
-    def fill(entry: Any) -> Any:
-        lp, tid = entry[0], entry[1]
-        return [lp, tid, tokenizer.decode([tid])]
-
-    out = dict(meta)
-    for key in _LOGPROB_LISTS:
-        if out.get(key) is not None:
-            out[key] = [fill(e) for e in out[key]]
-    for key in _TOP_LISTS:
-        if out.get(key) is not None:
-            out[key] = [None if row is None else [fill(e) for e in row] for row in out[key]]
-    return out
 
 
 def _finish_meta(meta: dict[str, Any], req: GenerateRequest, tokenizer: Any) -> dict[str, Any]:
