@@ -35,6 +35,7 @@ PRECACHE_MIN_TOKENS = 32
 # sampling_params) except those that belong to a single request (n, its constraint).
 _RUN_SAMPLING_KEYS = tuple(k for k in SAMPLING_KEYS if k not in ("n", *CONSTRAINT_KEYS, "json_schema_strict"))
 _RUN_LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+_RUN_OPTION_KEYS = frozenset((*_RUN_SAMPLING_KEYS, *_RUN_LOGPROB_KEYS))
 
 
 def set_default_backend(backend: ProgramBackend | None) -> None:
@@ -85,11 +86,14 @@ class Program:
     ) -> None:
         if not callable(func):
             raise ValueError("@function decorates a callable")
-        params = list(inspect.signature(func).parameters)
+        params = list(inspect.signature(func).parameters.values())
         if not params:
             raise ValueError(f"program {func.__name__!r} must take the state as its first parameter")
         self.func = func
-        self.arg_names = params[1:]
+        variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        self.arg_names = [p.name for p in params[1:] if p.kind not in variadic]
+        # def prog(s, **kwargs): run's keywords that are not run options are the program's
+        self.takes_any_keyword = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params[1:])
         self.bind_arguments = dict(bind_arguments or {})
         if options.get("num_api_spec_tokens"):
             raise ValueError(
@@ -163,7 +167,9 @@ class Program:
             raise ValueError(f"{self.__name__} takes {len(self.arg_names)} argument(s), got {len(args)}")
         kwargs = dict(zip(self.arg_names, args))
         for name in list(options):
-            if name in self.arg_names:
+            if name in self.arg_names or (self.takes_any_keyword and name not in _RUN_OPTION_KEYS):
+                if name in kwargs:
+                    raise TypeError(f"{self.__name__}() got multiple values for argument {name!r}")
                 kwargs[name] = options.pop(name)
         return {**self.bind_arguments, **kwargs}
 

@@ -1,6 +1,7 @@
 """The language where an SGLang program leans on it: @function's own sampling defaults, streamed
 typed gens and repeated stream readers, bad backends and bad logprob options refused where they
-are given, dtype over regex, and run_batch entries that set their own options. On the session's
+are given, dtype over regex, run_batch entries that set their own options, SGLang's gen parameters
+and choices-method arguments, and keyword programs. On the session's
 shared engine (CPU, default model)."""
 
 from __future__ import annotations
@@ -179,3 +180,18 @@ def test_return_text_in_logprobs_fills_each_tokens_text(rt, stream):
     assert "".join(e[2] for e in entries) == with_text["x"]
     tops = with_text.get_meta_info("x")["output_top_logprobs"]
     assert all(isinstance(t[2], str) for row in tops for t in row)
+
+
+def test_keyword_programs_get_their_keywords_and_duplicates_are_refused(rt):
+    @sgl.function
+    def kw(s, **kwargs):
+        s += "x" + kwargs.get("a", "") + sgl.gen("g", max_tokens=1)
+
+    assert kw.run(backend=rt, a="b", temperature=0).text().startswith("xb")  # temperature: a run option
+
+    @sgl.function
+    def one(s, a):
+        s += a
+
+    with pytest.raises(TypeError, match="multiple values for argument 'a'"):
+        one.run("x", a="y", backend=rt)
