@@ -1,8 +1,8 @@
 """The language where an SGLang program leans on it: @function's own sampling defaults, streamed
 typed gens and repeated stream readers, bad backends and bad logprob options refused where they
 are given, dtype over regex, run_batch entries that set their own options, SGLang's gen parameters
-and choices-method arguments, and keyword programs. On the session's
-shared engine (CPU, default model)."""
+and choices-method arguments, and keyword programs. On the session's shared engine (CPU, default
+model)."""
 
 from __future__ import annotations
 
