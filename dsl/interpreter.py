@@ -321,7 +321,7 @@ class Executor:
         for chunk in self.backend.generate_stream(self, sampling, logprob):
             text += chunk.text
             ids.extend(chunk.ids or [])
-            meta = with_logprob_text(merged.add(chunk.meta), self.codec, self._logprob_text)
+            meta = merged.add(chunk.meta)  # token texts once, at the end: it holds every token so far
             self.text_ += chunk.text
             if name is not None:
                 chunk_meta = with_logprob_text(chunk.meta, self.codec, self._logprob_text)
@@ -332,7 +332,7 @@ class Executor:
             assert self.stream_text_event is not None
             self.stream_text_event.set()
         self._append_generated_ids(text, ids or None)  # text_ already holds the streamed text
-        return text, meta
+        return text, with_logprob_text(meta, self.codec, self._logprob_text)
 
     def _set_result(self, name: str | None, value: Any, meta: Any) -> None:
         if name is None:
