@@ -92,16 +92,12 @@ def embed_when_room(
     ticket = next(_tickets)
 
     def once() -> T:
+        holds.pop(ticket, None)  # on this thread: no step is planned between this and a new hold
         try:
-            out = attempt()
+            return attempt()
         except KVPoolBusy:
             holds[ticket] = tokens
             raise
-        except BaseException:
-            holds.pop(ticket, None)
-            raise
-        holds.pop(ticket, None)
-        return out
 
     deadline = time.monotonic() + WAIT_S
     try:
