@@ -33,6 +33,7 @@ from .schema_policy import (
     one_of_pointers,
     prepare,
 )
+from .schema_walk import python_regex_problem
 from .token_index import TokenVocab, vocab_from_tokenizer
 
 if TYPE_CHECKING:
@@ -43,6 +44,19 @@ KINDS = ("regex", "json_schema", "ebnf", "json")
 ENGINES = ("fsm", "xgrammar", "llguidance", "auto")
 MAX_RELAX = 6  # non-strict: refusals answered by dropping a construct, per schema
 RELAX_BUDGET_S = 1.5  # non-strict: no further relaxation once a compile has taken this long
+
+
+def _refusing_python_unreadable_patterns(compiled: CompiledGrammar, spec: str) -> CompiledGrammar:
+    """compiled, unless its value checks would meet a regex Python's re cannot compile (they read
+    patterns with it): refused here, at compile time, not from inside a decoding step."""
+    checked: list[str] = getattr(compiled, "checked_keywords", None) or []
+    problem = python_regex_problem(json.loads(spec)) if checked else None
+    if problem is not None:
+        raise ValueError(
+            f"JSON schema not supported: {problem}, and the value check for {checked[0]} reads it; "
+            "write the pattern in Python's re syntax"
+        )
+    return compiled
 
 
 class GrammarBackend:
@@ -157,7 +171,7 @@ class GrammarBackend:
             if empty is not None:
                 raise ValueError(f"invalid JSON schema: it matches nothing ({empty})")
             if engine in ("auto", "llguidance"):
-                return self._llguidance_schema(prepared, strict)
+                return _refusing_python_unreadable_patterns(self._llguidance_schema(prepared, strict), spec)
             if prepared.checked and strict:  # value checks run beside llguidance's grammars only
                 key, _, where = prepared.checked[0].partition(" at ")
                 raise ValueError(

@@ -68,6 +68,8 @@ def normalize_json_schema(schema: Any) -> str:
         )
     if not isinstance(obj, (dict, bool)):
         raise ValueError(f"invalid JSON schema: expected an object, got {type(obj).__name__}")
+    if obj is True:  # the schema every JSON value satisfies, written as the engines take it
+        obj = {}
     return json.dumps(obj, ensure_ascii=False)
 
 

@@ -4,6 +4,8 @@ parents before their children; pointers are RFC 6901 fragments ('#/properties/a~
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import unquote
@@ -136,3 +138,20 @@ def reaching(parents: Mapping[int, Iterable[int]], seed: Iterable[int]) -> set[i
                 marked.add(p)
                 stack.append(p)
     return marked
+
+
+def python_regex_problem(root: Any) -> str | None:
+    """Why the first pattern or patternProperties key reachable from root does not compile with
+    Python's re (the value checks and jsonschema read patterns with it), or None when all do."""
+    for node, ptr in walk(root):
+        pattern = node.get("pattern")
+        found = [(pattern, f"{ptr}/pattern")] if isinstance(pattern, str) else []
+        found += [(key, f"{ptr}/patternProperties") for key in dict_at(node, "patternProperties")]
+        for regex, where in found:
+            try:
+                with warnings.catch_warnings():  # a FutureWarning on nested sets is not a failure
+                    warnings.simplefilter("ignore")
+                    re.compile(regex)
+            except (re.error, RecursionError, OverflowError) as e:
+                return f"pattern {regex!r} at {where} does not compile with Python's re ({e})"
+    return None

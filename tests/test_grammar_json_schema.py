@@ -67,6 +67,17 @@ def test_walks_validate(backend: GrammarBackend, idx: int, engine: str) -> None:
     _validate_walks(backend, SCHEMAS[idx], engine)
 
 
+@pytest.mark.parametrize("schema", [True, "true"])
+def test_the_true_schema_takes_any_json_and_false_is_refused(backend: GrammarBackend, schema: object) -> None:
+    grammar = backend.compile("json_schema", schema)
+    m = grammar.new_matcher()
+    for t in backend.tokenizer.encode('[1, {"a": null}]', add_special_tokens=False):
+        assert m.accept_token(t)
+    assert m.accept_token(sorted(backend.vocab.eos_ids)[0]) and m.is_terminated()
+    with pytest.raises(ValueError, match="matches nothing"):
+        backend.compile("json_schema", "false")
+
+
 def test_pydantic_model_through_both_engines(backend: GrammarBackend) -> None:
     schema = Person.model_json_schema()
     assert json.loads(normalize_json_schema(Person)) == schema

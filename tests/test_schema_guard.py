@@ -400,3 +400,19 @@ def test_a_check_that_another_check_at_the_location_validates_is_dropped() -> No
     plan = _guard_plan(legacy, [legacy, member, target])
     assert [id(n) for n in plan.root.check_nodes] == [id(legacy), id(member)]
     assert [plan.root.check_value(t) for t in (b"1", b"2", b"3")] == [False, False, True]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "propertyNames": {"pattern": "\\p{Lu}"}},
+        {"type": "object", "patternProperties": {"\\p{L}": {"type": "integer"}, "^a": {"type": "string"}}},
+    ],
+)
+def test_a_checked_schema_with_a_pattern_python_cannot_compile_is_refused_at_compile(
+    backend: GrammarBackend, schema: dict
+) -> None:
+    """The value checks read patterns with Python's re: a pattern it cannot compile is refused when
+    the grammar is compiled (a 400), never raised later from inside a decoding step."""
+    with pytest.raises(ValueError, match=r"does not compile with Python's re"):
+        backend.compile("json_schema", json.dumps(schema))
