@@ -66,6 +66,9 @@ class RequestGrammar:
         # a sampled token the matcher refused: no allowed token could continue (e.g. every completion
         # of a value fails its value check), so the request ends here, reported, never as valid
         self.dead_end = False
+        # the matcher raised (a bug or an input no check foresaw): this request ends with the
+        # message; the other requests of its batch go on
+        self.error: str | None = None
 
     def report(self, req: Any) -> dict[str, Any]:
         """meta_info entries of a finished request: keywords dropped (non-strict) and keywords held
@@ -97,11 +100,25 @@ class RequestGrammar:
             self.matcher = compiled.new_matcher()
 
     def fill_next_token_bitmask(self, bitmask: Any, row: int) -> None:
-        self.matcher.fill_next_token_bitmask(bitmask, row)  # type: ignore[union-attr]
+        """The matcher's mask; after an error, a row that allows nothing (the stop tokens are
+        opened for it, and the request ends with the error when one is sampled)."""
+        if self.error is None:
+            try:
+                self.matcher.fill_next_token_bitmask(bitmask, row)  # type: ignore[union-attr]
+                return
+            except Exception as e:
+                self._fail(e)
+        bitmask[row] = 0
+
+    def _fail(self, e: Exception) -> None:
+        logger.exception("grammar matcher failed")
+        self.error = f"grammar error: {type(e).__name__}: {e}"
 
     def parallel_mask_matcher(self) -> Any:
         """The llguidance or xgrammar matcher behind this request's mask, if any (one batched fill
         per step and engine)."""
+        if self.error is not None:
+            return None
         source = getattr(self.matcher, "parallel_mask_matcher", None)
         return source() if source is not None else None
 
@@ -111,6 +128,15 @@ class RequestGrammar:
     def accept_and_jump(self, req: Any, tok: int, stats: Any) -> list[int]:
         """Accept the sampled token (already appended to req.output_ids); then maybe jump forward.
         Returns the ids this step added to the output (tok, or a retokenized tail replacing it)."""
+        if self.error is not None:
+            return [tok]
+        try:
+            return self._accept_and_jump(req, tok, stats)
+        except Exception as e:
+            self._fail(e)
+            return [tok]
+
+    def _accept_and_jump(self, req: Any, tok: int, stats: Any) -> list[int]:
         m = self.matcher
         assert m is not None, "grammar not resolved before scheduling"
         if not m.accept_token(tok):

@@ -29,6 +29,7 @@ class RequestGrammar(Protocol):
 
     jump_forward: bool
     dead_end: bool  # the matcher refused a sampled token: nothing valid can follow
+    error: str | None  # the matcher raised: the request ends with this message
 
     def accept_and_jump(self, req: Req, tok: int, stats: object) -> list[int]:
         """Accept tok; returns the ids this step appended (tok, then any forced tokens)."""
@@ -126,8 +127,9 @@ class Req:
         """After appending one output token: stop token, length, stop string, context end."""
         p = self.params
         n_out = len(self.output_ids)
-        if self.grammar is not None and self.grammar.dead_end:
-            self.finished_reason = {"type": "abort", "message": GRAMMAR_DEAD_END}
+        grammar = self.grammar
+        if grammar is not None and (grammar.dead_end or grammar.error is not None):
+            self.finished_reason = {"type": "abort", "message": grammar.error or GRAMMAR_DEAD_END}
         elif n_out >= p.min_new_tokens and token in self.stop_tokens():
             self.finished_reason = {"type": "stop", "matched": token}
         elif n_out >= p.max_new_tokens:

@@ -126,13 +126,24 @@ class Scheduler:
             self._process_step(previous)
         finally:
             if launched is not None and launched.deferred_rows is not None:
-                self._launch_deferred_sampling(launched)
+                self._sample_deferred_or_fail(launched)
         if not self.cfg.overlap or verifying:
             self._process_step(launched)
         if plan is not None and plan.num_decode == len(plan.items):
             drafts = sum(len(d) for d in plan.drafts.drafts) if plan.drafts is not None else 0
             self.spec.record_step(verifying, len(plan.items), drafts, time.perf_counter() - t0)
         return plan is not None
+
+    def _sample_deferred_or_fail(self, step: LaunchedStep) -> None:
+        """Deferred sampling; if it raises (a grammar or sampler error), the step is dropped and
+        its requests end with the error, rather than the next step meeting it unsampled."""
+        try:
+            self._launch_deferred_sampling(step)
+        except Exception as e:
+            if self.inflight is step:
+                self.inflight = None
+            self.fail_plan(step.plan, f"internal error: {type(e).__name__}: {e}")
+            raise
 
     def _launch_deferred_sampling(self, step: LaunchedStep) -> None:
         """Sample a step whose requests read state the previous step's tokens change (grammar
