@@ -162,6 +162,10 @@ def _int(lo: int) -> Callable[[str, Any], None]:
     return check
 
 
+# the sampler divides logits by the temperature in float32: a larger one would be inf there
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _range(lo: float, hi: float | None, lo_open: bool = False) -> Callable[[str, Any], None]:
     def check(name: str, v: Any) -> None:
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # NaN fails
@@ -223,7 +227,7 @@ def _schema(name: str, v: Any) -> None:
 _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "max_new_tokens": _int(0),
     "min_new_tokens": _int(0),
-    "temperature": _range(0.0, None),
+    "temperature": _range(0.0, FLOAT32_MAX),
     "top_p": _range(0.0, 1.0, lo_open=True),
     "top_k": _top_k,
     "min_p": _range(0.0, 1.0),

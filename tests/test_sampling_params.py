@@ -48,6 +48,9 @@ BAD = [
     ("repetition_penalty", 3.0, "repetition_penalty must be in [0.01, 2.0]"),
     ("min_p", -0.1, "min_p must be in [0.0, 1.0]"),
     ("top_k", 0, "top_k must be -1"),
+    # the sampler divides in float32: inf, or a value float32 cannot hold, would turn masks to NaN
+    ("temperature", float("inf"), "temperature must be in [0.0, 3.4028234663852886e+38]"),
+    ("temperature", 1e39, "temperature must be in [0.0, 3.4028234663852886e+38]"),
 ]
 
 
