@@ -650,6 +650,11 @@ def test_request_errors_are_statuses_streamed_or_not(server: Server) -> None:
     ]:  # fmt: skip
         r = h.post(path, content=body.encode(), headers={"content-type": "application/json"})
         _error(r, 400, field, "surrogate")
+    encoded = b'{"messages": [{"role": "user", "content": "hi \xed\xa0\x80"}]}'  # a surrogate's UTF-8 form
+    r = h.post("/v1/chat/completions", content=encoded, headers={"content-type": "application/json"})
+    _error(r, 400, "not valid UTF-8")
+    deep = b'{"text": "\\ud800", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    assert h.post("/generate", content=deep, headers={"content-type": "application/json"}).status_code == 400
     bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
     with pytest.raises(openai.BadRequestError):
         server.oai.chat.completions.create(model="m", messages=CHAT, response_format=bad_schema, stream=True)  # type: ignore[arg-type,call-overload]

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from radixlm.backend.server.app import _format_validation
-from radixlm.backend.server.body_text import lone_surrogate_at
+from radixlm.backend.server.app import _format_validation, _shutdown_engine
+from radixlm.backend.server.body_text import body_problem, lone_surrogate_at
 from radixlm.backend.server.native import CumulativeEvents
 from radixlm.backend.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from radixlm.backend.server.streams import sse
@@ -107,6 +107,14 @@ def test_tools_do_not_mix_with_other_constraints() -> None:
     }
 
 
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_a_broken_tool_schema_is_refused_in_every_mode(choice: str) -> None:
+    broken = {"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}
+    req = ChatCompletionRequest(messages=MSGS, tools=[WEATHER, broken], tool_choice=choice)
+    with pytest.raises(ValueError, match=r"tools\[1\]\.function\.parameters: .*unknown type 'nonsense'"):
+        plan_tools(req)
+
+
 def test_request_shapes() -> None:
     assert GenerateRequest(text=["a", "b"]).is_batch and not GenerateRequest(text="a").is_batch
     assert GenerateRequest(input_ids=[[1], [2, 3]]).prompts() == [{"input_ids": [1]}, {"input_ids": [2, 3]}]
@@ -176,3 +184,28 @@ def test_stream_events_encoded_incrementally_equal_whole_event_json(
 )
 def test_lone_surrogates_are_found_with_their_field(body: bytes, where: str | None) -> None:
     assert lone_surrogate_at(body) == where
+
+
+def test_bodies_python_reads_but_cannot_serve_are_named() -> None:
+    encoded = b'{"prompt": "hi \xed\xa0\x80"}'  # a surrogate in UTF-8 form: json.loads takes it
+    assert "\ud800" in json.loads(encoded)["prompt"]
+    assert "not valid UTF-8" in (body_problem(encoded) or "")
+    assert "surrogate" in (body_problem(rb'{"prompt": "\ud800"}') or "")
+    assert body_problem('{"prompt": "caf\u00e9 \u00e9"}'.encode()) is None
+    deep = b'{"p": "\\ud800", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"  # too deep to parse: the app's 400
+    assert body_problem(deep) is None
+
+
+def test_server_exit_shuts_the_engine_down_even_when_the_flush_fails() -> None:
+    class Engine:
+        stopped = False
+
+        def flush_cache(self) -> bool:
+            raise RuntimeError("reset while 3 cached tokens are locked")
+
+        def shutdown(self) -> None:
+            self.stopped = True
+
+    engine = Engine()
+    _shutdown_engine(engine)
+    assert engine.stopped

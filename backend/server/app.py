@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from . import docs, embeddings_api, info, native, openai_api, studio, trace_api
 from . import programs as programs_api
 from .access_log import AccessLogMiddleware
-from .body_text import LONE_SURROGATE, lone_surrogate_at
+from .body_text import body_problem
 from .metrics import ServerMetrics
 from .programs import ProgramRegistry
 from .protocol import error_body
@@ -87,16 +87,20 @@ def create_app(
 
 def _shutdown_engine(engine: Any) -> None:
     """Empty the prefix cache and log the KV pool's free count (all slots, unless a request
-    still holds KV), then shut the engine down."""
-    flushed = engine.flush_cache()
-    stats = engine.get_stats()
-    logger.info(
-        "KV pool at exit: %d of %d slots free%s",
-        stats["kv_free_slots"],
-        stats["kv_total_slots"],
-        "" if flushed else " (cache not flushed: requests still running)",
-    )
-    engine.shutdown()
+    still holds KV), then shut the engine down, whatever the flush met."""
+    try:
+        flushed = engine.flush_cache()
+        stats = engine.get_stats()
+        logger.info(
+            "KV pool at exit: %d of %d slots free%s",
+            stats["kv_free_slots"],
+            stats["kv_total_slots"],
+            "" if flushed else " (cache not flushed: requests still running)",
+        )
+    except Exception:
+        logger.exception("emptying the prefix cache at exit failed")
+    finally:
+        engine.shutdown()
 
 
 async def drain(runner: Runner, timeout_s: float) -> int:
@@ -208,8 +212,8 @@ def _install_error_handlers(app: FastAPI, limits: ServerLimits, metrics: ServerM
 
 
 class _GuardMiddleware:
-    """Pure ASGI: API key check, body-size limit and lone-surrogate check (body_text) before the
-    app sees the request."""
+    """Pure ASGI: API key check, body-size limit and body check (body_text: UTF-8, lone
+    surrogates) before the app sees the request."""
 
     def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
         self.app = app
@@ -236,9 +240,9 @@ class _GuardMiddleware:
         if body is None:
             await self._too_large(scope, receive, send)
             return
-        where = lone_surrogate_at(body)
-        if where is not None:
-            await _error(400, f"{where}: {LONE_SURROGATE}")(scope, receive, send)
+        problem = body_problem(body)
+        if problem is not None:
+            await _error(400, problem)(scope, receive, send)
             return
         await self.app(scope, _replay(body, receive), send)
 

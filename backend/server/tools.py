@@ -9,6 +9,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from radixlm.grammars.json_schema import check_schema
+
 from .info import render_chat
 from .protocol import ChatCompletionRequest, ChatMessage, NamedToolChoice, Tool
 
@@ -78,6 +80,11 @@ def plan_tools(req: ChatCompletionRequest) -> ToolPlan:
         raise ValueError("response_format cannot be combined with tools")
     if any(getattr(req, k) is not None for k in ("regex", "json_schema", "ebnf")):
         raise ValueError("regex/json_schema/ebnf cannot be combined with tools")
+    for i, tool in enumerate(tools):  # in every mode: auto would meet a broken schema only mid-call
+        try:
+            check_schema(_parameters(tool))
+        except ValueError as e:
+            raise ValueError(f"tools[{i}].function.parameters: {e}") from e
     if isinstance(choice, NamedToolChoice):
         return ToolPlan("named", tools, False, named=choice.function.name)
     return ToolPlan("required" if choice == "required" else "auto", tools, req.parallel_tool_calls)
