@@ -81,7 +81,7 @@ class OutputProcessor:
         step_ids = [tok]
         if req.grammar is not None:  # accept; jump-forward may append forced tokens (backend/constrained.py)
             step_ids = req.grammar.accept_and_jump(req, tok, self.stats)
-        if req.stream or req.params.stop:  # otherwise the text is decoded once, at the end
+        if req.stream or req.stops_on_text:  # otherwise the text is decoded once, at the end
             req.detok.add(step_ids)
         req.check_finished(step_ids[-1], self.cfg.context_len)
         if req.finished:

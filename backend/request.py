@@ -13,6 +13,7 @@ import torch
 
 from .prefix_cache import CacheHandle
 from .sampling_params import SamplingParams
+from .stop_regex import StopRegexScan, StopRegexTimeout
 from .tokenizer import IncrementalDetokenizer
 
 # What a request sends its caller: {"text", "output_ids", "meta_info"} (JSON-shaped, the wire format).
@@ -72,14 +73,24 @@ class Req:
     grammar: RequestGrammar | None = None  # set when constrained
     stream_sent: int = 0  # chars of text already streamed
     ids_sent: int = 0  # output ids already streamed
-    stop_cut: int = -1  # where a matched stop string starts in detok.text
+    stop_cut: int = -1  # where a matched stop string or stop regex starts in detok.text
     stop_checked: int = 0  # chars of detok.text already searched for stop strings
+    stop_regex_scan: StopRegexScan | None = None  # set from params.stop_regex
 
     input_token_logprobs: list[LogprobEntry] = field(default_factory=list)
     input_top_logprobs: list[TopLogprobs] = field(default_factory=list)
     output_token_logprobs: list[LogprobEntry] = field(default_factory=list)
     output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
     input_logprobs_done: bool = False
+
+    def __post_init__(self) -> None:
+        if self.params.stop_regex:
+            self.stop_regex_scan = StopRegexScan(self.params.stop_regex)
+
+    @property
+    def stops_on_text(self) -> bool:
+        """Whether its output text is searched after every token (stop strings, stop regexes)."""
+        return bool(self.params.stop or self.params.stop_regex)
 
     @property
     def all_ids(self) -> list[int]:
@@ -124,7 +135,9 @@ class Req:
         return ids
 
     def check_finished(self, token: int, context_len: int) -> None:
-        """After appending one output token: stop token, length, stop string, context end."""
+        """After appending one output token: stop token, length, stop string or regex, context end.
+        A stop string counts only where it ends past the first min_new_tokens tokens' text, a stop
+        regex only where its match starts past it."""
         p = self.params
         n_out = len(self.output_ids)
         grammar = self.grammar
@@ -138,19 +151,28 @@ class Req:
             self.finished_reason = {"type": "length", "length": n_out}
         elif self.grammar is not None and self.grammar.is_terminated():
             self.finished_reason = {"type": "stop", "matched": token}
-        if p.stop and not self.finished:
+        if self.stops_on_text and not self.finished:
             if n_out >= p.min_new_tokens:
-                self._check_stop_strings()
-            else:  # a stop string counts only where it ends past the first min_new_tokens tokens
+                self._check_stop_text()
+            else:
                 self.stop_checked = len(self.detok.text)
+                if self.stop_regex_scan is not None:
+                    self.stop_regex_scan.skip_to(len(self.detok.text))
 
-    def _check_stop_strings(self) -> None:
-        # A new match ends in the text added since the last check: it starts at most len(s) - 1
-        # characters before it.
+    def _check_stop_text(self) -> None:
+        # A new stop-string match ends in the text added since the last check: it starts at most
+        # len(s) - 1 characters before it.
         text, checked = self.detok.text, self.stop_checked
         self.stop_checked = len(text)
         hits = [(text.find(s, max(0, checked - len(s) + 1)), s) for s in self.params.stop]
         hits = [(i, s) for i, s in hits if i >= 0]
+        if self.stop_regex_scan is not None:
+            try:
+                hit = self.stop_regex_scan.search(text)
+            except StopRegexTimeout as e:
+                self.finished_reason = {"type": "abort", "message": str(e)}
+                return
+            hits += [hit] if hit is not None else []
         if hits:
             self.stop_cut, matched = min(hits)
             self.finished_reason = {"type": "stop", "matched": matched}
@@ -166,9 +188,11 @@ class Req:
         text = self.detok.text
         if self.finished:
             return self.final_text()
-        if self.params.stop and not self.params.no_stop_trim:
-            hold = max(len(s) for s in self.params.stop) - 1
-            return text[: max(len(text) - hold, self.stream_sent)]
+        if self.stops_on_text and not self.params.no_stop_trim:
+            end = len(text) - max((len(s) - 1 for s in self.params.stop), default=0)
+            if self.stop_regex_scan is not None:
+                end = min(end, self.stop_regex_scan.hold_from(len(text)))
+            return text[: max(end, self.stream_sent)]
         return text
 
     def meta_info(self) -> dict[str, Any]:

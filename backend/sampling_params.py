@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, get_type_hints
 
+from .stop_regex import check_stop_regexes
+
 GREEDY_TEMPERATURE = 1e-5
 DEFAULT_MAX_NEW_TOKENS = 128
 # Names the OpenAI API and the language's gen() use for the same keys.
@@ -40,6 +42,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: list[str] = _wire(str | list[str], default_factory=list)
     stop_token_ids: list[int] = _wire(int | list[int], default_factory=list)
+    stop_regex: list[str] = _wire(str | list[str], default_factory=list)  # searched in the output text
     ignore_eos: bool = False
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
@@ -110,10 +113,14 @@ def check_keys(d: dict[str, Any] | None) -> dict[str, Any]:
 
 def normalize(d: dict[str, Any]) -> dict[str, Any]:
     """Wire shapes → field shapes: None drops a key (but stays a value where it means one), a
-    single stop string or stop token id becomes a list."""
+    single stop string, stop regex or stop token id becomes a list, and so does a tuple of them."""
     d = {k: v for k, v in d.items() if v is not None or k in NONE_MEANS_UNSET_EXCEPT}
-    if isinstance(d.get("stop"), str):
-        d["stop"] = [d["stop"]]
+    for key in ("stop", "stop_regex", "stop_token_ids"):
+        if isinstance(d.get(key), tuple):
+            d[key] = list(d[key])
+    for key in ("stop", "stop_regex"):
+        if isinstance(d.get(key), str):
+            d[key] = [d[key]]
     if isinstance(d.get("stop_token_ids"), int) and not isinstance(d["stop_token_ids"], bool):
         d["stop_token_ids"] = [d["stop_token_ids"]]
     return d
@@ -236,6 +243,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "repetition_penalty": _range(0.01, 2.0),
     "stop": _stop,
     "stop_token_ids": _stop_ids,
+    "stop_regex": check_stop_regexes,
     "ignore_eos": _bool,
     "no_stop_trim": _bool,
     "skip_special_tokens": _bool,

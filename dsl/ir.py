@@ -28,6 +28,7 @@ GEN_SAMPLING_KEYS = (
     "min_new_tokens",
     "stop",
     "stop_token_ids",
+    "stop_regex",
     "temperature",
     "top_p",
     "top_k",
@@ -213,10 +214,6 @@ def make_gen(name: str | None, options: dict[str, Any], dtype: Any = None) -> Ge
     if options.get("n") not in (None, 1):
         raise ValueError(
             f"gen(n={options['n']!r}) is not supported: fork the state (s.fork(n)) and gen in each"
-        )
-    if options.get("stop_regex") is not None:
-        raise ValueError(
-            "gen(stop_regex=...) is not supported: use stop= (strings) or regex= (the whole output)"
         )
     sampling: dict[str, Any] = {}
     for key, engine_key in GEN_TO_ENGINE_KEYS.items():

@@ -214,3 +214,26 @@ def test_error_bodies_use_one_type_vocabulary(engine) -> None:
         } == {"not_found_error", "authentication_error"}
     finally:
         thread.stop()
+
+
+def test_stop_regex_over_generate_and_the_openai_routes(srv: ServerThread) -> None:
+    """SGLang's stop_regex in /generate's sampling_params and in an OpenAI body: the same cut as
+    the engine makes, and a bad pattern is a 400 naming it."""
+    import openai
+
+    sp = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+    free = httpx.post(f"{srv.url}/generate", json={"text": PROMPT, "sampling_params": sp}).json()["text"]
+    match = re.search(r"\bs\w+", free)
+    assert match is not None, f"the model's count changed: {free!r}"
+    cut = httpx.post(
+        f"{srv.url}/generate", json={"text": PROMPT, "sampling_params": {**sp, "stop_regex": r"\bs\w+"}}
+    ).json()
+    assert cut["text"] == free[: match.start()]
+    assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": r"\bs\w+"}
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x")
+    done = client.completions.create(
+        model="m", prompt=PROMPT, max_tokens=16, temperature=0, extra_body={"stop_regex": [r"\bs\w+"]}
+    )
+    assert done.choices[0].text == free[: match.start()] and done.choices[0].finish_reason == "stop"
+    bad = httpx.post(f"{srv.url}/generate", json={"text": PROMPT, "sampling_params": {"stop_regex": "("}})
+    assert bad.status_code == 422 and "stop_regex '('" in bad.text

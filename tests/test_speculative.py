@@ -39,6 +39,7 @@ CASES: list[tuple[str, dict]] = [
     ),
     (chat("Write a short poem about the sea."), {"max_new_tokens": 40}),
     (chat(f"Repeat exactly: {DOC}"), {"max_new_tokens": 50, "stop": ["Street"]}),
+    (chat(f"Repeat exactly: {DOC}"), {"max_new_tokens": 50, "stop_regex": [r"Fr\w+co\b"]}),
     (chat(f"Repeat exactly: {DOC}"), {"max_new_tokens": 7}),
     (
         chat(f"Repeat exactly: {DOC}"),
@@ -87,6 +88,7 @@ def test_greedy_identical_on_and_off(ref_engine, spec_engine):
         assert [t for _, t, _ in o["meta_info"]["output_token_logprobs"]] == o["output_ids"]
         assert got == pytest.approx(want, abs=2e-3)
     assert outs[2]["meta_info"]["json_schema_valid"] is True
+    assert outs[5]["meta_info"]["finish_reason"] == {"type": "stop", "matched": r"Fr\w+co\b"}
     after = spec_engine.get_stats()
     assert after["spec_accepted_tokens"] - before.get("spec_accepted_tokens", 0) > 40  # it did speculate
     # with logprobs as above: a request that asks for them decodes forced text token by token (no

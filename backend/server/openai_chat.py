@@ -91,7 +91,7 @@ async def _run_call(runner: Runner, ctx: ChatCtx, seq: Seq, before: str, used: i
     within what the request's max_tokens leaves after the `used` tokens before the tag."""
     content = before.removesuffix(TOOL_CALL_TAG) + TOOL_CALL_TAG
     ids = ctx.prompt_ids + ctx.tok.tokenizer.encode(content, add_special_tokens=False)
-    sp = {k: v for k, v in seq.sampling_params.items() if k != "stop"}
+    sp = {k: v for k, v in seq.sampling_params.items() if k not in ("stop", "stop_regex")}
     budget = sp.get("max_new_tokens")
     if budget is not None:
         if budget <= used:
