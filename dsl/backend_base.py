@@ -110,8 +110,13 @@ class ProgramBackend:
     ) -> ChoicesDecision:
         raise NotImplementedError
 
-    def cache_prefix(self, ids: list[int]) -> None:
-        """Best effort: make `ids` cached on the server (no-op where that means nothing)."""
+    def cache_prefix(self, prefix: str | list[int]) -> None:
+        """Best effort: make `prefix` (token ids, or text as a program's first text tokenizes)
+        cached on the server (no-op where that means nothing)."""
+
+    def get_tokenizer(self) -> Any:
+        """The tokenizer programs on this backend are tokenized with (SGLang's Runtime method)."""
+        return self.tokenizer
 
     def pin_prefix(self, ids: list[int]) -> Any | None:
         return None
@@ -155,9 +160,14 @@ class TokenBackend(ProgramBackend):
             sent = int(meta.get(LENGTH_KEY, sent))
             yield GenOutput(chunk["text"], list(chunk["output_ids"]), meta)
 
-    def cache_prefix(self, ids: list[int]) -> None:
-        if ids:
-            self._request([list(ids)], {"max_new_tokens": 0})
+    def cache_prefix(self, prefix: str | list[int]) -> None:
+        if isinstance(prefix, str):
+            codec = self.codec
+            if codec is None:
+                raise ValueError("cache_prefix(text) needs a backend with a tokenizer")
+            prefix = codec.encode(prefix)
+        if prefix:
+            self._request([list(prefix)], {"max_new_tokens": 0})
 
     def score(self, prompts: list[list[int]], start: int) -> list[list[Any]]:
         """Prompt-token logprobs of each prompt from position `start` (one batched call)."""

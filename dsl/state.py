@@ -178,7 +178,8 @@ class ProgramState:
     def _iter_var(ex: Executor, name: str) -> Iterator[str]:
         event = ex.stream_var_event.get(name)
         while event is None:
-            if ex.is_finished:
+            if ex.is_finished:  # the program never set it: one empty chunk, as SGLang yields
+                yield ""
                 return
             assert ex.stream_text_event is not None
             ex.stream_text_event.wait(STREAM_POLL_S)
@@ -203,7 +204,8 @@ class ProgramState:
     ) -> AsyncIterator[Any]:
         """Async version of text_iter. With return_meta_data and a variable, yields (chunk, meta)
         per backend chunk as SGLang does: meta carries that chunk's own output_token_logprobs and
-        the running output_token_logprobs_length (get_meta_info(name) has the whole lists)."""
+        the running output_token_logprobs_length (get_meta_info(name) has the whole lists).
+        Without a variable it yields text chunks alone, return_meta_data or not (SGLang too)."""
         if return_meta_data and var_name is not None:
             it: Iterator[Any] = self._iter_var_chunks(var_name)
         else:
@@ -213,7 +215,7 @@ class ProgramState:
             item = await asyncio.to_thread(next, it, done)
             if item is done:
                 return
-            yield (item, None) if return_meta_data and var_name is None else item
+            yield item
 
     def _iter_var_chunks(self, name: str) -> Iterator[tuple[str, Any]]:
         ex = self.stream_executor

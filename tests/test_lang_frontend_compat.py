@@ -6,7 +6,10 @@ model)."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 import threading
+import uuid
 import warnings
 
 import pytest
@@ -158,8 +161,39 @@ def test_gen_takes_sglangs_parameters_in_sglangs_order():
     assert sgl.gen_int("i", 3, 1, ".").sampling["stop"] == "."  # name, max_tokens, n, stop
     with pytest.raises(ValueError, match="s.fork"):
         sgl.gen("x", n=2)
-    with pytest.raises(ValueError, match="stop_regex"):
-        sgl.gen("x", stop_regex="a+")
+    with pytest.raises(ValueError, match="stop_regex .* matches the empty string"):
+        sgl.gen("x", stop_regex="a*")
+    with pytest.raises(ValueError, match="choices"):
+        sgl.gen("x", choices=[])  # SGLang would silently generate free text instead
+
+
+def test_stop_regex_and_stop_tuples_reach_the_engine(rt):
+    @sgl.function
+    def prog(s):
+        s += "Count: 1, 2, 3, 4, 5, 6, 7,"
+        s += sgl.gen("free", max_tokens=12, ignore_eos=True)
+        s += "\nAgain: 1, 2, 3, 4, 5, 6, 7,"
+        s += sgl.gen("cut", max_tokens=12, ignore_eos=True, stop_regex=r"1\d", stop=("zzz",))
+
+    st = prog.run(backend=rt, temperature=0)
+    start = re.search(r"1\d", st["free"])
+    assert start is not None, f"the model's count changed: {st['free']!r}"
+    assert st["cut"] == st["free"][: start.start()]
+    assert st.get_meta_info("cut")["finish_reason"] == {"type": "stop", "matched": r"1\d"}
+
+
+def test_stream_readers_yield_what_sglangs_do(rt):
+    @sgl.function
+    def prog(s):
+        s += "Hi" + sgl.gen("x", max_tokens=2)
+
+    st = prog.run(backend=rt, temperature=0, stream=True)
+    assert list(st.text_iter("never_set")) == [""]
+
+    async def chunks() -> list[object]:
+        return [c async for c in st.text_async_iter(return_meta_data=True)]
+
+    assert all(isinstance(c, str) for c in asyncio.run(chunks()))
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -195,3 +229,11 @@ def test_keyword_programs_get_their_keywords_and_duplicates_are_refused(rt):
 
     with pytest.raises(TypeError, match="multiple values for argument 'a'"):
         one.run("x", a="y", backend=rt)
+
+
+def test_cache_prefix_takes_text_as_sglangs_runtime_does(rt, engine):
+    text = f"Instructions {uuid.uuid4().hex}: answer every question in one word. " * 3
+    n = len(rt.get_tokenizer().encode(text, add_special_tokens=False))
+    rt.cache_prefix(text)
+    out = engine.generate(text + "Question: why?", {"max_new_tokens": 1})
+    assert out["meta_info"]["cached_tokens"] >= n - 1  # the seam token may re-tokenize
