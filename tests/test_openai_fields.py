@@ -99,7 +99,7 @@ def test_informational_fields_are_accepted_and_user_is_logged(
 def test_unsupported_fields_are_refused_with_reason(
     client: openai.OpenAI, field: str, value: object, reason: str
 ) -> None:
-    with pytest.raises(openai.UnprocessableEntityError, match=reason):
+    with pytest.raises(openai.BadRequestError, match=reason):
         chat(client, extra_body={field: value})
 
 

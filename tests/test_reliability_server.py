@@ -254,7 +254,7 @@ def test_program_endpoint_runs_only_registered_programs(srv: Srv) -> None:
     codes = {k: r.status_code for k, r in cases.items()}
     show("programs", codes)
     assert codes["unregistered"] == codes["dotted"] == 404
-    assert codes["extra_arg"] == codes["wrong_type"] == codes["missing_arg"] == 422
+    assert codes["extra_arg"] == codes["wrong_type"] == codes["missing_arg"] == 400
 
 
 # ---------------------------------------------------------------- 1, 6, 7: tiny-pool subprocess

@@ -526,9 +526,9 @@ def test_programs_list_and_run(server: Server) -> None:
     assert server.http.post("/programs/nope", json={"args": {}}).status_code == 404
     assert server.http.post("/programs/not_a_program", json={"args": {}}).status_code == 404
     bad = server.http.post("/programs/qa", json={"args": {"question": "x", "evil": "__import__('os')"}})
-    assert bad.status_code == 422 and "evil" in bad.json()["error"]["message"]
+    assert bad.status_code == 400 and "evil" in bad.json()["error"]["message"]
     missing = server.http.post("/programs/qa", json={"args": {}})
-    assert missing.status_code == 422 and "question" in missing.json()["error"]["message"]
+    assert missing.status_code == 400 and "question" in missing.json()["error"]["message"]
 
 
 HI = "Hi there, how are you doing today?"
@@ -589,12 +589,12 @@ def test_error_cases_keep_serving(server: Server) -> None:
     )
     _error(
         h.post("/generate", json={"text": "a", "sampling_params": {"max_new_tokenz": 3}}),
-        422,
+        400,
         "max_new_tokenz",
         "unknown field",
     )
-    _error(h.post("/v1/chat/completions", json={"messages": CHAT, "temprature": 0.5}), 422, "temprature")
-    _error(h.post("/generate", json={"text": "a", "input_ids": [1]}), 422, "exactly one")
+    _error(h.post("/v1/chat/completions", json={"messages": CHAT, "temprature": 0.5}), 400, "temprature")
+    _error(h.post("/generate", json={"text": "a", "input_ids": [1]}), 400, "exactly one")
     _error(h.post("/generate", json={"text": "a", "sampling_params": {"regex": "(unclosed"}}), 400)
     bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}
     _error(h.post("/v1/chat/completions", json={"messages": CHAT, "response_format": bad_schema}), 400)
@@ -619,13 +619,13 @@ def test_error_cases_keep_serving(server: Server) -> None:
                 "tools": [WEATHER_TOOL],
             },
         ),
-        422,
+        400,
         "ghost",
     )
     _error(
         httpx.post(server.url + "/generate", json={"text": "a"}, headers={"Authorization": "Bearer bad"}), 401
     )
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError, match="logit_bias is not supported"):
         server.oai.completions.create(model="x", prompt="a", max_tokens=4, logit_bias={"1": 2.0})
     assert h.get("/health_generate").status_code == 200
     assert (
@@ -664,7 +664,7 @@ def test_request_errors_are_statuses_streamed_or_not(server: Server) -> None:
         server.oai.completions.create(
             model="m", prompt="a", max_tokens=2, stream=True, extra_body={"regex": "(unclosed"}
         )
-    _error(h.post("/generate", json={"text": []}), 422, "empty batch")
+    _error(h.post("/generate", json={"text": []}), 400, "empty batch")
     name = h.get("/v1/models").json()["data"][0]["id"]
     assert h.get(f"/v1/models/{name}").json()["id"] == name
     _error(h.get("/v1/models/no-such-model"), 404, "does not exist")

@@ -125,7 +125,7 @@ def test_request_shapes() -> None:
         CompletionRequest(prompt="a", suffix="b")
 
 
-def _message(body: dict) -> tuple[int, str]:
+def _message(body: dict) -> tuple[bool, str]:
     try:
         GenerateRequest(**body)
     except ValidationError as e:
@@ -135,10 +135,10 @@ def _message(body: dict) -> tuple[int, str]:
 
 
 def test_validation_messages_name_the_field_without_union_noise() -> None:
-    status, msg = _message({"text": "a", "sampling_params": {"max_new_tokenz": 1}})
-    assert status == 422 and msg == "invalid request: sampling_params.max_new_tokenz: unknown field"
-    status, msg = _message({"text": "a", "sampling_params": [{"top_p": 2}]})
-    assert status == 422 and msg.startswith("invalid request: sampling_params.0.top_p:")
+    fields, msg = _message({"text": "a", "sampling_params": {"max_new_tokenz": 1}})
+    assert fields and msg == "invalid request: sampling_params.max_new_tokenz: unknown field"
+    fields, msg = _message({"text": "a", "sampling_params": [{"top_p": 2}]})
+    assert fields and msg.startswith("invalid request: sampling_params.0.top_p:")
     assert "list" not in msg.split(":", 2)[1]
 
 

@@ -1,6 +1,7 @@
 """FastAPI app factory: one engine per app. Owns cross-cutting HTTP policy (API key, or the
 studio's session cookie, on every route but /health; body-size limit; error shapes: 400 bad
-JSON/value, 422 bad fields, 401, 413, 503 + Retry-After) and the native SGLang-style routes;
+JSON, value or field (as SGLang and vLLM answer what FastAPI would make a 422), 401, 413, 503 +
+Retry-After) and the native SGLang-style routes;
 OpenAI, program, trace and studio routes are mounted from their own modules."""
 
 from __future__ import annotations
@@ -133,11 +134,12 @@ def _error(
     return JSONResponse(error_body(message, status, err_type), status_code=status, headers=headers)
 
 
-def _format_validation(exc: RequestValidationError) -> tuple[int, str]:
+def _format_validation(exc: RequestValidationError) -> tuple[bool, str]:
+    """(whether the body's fields are at fault rather than its JSON, the message)."""
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
         detail = "; ".join(str(e.get("ctx", {}).get("error", e.get("msg"))) for e in errors)
-        return 400, f"malformed JSON body: {detail}"
+        return False, f"malformed JSON body: {detail}"
     parts = []
     for e in _prune_union_noise(list(errors)):
         loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body" and not _is_union_tag(x))
@@ -145,7 +147,7 @@ def _format_validation(exc: RequestValidationError) -> tuple[int, str]:
         if e.get("type") == "extra_forbidden":
             msg = "unknown field"
         parts.append(f"{loc or 'body'}: {msg}")
-    return 422, "invalid request: " + "; ".join(parts)
+    return True, "invalid request: " + "; ".join(parts)
 
 
 def _is_union_tag(part: object) -> bool:
@@ -180,10 +182,10 @@ def _install_error_handlers(app: FastAPI, limits: ServerLimits, metrics: ServerM
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        status, message = _format_validation(exc)
-        if request.url.path.startswith("/programs/") and status == 422:
+        fields, message = _format_validation(exc)
+        if request.url.path.startswith("/programs/") and fields:
             message += PROGRAM_BODY_HINT
-        return counted(_error(status, message))
+        return counted(_error(400, message))
 
     @app.exception_handler(ValueError)
     async def _value(_: Request, exc: ValueError) -> JSONResponse:

@@ -74,6 +74,7 @@ async def _choice_events(
     reason = finish_reason(meta) or "abort"
     tokens = int(meta.get("completion_tokens", 0))
     called = plan.mode == "auto" and _matched_tag(meta, text)
+    tag_shown = text.endswith(TOOL_CALL_TAG)  # in the deltas already: the length cut fell after it
     if called:
         text, reason, more = await _run_call(runner, ctx, seq, text, tokens)
         tokens += more
@@ -82,7 +83,7 @@ async def _choice_events(
         if calls:
             yield ("tool_calls", calls)
         else:  # cut off (length/abort): show what was generated, as text
-            yield ("delta", text if constrained else TOOL_CALL_TAG + text, None)
+            yield ("delta", text if constrained or tag_shown else TOOL_CALL_TAG + text, None)
     yield ("finish", reason, tokens, int(meta.get("cached_tokens", 0)), grammar_report(meta))
 
 
@@ -165,7 +166,9 @@ class ChatChoice:
         return {**choice, "radixlm": self.grammar} if self.grammar else choice
 
     def message(self) -> dict[str, Any]:
-        msg: dict[str, Any] = {"role": "assistant", "content": None if self.tool_calls else self.content}
+        # text the model wrote before a call stays (as the stream sends it); none is null, as OpenAI's
+        content = (self.content or None) if self.tool_calls else self.content
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
         if self.tool_calls:
             msg["tool_calls"] = self.tool_calls
         return self._with_report(

@@ -1,12 +1,14 @@
 """OpenAI request fields beyond sampling, each with a stated fate: honoured (guided_json/_regex/
 _grammar/_choice and structured_outputs become the request's constraint; chat_template_kwargs is
 in ChatCompletionRequest), informational (accepted, no effect on the output; `user` is logged), or
-refused with the reason. Unknown fields stay a 422 naming the field."""
+refused with the reason. Unknown fields are a 400 naming the field."""
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import Any
+import types
+from typing import Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -65,10 +67,14 @@ class ClientFields(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _refuse_known_unsupported(cls, data: Any) -> Any:
+        """Also: a null for a field that cannot be None means 'not given' (the OpenAI spec marks
+        such fields nullable, and the official client sends null for a None argument)."""
         if isinstance(data, dict):
-            for key in data:
-                if key in REFUSED:
+            for key, value in data.items():
+                if key in REFUSED and value is not None:
                     raise ValueError(f"{key}: {REFUSED[key]}")
+            dropped = _not_nullable(cls) | REFUSED.keys()
+            return {k: v for k, v in data.items() if v is not None or k not in dropped}
         return data
 
     def guided_constraints(self) -> dict[str, Any]:
@@ -100,3 +106,31 @@ def choice_regex(choices: list[str]) -> str:
     if not choices:
         raise ValueError("a choice constraint needs at least one choice")
     return "(" + "|".join(re.escape(c) for c in choices) + ")"
+
+
+@functools.cache
+def _not_nullable(model: type[BaseModel]) -> frozenset[str]:
+    """Names of the model's fields that have a default and do not take None."""
+    return frozenset(
+        f.alias or name
+        for name, f in model.model_fields.items()
+        if not f.is_required() and f.annotation is not Any and types.NoneType not in get_args(f.annotation)
+    )
+
+
+class ResponseMessageFields(BaseModel):
+    """Fields of a response's message that a client may send back in `messages` (the official
+    client's `message.model_dump()` has them): the text ones have no effect on the prompt."""
+
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    audio: Any = None
+    function_call: Any = None
+
+    @model_validator(mode="after")
+    def _refuse_set_audio_or_function_call(self) -> ResponseMessageFields:
+        if self.audio is not None:
+            raise ValueError("a message's audio is not supported")
+        if self.function_call is not None:
+            raise ValueError("a message's legacy function_call is not supported; use tool_calls")
+        return self

@@ -257,7 +257,7 @@ def _validated_args(entry: RegisteredProgram, args: dict[str, Any]) -> dict[str,
             f"{'unknown argument' if e['type'] == 'extra_forbidden' else e['msg']}"
             for e in exc.errors()
         ]
-        raise HTTPException(422, f"invalid arguments for {entry.name}: " + "; ".join(parts)) from exc
+        raise HTTPException(400, f"invalid arguments for {entry.name}: " + "; ".join(parts)) from exc
 
 
 async def _stream_program(entry: RegisteredProgram, state: ProgramRun) -> AsyncGenerator[bytes, None]:
@@ -293,7 +293,7 @@ def admit_program_run(
     app: FastAPI, name: str, req: ProgramRunRequest
 ) -> tuple[RegisteredProgram, dict[str, Any], dict[str, Any], _Run]:
     """Check a run request and admit it: the program, its validated arguments, its sampling options
-    and the admitted run (404 unknown program, 422 bad arguments, 503 while the server stops).
+    and the admitted run (404 unknown program, 400 bad arguments, 503 while the server stops).
     The caller must end the run (finish, or cancel then finish)."""
     reg = program_registry(app)
     entry = reg.get(name)

@@ -1,5 +1,5 @@
 """Request/response shapes of the HTTP server (native SGLang-style API and OpenAI API).
-Every request model forbids unknown fields, so a typo is a 422 with the field's name, never
+Every request model forbids unknown fields, so a typo is a 400 with the field's name, never
 silently ignored. Sampling fields are built from the one definition (backend/sampling_params.py):
 its keys, wire types and value checks; the engine does the checks across keys."""
 
@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from ..sampling_params import CONSTRAINT_KEYS, FRONTEND_NAMES, SAMPLING_KEYS, check_values, wire_fields
-from .openai_fields import ClientFields
+from .openai_fields import ClientFields, ResponseMessageFields
 from .sglang_fields import GenerateFields, SGLangOpenAIFields
 
 MAX_TOP_LOGPROBS = 20
@@ -281,7 +281,7 @@ class TextPart(_Strict):
     text: str
 
 
-class ChatMessage(_Strict):
+class ChatMessage(ResponseMessageFields, _Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None

@@ -74,17 +74,17 @@ class ToolPlan:
 def plan_tools(req: ChatCompletionRequest) -> ToolPlan:
     tools = list(req.tools or [])
     choice = req.tool_choice
+    for i, tool in enumerate(tools):  # in every mode: auto would meet a broken schema only mid-call
+        try:
+            check_schema(_parameters(tool))
+        except ValueError as e:
+            raise ValueError(f"tools[{i}].function.parameters: {e}") from e
     if not tools or choice == "none":
         return ToolPlan("none", [], req.parallel_tool_calls)
     if req.response_format is not None and req.response_format.type != "text":
         raise ValueError("response_format cannot be combined with tools")
     if any(getattr(req, k) is not None for k in ("regex", "json_schema", "ebnf")):
         raise ValueError("regex/json_schema/ebnf cannot be combined with tools")
-    for i, tool in enumerate(tools):  # in every mode: auto would meet a broken schema only mid-call
-        try:
-            check_schema(_parameters(tool))
-        except ValueError as e:
-            raise ValueError(f"tools[{i}].function.parameters: {e}") from e
     if isinstance(choice, NamedToolChoice):
         return ToolPlan("named", tools, False, named=choice.function.name)
     return ToolPlan("required" if choice == "required" else "auto", tools, req.parallel_tool_calls)
