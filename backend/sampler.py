@@ -93,7 +93,7 @@ class Sampler:
         if req.params.has_penalties and req.penalty_counts is None:
             init_penalty_state(req, self.vocab_size, self.device)
         if req.params.seed is not None and req.rng is None:
-            req.rng = random.Random(req.params.seed)
+            req.rng = random.Random(req.params.seed % 2**64)  # Random(-s) would equal Random(s)
 
     def sample(self, logits: torch.Tensor, reqs: Sequence[Req]) -> torch.Tensor:
         """[N, V] float32 logits (one row per request, in order) → [N] int64 tokens (device).

@@ -185,6 +185,12 @@ def _range(lo: float, hi: float | None, lo_open: bool = False) -> Callable[[str,
     return check
 
 
+def _seed(name: str, v: Any) -> None:
+    # OpenAI takes any int64; unsigned 64-bit values too (torch's range), read modulo 2**64
+    if not _is_int(v) or not -(2**63) <= v < 2**64:
+        raise ValueError(f"{name} must be an integer in [-2**63, 2**64), got {v!r}")
+
+
 def _top_k(name: str, v: Any) -> None:
     if not _is_int(v) or (v < 1 and v != -1):
         raise ValueError(f"{name} must be -1 (disabled) or a positive integer, got {v!r}")
@@ -249,7 +255,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "skip_special_tokens": _bool,
     "spaces_between_special_tokens": _bool,
     "n": _int(1),
-    "seed": _optional(_int(0)),
+    "seed": _optional(_seed),
     "regex": _optional(_text),
     "json_schema": _optional(_schema),
     "json_schema_strict": _bool,

@@ -65,6 +65,13 @@ def test_seed_reproducible_and_top_k_one_is_greedy(engine):
     assert top1["output_ids"] == greedy["output_ids"]
 
 
+def test_negative_seeds_are_seeds_of_their_own(engine):
+    """OpenAI takes any int64 seed: -s reproduces itself and is not the seed s."""
+    p = {"max_new_tokens": 12, "temperature": 1.0}
+    runs = [engine.generate("Once upon a time", {**p, "seed": s})["output_ids"] for s in (-7, -7, 7)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
 def test_seeded_sample_does_not_depend_on_batch(engine):
     p = {"max_new_tokens": 10, "temperature": 0.9, "seed": 11}
     alone = engine.generate("Tell me about cats.", p)["output_ids"]

@@ -51,6 +51,8 @@ BAD = [
     # the sampler divides in float32: inf, or a value float32 cannot hold, would turn masks to NaN
     ("temperature", float("inf"), "temperature must be in [0.0, 3.4028234663852886e+38]"),
     ("temperature", 1e39, "temperature must be in [0.0, 3.4028234663852886e+38]"),
+    ("seed", 2**64, "seed must be an integer in [-2**63, 2**64)"),
+    ("seed", -(2**63) - 1, "seed must be an integer in [-2**63, 2**64)"),
 ]
 
 
