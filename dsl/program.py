@@ -251,6 +251,10 @@ class Program:
         backend.cache_prefix(ids)
         return len(ids)
 
+    def cache(self, backend: ProgramBackend | None = None) -> int:
+        """SGLang's name for precache, on the default backend when none is given."""
+        return self.precache(self._backend(backend))
+
 
 def _batch_list(batch: Any) -> list[Any]:
     if not isinstance(batch, (list, tuple)) or not all(isinstance(b, (dict, list, tuple)) for b in batch):

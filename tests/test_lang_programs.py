@@ -89,6 +89,8 @@ def test_tracing_finds_and_precaches_the_constant_prefix(rt, tok):
     assert rt.get_stats()["kv_cached_slots"] - before >= n - 1
     st = qa.run("What is 1+1?", backend=rt, max_new_tokens=1, **GREEDY)
     assert st.get_meta_info("answer")["cached_tokens"] >= n - 2  # the traced prefix was reused
+    assert flush(rt) and qa.cache(rt) == n  # SGLang's name
+    assert rt.get_stats()["kv_cached_slots"] - before >= n - 1
 
 
 def test_generator_style_and_bind(rt):
