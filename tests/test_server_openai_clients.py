@@ -131,3 +131,25 @@ def test_auto_call_keeps_its_text_and_never_repeats_the_tag(client: openai.OpenA
         cut = client.chat.completions.create(**{**args, "max_tokens": budget})
         text = cut.choices[0].message.content or ""
         assert text.count(TOOL_CALL_TAG[:6]) <= 1, (budget, text)
+
+
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_tool_call_logprobs_cover_every_generated_token(client: openai.OpenAI, choice: str) -> None:
+    args: dict[str, Any] = {
+        "model": "m",
+        "messages": _history_of_calls_after_text(),
+        "tools": [WEATHER, TIME],
+        "tool_choice": choice,
+        "max_tokens": 40,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    plain = client.chat.completions.create(**args)
+    assert plain.choices[0].message.tool_calls, plain.choices[0].message
+    entries = plain.choices[0].logprobs.content
+    assert len(entries) == plain.usage.completion_tokens
+    assert all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries)
+    chunks = [c for c in client.chat.completions.create(**args, stream=True) if c.choices]
+    streamed = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
+    assert [e.token for e in streamed] == [e.token for e in entries]

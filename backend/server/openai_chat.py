@@ -14,11 +14,13 @@ from .runner import Runner, Seq, run_to_end
 from .streams import SSE_DONE, merge_streams, sse
 from .tools import TOOL_CALL_TAG, ToolPlan
 
-# One chat choice's events: ("delta", text, logprob entries | None), ("tool_calls", calls),
-# ("finish", reason, completion_tokens, cached_prompt_tokens, grammar report | None).
+# One chat choice's events: ("delta", text, logprob entries | None), ("tool_calls", calls, the
+# call's logprob entries | None), ("finish", reason, completion_tokens, cached_prompt_tokens,
+# grammar report | None). Logprobs cover every generated token, the call's too (as vLLM's do).
+Entries = list[dict[str, Any]] | None
 ChoiceEvent = (
-    tuple[Literal["delta"], str, list[dict[str, Any]] | None]
-    | tuple[Literal["tool_calls"], list[dict[str, Any]]]
+    tuple[Literal["delta"], str, Entries]
+    | tuple[Literal["tool_calls"], list[dict[str, Any]], Entries]
     | tuple[Literal["finish"], str, int, int, dict[str, Any] | None]
 )
 
@@ -62,51 +64,62 @@ async def _choice_events(
     """Events of one chat choice (ChoiceEvent): deltas or the tool calls, then the finish."""
     plan = ctx.plan
     constrained = plan.mode in ("named", "required")
-    text, meta = "", {}
+    text, meta, call_entries = "", {}, None
     async for chunk in runner.run(seq, stream=stream and not constrained):
         meta = chunk.get("meta_info", {})
         piece = chunk.get("text", "")
         text += piece
-        if not constrained:
-            entries = ctx.tok.chat_entries(meta) if seq.return_logprob else None
-            if piece or entries:
-                yield ("delta", piece, entries)
+        entries = ctx.tok.chat_entries(meta) if seq.return_logprob else None
+        if constrained:
+            call_entries = entries  # one chunk: the run is not streamed
+        elif piece or entries:
+            yield ("delta", piece, entries)
     reason = finish_reason(meta) or "abort"
     tokens = int(meta.get("completion_tokens", 0))
     called = plan.mode == "auto" and _matched_tag(meta, text)
     tag_shown = text.endswith(TOOL_CALL_TAG)  # in the deltas already: the length cut fell after it
     if called:
-        text, reason, more = await _run_call(runner, ctx, seq, text, tokens)
+        text, reason, more, call_entries = await _run_call(runner, ctx, seq, text, tokens)
         tokens += more
     if constrained or called:
         calls, reason = _tool_calls(plan, text, reason)
         if calls:
-            yield ("tool_calls", calls)
+            yield ("tool_calls", calls, call_entries)
         else:  # cut off (length/abort): show what was generated, as text
-            yield ("delta", text if constrained or tag_shown else TOOL_CALL_TAG + text, None)
+            yield ("delta", text if constrained or tag_shown else TOOL_CALL_TAG + text, call_entries)
     yield ("finish", reason, tokens, int(meta.get("cached_tokens", 0)), grammar_report(meta))
 
 
-async def _run_call(runner: Runner, ctx: ChatCtx, seq: Seq, before: str, used: int) -> tuple[str, str, int]:
+async def _run_call(
+    runner: Runner, ctx: ChatCtx, seq: Seq, before: str, used: int
+) -> tuple[str, str, int, Entries]:
     """Auto mode after the model wrote the tag: generate the call JSON under the call schema,
-    within what the request's max_tokens leaves after the `used` tokens before the tag."""
+    within what the request's max_tokens leaves after the `used` tokens before the tag; returns
+    (text, finish reason, tokens, logprob entries when the request asked for them)."""
     content = before.removesuffix(TOOL_CALL_TAG) + TOOL_CALL_TAG
     ids = ctx.prompt_ids + ctx.tok.tokenizer.encode(content, add_special_tokens=False)
     sp = {k: v for k, v in seq.sampling_params.items() if k not in ("stop", "stop_regex")}
     budget = sp.get("max_new_tokens")
     if budget is not None:
         if budget <= used:
-            return "", "length", 0
+            return "", "length", 0, None
         sp["max_new_tokens"] = budget - used
     if sp.get("min_new_tokens"):
         sp["min_new_tokens"] = max(sp["min_new_tokens"] - used, 0)
     sp["json_schema"] = ctx.plan.call_schema()
     sp["json_schema_strict"] = ctx.plan.strict
-    call = Seq(prompt={"input_ids": ids}, sampling_params=sp, index=seq.index)
+    call = Seq(
+        prompt={"input_ids": ids},
+        sampling_params=sp,
+        index=seq.index,
+        return_logprob=seq.return_logprob,
+        top_logprobs_num=seq.top_logprobs_num,
+    )
     runner.reserve([call])
     out = await run_to_end(runner, call)
     meta = out.get("meta_info", {})
-    return out.get("text", ""), finish_reason(meta) or "abort", int(meta.get("completion_tokens", 0))
+    entries = ctx.tok.chat_entries(meta) if seq.return_logprob else None
+    return out.get("text", ""), finish_reason(meta) or "abort", int(meta.get("completion_tokens", 0)), entries
 
 
 def _matched_tag(meta: dict[str, Any], text: str) -> bool:
@@ -150,11 +163,13 @@ class ChatChoice:
             }
         if event[0] == "tool_calls":
             self.tool_calls = event[1]
+            if event[2] is not None:
+                self.logprobs = (self.logprobs or []) + event[2]
             calls = [{"index": k, **c} for k, c in enumerate(event[1])]
             return {
                 "index": self.index,
                 "delta": {"tool_calls": calls},
-                "logprobs": None,
+                "logprobs": {"content": event[2]} if event[2] is not None else None,
                 "finish_reason": None,
             }
         self.finish, self.tokens, self.cached, self.grammar = event[1], event[2], event[3], event[4]
