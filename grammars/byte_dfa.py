@@ -245,10 +245,51 @@ def parse_regex(regex: str) -> interegular.FSM:
         re.compile(body)  # interegular accepts some invalid syntax (e.g. 'a**'); Python's re decides
     except re.error as e:
         raise ValueError(f"invalid or unsupported regex {regex!r}: {e}") from e
+    if _lookahead_past_the_end(body):
+        raise ValueError(
+            f"unsupported regex {regex!r}: a lookahead that may read past the end of the match is "
+            "not enforced under full-match semantics (write the text it checks into the pattern)"
+        )
     try:
         return interegular.parse_pattern(body).to_fsm()
     except Exception as e:  # interegular raises bare Exception subclasses
         raise ValueError(f"invalid or unsupported regex {regex!r}: {type(e).__name__}: {e}") from e
+
+
+def _lookahead_past_the_end(regex: str) -> bool:
+    """Whether a lookahead of `regex` may read past the end of the match: its longest text is
+    longer than the shortest rest of the pattern after it. interegular reads a lookahead as "the
+    text goes on with this", a lexer's view, so such a lookahead lets the text run on (a(?=bc)b
+    would accept "abc", b(?!c) "bu" but not "b"); one that ends within the match is exact."""
+    import re._constants as C
+    import re._parser as P
+
+    def min_width(items: list[Any]) -> int:
+        return int(P.SubPattern(P.State(), list(items)).getwidth()[0])
+
+    def scan(items: list[Any], tail_min: int) -> bool:
+        for i, (op, av) in enumerate(items):
+            rest_min = min_width(items[i + 1 :]) + tail_min
+            if op in (C.ASSERT, C.ASSERT_NOT) and av[0] == 1:
+                if P.SubPattern(P.State(), list(av[1])).getwidth()[1] > rest_min:
+                    return True
+            subs: list[Any] = []
+            if op is C.SUBPATTERN:
+                subs = [av[-1]]
+            elif op is C.BRANCH:
+                subs = list(av[1])
+            elif op in (C.MAX_REPEAT, C.MIN_REPEAT, C.POSSESSIVE_REPEAT):
+                subs = [av[2]]
+            elif op is C.ATOMIC_GROUP:
+                subs = [av]
+            if any(scan(list(sub), rest_min) for sub in subs):
+                return True
+        return False
+
+    try:
+        return scan(list(P.parse(regex)), 0)
+    except Exception:  # noqa: BLE001 - what Python cannot parse, interegular then decides
+        return False
 
 
 def estimate_states(regex: str) -> int:

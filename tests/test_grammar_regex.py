@@ -101,3 +101,22 @@ def test_python_dot_keeps_python_semantics() -> None:
                 text,
             )
     assert python_dot("a.b") == "a[^\\n]b" and python_dot("[.]") == "[.]"
+
+
+@pytest.mark.parametrize(
+    "regex",
+    [r"b(?!c)", r"x(?=y)", r"(a(?=b))", r"a(?=b)|c", r"a(?=bc)b", r"(?=[0-9]{3})[0-9]+", r"(?=.*[A-Z]).{3}"],
+)
+def test_a_lookahead_that_may_read_past_the_end_is_refused(backend: GrammarBackend, regex: str) -> None:
+    """interegular reads it as 'the text goes on with this' (b(?!c) would allow 'bu', not 'b')."""
+    with pytest.raises(ValueError, match="lookahead that may read past the end"):
+        backend.compile("regex", regex, engine="fsm")
+
+
+@pytest.mark.parametrize(
+    "regex", [r"a(?=b)b", r"(?=ab)a.", r"a(?!b)[a-c]", r"(?=[0-9]{3})[0-9]{3,5}", r"(?!ab)[a-c]{2}x?"]
+)
+def test_a_lookahead_with_pattern_after_it_is_enforced(backend: GrammarBackend, regex: str) -> None:
+    texts, _ = _walks(backend, regex, ("fsm",))
+    for text in texts:
+        assert re.fullmatch(regex, text), f"{text!r} does not fullmatch {regex!r}"
