@@ -24,6 +24,7 @@ from . import collector, limits
 from .constrained import grammar_backend
 from .embeddings import check_inputs, embed, embed_when_room, embedding_inputs
 from .engine_inbox import EngineInbox, RunCall, Stop
+from .engine_inputs import check_engine_options
 from .engine_release import holders, release_tensors
 from .engine_requests import EngineRequests
 from .loader import default_model_path, load_config, resolve_model_dir
@@ -112,13 +113,17 @@ class Engine(EngineRequests):
             speculative_policy,
             speculative_draft_model_path,
         )
-        if cuda_graph_max_bs is not None and cuda_graph_max_bs < 1:
-            raise ValueError(f"cuda_graph_max_bs must be at least 1, got {cuda_graph_max_bs}")
+        check_engine_options(
+            device,
+            cuda_graph_max_bs=cuda_graph_max_bs,
+            max_total_tokens=max_total_tokens,
+            chunked_prefill_size=chunked_prefill_size,
+            max_running_requests=max_running_requests,
+            context_length=context_length,
+        )
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         config, model_dir = self._resolve_model(model_path, model_shape)
         if context_length is not None:
-            if context_length <= 0:
-                raise ValueError(f"context_length must be positive, got {context_length}")
             config.max_position_embeddings = context_length
         self.model_config: ModelConfig = config
         self.model_path = str(model_path or (model_shape and f"random:{model_shape}") or default_model_path())
@@ -182,6 +187,8 @@ class Engine(EngineRequests):
         self._inbox = EngineInbox()
         self._pin_ids = itertools.count(1)
         self._tok_lock = threading.Lock()
+        self._live_rids: set[str] = set()  # ids of submitted requests not yet finished
+        self._rid_lock = threading.Lock()  # not the tokenizer's: the scheduler thread takes it
         self._closed = False
         if disable_jump_forward is None:
             # A request that may gain forced tokens is processed before the next step is planned,
@@ -281,6 +288,8 @@ class Engine(EngineRequests):
     ) -> list[list[float]]:
         """Embeddings of each input: the final normalized hidden state of its last token (or the
         mean over its tokens), L2-normalized (backend/embeddings.py)."""
+        if self._closed:
+            raise RuntimeError("engine is shut down")
         with self._tok_lock:
             id_lists = embedding_inputs(self.tokenizer, prompt, input_ids)
         cfg = self.model_config
@@ -331,6 +340,10 @@ class Engine(EngineRequests):
             "kernel_compiles_since_start": compiled_kernel_count() - self._compiles_at_start,
             **st.extra,
         }
+
+    @property
+    def is_shut_down(self) -> bool:
+        return self._closed
 
     def shutdown(self) -> None:
         """Abort what runs, stop and join the scheduler thread, then free the device memory the

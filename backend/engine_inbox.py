@@ -6,6 +6,7 @@ message still queued, so no caller waits forever."""
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -46,9 +47,20 @@ Message = AddRequests | AbortRequest | RunCall | Stop
 class EngineInbox:
     def __init__(self) -> None:
         self._queue: queue.Queue[Message] = queue.Queue()
+        self._lock = threading.Lock()
+        self._closed = False
 
     def put(self, msg: Message) -> None:
-        self._queue.put(msg)
+        """Queue `msg`; once closed, requests are refused here (RuntimeError), an abort has
+        nothing left to abort and a call gets the error, so nothing waits on a stopped loop."""
+        with self._lock:
+            if not self._closed:
+                self._queue.put(msg)
+                return
+        if isinstance(msg, AddRequests):
+            raise RuntimeError("engine is shut down")
+        if isinstance(msg, RunCall):
+            msg.result.set_exception(RuntimeError("engine is shut down"))
 
     def drain(self, scheduler: Scheduler, block: bool) -> bool:
         """Apply every queued message (waiting up to 0.5 s for the first when `block`); False once
@@ -76,7 +88,10 @@ class EngineInbox:
                 return True
 
     def refuse_all(self) -> None:
-        """After shutdown: answer what is still queued (requests get an abort result, calls an error)."""
+        """After shutdown: close the inbox, then answer what is still queued (requests get an
+        abort result, calls an error)."""
+        with self._lock:
+            self._closed = True
         while True:
             try:
                 msg = self._queue.get_nowait()

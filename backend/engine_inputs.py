@@ -8,6 +8,8 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
+
 from .model_config import ModelConfig
 from .sampling_params import SamplingParams
 
@@ -41,8 +43,14 @@ def normalize_requests(
     id_lists, single = _token_lists(tokenizer, prompt, input_ids)
     params_list = _params_list(sampling_params, len(id_lists))
     rids = _rids(rid, len(id_lists))
-    if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
-        raise ValueError(f"top_logprobs_num must be an integer ≥ 0, got {top_logprobs_num!r}")
+    if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int):
+        raise ValueError(
+            f"top_logprobs_num must be an integer in [0, {config.vocab_size}], got {top_logprobs_num!r}"
+        )
+    if not 0 <= top_logprobs_num <= config.vocab_size:
+        raise ValueError(
+            f"top_logprobs_num must be an integer in [0, {config.vocab_size}], got {top_logprobs_num!r}"
+        )
     specs: list[RequestSpec] = []
     for ids, params, r in zip(id_lists, params_list, rids):
         _check_lengths(ids, params, config, kv_capacity)
@@ -80,6 +88,7 @@ def _token_lists(tokenizer: Any, prompt: Any, input_ids: Any) -> tuple[list[list
             raise ValueError("prompt must be a string or a non-empty list of strings")
         lists = [tokenizer.encode(t) if t else [] for t in texts]
     else:
+        input_ids = _as_lists(input_ids)
         single = bool(input_ids) and all(isinstance(t, int) for t in input_ids)
         lists = [input_ids] if single else input_ids
         if not isinstance(lists, list) or not lists or not all(isinstance(x, list) for x in lists):
@@ -88,6 +97,12 @@ def _token_lists(tokenizer: Any, prompt: Any, input_ids: Any) -> tuple[list[list
         if not ids:
             raise ValueError("empty prompt: at least one input token is needed")
     return lists, single
+
+
+def _as_lists(input_ids: Any) -> Any:
+    """A numpy array or torch tensor of ids as (nested) Python lists; anything else as given."""
+    to_list = getattr(input_ids, "tolist", None)
+    return to_list() if callable(to_list) and not isinstance(input_ids, list) else input_ids
 
 
 def _params_list(sampling_params: Any, n: int) -> list[SamplingParams]:
@@ -102,15 +117,17 @@ def _params_list(sampling_params: Any, n: int) -> list[SamplingParams]:
 def _rids(rid: Any, n: int) -> list[str]:
     if rid is None:
         return [uuid.uuid4().hex for _ in range(n)]
-    rids = [rid] if isinstance(rid, str) else list(rid)
-    if len(rids) != n or not all(isinstance(r, str) and r for r in rids):
-        raise ValueError(f"rid must be one non-empty string per prompt ({n})")
+    rids = [rid] if isinstance(rid, str) else list(rid) if isinstance(rid, (list, tuple)) else None
+    if rids is None or len(rids) != n or not all(isinstance(r, str) and r for r in rids):
+        raise ValueError(f"rid must be one non-empty string per prompt ({n}), got {rid!r}")
+    if len(set(rids)) != n:
+        raise ValueError("rid must differ between the prompts of one call")
     return rids
 
 
 def _check_lengths(ids: list[int], params: SamplingParams, config: ModelConfig, kv_capacity: int) -> None:
     vocab = config.vocab_size
-    bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
     if bad:
         raise ValueError(f"token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
     total = len(ids) + params.max_new_tokens
@@ -121,3 +138,15 @@ def _check_lengths(ids: list[int], params: SamplingParams, config: ModelConfig, 
         )
     if total > kv_capacity:
         raise ValueError(f"request needs {total} KV slots but the KV pool holds only {kv_capacity}")
+
+
+def check_engine_options(device: str | None, **sizes: int | None) -> None:
+    """The Engine's size options (None: derived from the machine) are positive integers, and a
+    CUDA device is one torch can see; ValueError naming the option otherwise."""
+    for name, value in sizes.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer (or None for the default), got {value!r}")
+    if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r}, but torch sees no CUDA GPU (torch.cuda.is_available() is False)"
+        )

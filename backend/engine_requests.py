@@ -31,6 +31,8 @@ class EngineRequests:
     eos_token_ids: frozenset[int]
     _inbox: EngineInbox
     _tok_lock: threading.Lock
+    _live_rids: set[str]
+    _rid_lock: threading.Lock
     _closed: bool
 
     # ---- request construction ---------------------------------------------------------
@@ -42,7 +44,7 @@ class EngineRequests:
                     rid=spec.rid,
                     input_ids=spec.input_ids,
                     params=spec.params,
-                    sink=sink_for(k),
+                    sink=self._releasing_rid(spec.rid, sink_for(k)),
                     detok=IncrementalDetokenizer(
                         self.tokenizer,
                         spec.params.skip_special_tokens,
@@ -58,6 +60,15 @@ class EngineRequests:
             )
         self._attach_grammars(reqs)
         return reqs
+
+    def _releasing_rid(self, rid: str, sink: OutputSink) -> OutputSink:
+        def deliver(item: dict[str, Any]) -> None:
+            if item["meta_info"]["finish_reason"] is not None:
+                with self._rid_lock:
+                    self._live_rids.discard(rid)
+            sink(item)
+
+        return deliver
 
     def _attach_grammars(self, reqs: list[Req]) -> None:
         attach_grammars(self, reqs)  # compiles start off the scheduler thread
@@ -88,8 +99,21 @@ class EngineRequests:
         return specs, single
 
     def _submit(self, reqs: list[Req]) -> None:
+        """Hand the requests to the scheduler thread. A rid may be in flight once: an abort names
+        requests by rid, so a second one would be aborted with the first."""
         wait_grammars(reqs)  # the caller waits for its grammars; a bad one raises ValueError here
-        self._inbox.put(AddRequests(reqs))
+        rids = {r.rid for r in reqs}
+        with self._rid_lock:
+            taken = sorted(rids & self._live_rids)
+            if taken:
+                raise ValueError(f"request id {taken[0]!r} is already in flight; give each request its own")
+            self._live_rids |= rids
+        try:
+            self._inbox.put(AddRequests(reqs))
+        except RuntimeError:
+            with self._rid_lock:
+                self._live_rids -= rids
+            raise
 
     # ---- public API -------------------------------------------------------------------
     def generate(

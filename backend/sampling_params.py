@@ -104,6 +104,8 @@ SAMPLING_KEYS: tuple[str, ...] = tuple(f.name for f in fields(SamplingParams))
 
 def check_keys(d: dict[str, Any] | None) -> dict[str, Any]:
     """A copy of `d`; ValueError naming any key that is not a sampling parameter."""
+    if d is not None and not isinstance(d, dict):
+        raise ValueError(f"sampling_params must be a dict (or a list of them), got {type(d).__name__}")
     d = dict(d or {})
     unknown = sorted(set(d) - set(SAMPLING_KEYS))
     if unknown:

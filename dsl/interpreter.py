@@ -103,7 +103,7 @@ class Executor:
         if self._ended:
             raise RuntimeError("this program state has ended; it accepts no more expressions")
         if self.error_ is not None:
-            self._release_waiters()
+            self.release_waiters()
         if self.inline:
             self._run_one(expr, site, reraise_interrupts=True)
         else:
@@ -154,7 +154,7 @@ class Executor:
         self._pins.clear()
 
     def fork(self, size: int, site: CallSite | None) -> tuple[list[Executor], Any]:
-        if not isinstance(size, int) or size < 1:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"fork size must be a positive int, got {size!r}")
         self.submit(Commit(pin=size > 1), site)
         self.sync()
@@ -242,9 +242,10 @@ class Executor:
         if hasattr(error, "add_note"):
             error.add_note(f"radixlm: in program {self.program_name!r}, {where}")
         self.error_ = error
-        self._release_waiters()
+        self.release_waiters()
 
-    def _release_waiters(self) -> None:
+    def release_waiters(self) -> None:
+        """Wake every reader: after an error, no queued expression runs to set its variable."""
         for ev in list(self.variable_event.values()) + list(self.stream_var_event.values()):
             ev.set()
         if self.stream_text_event is not None:

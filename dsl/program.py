@@ -136,6 +136,7 @@ class Program:
         given = {k: v for k, v in options.items() if v is not None}
         merged = {"max_new_tokens": DEFAULT_MAX_NEW_TOKENS, **self.options, **given}
         sampling, logprob = _split_options(merged)
+        _require_program_backend(backend)
         # a streamed run's body runs on a thread of its own while the caller reads the stream,
         # so its expressions need a worker; otherwise the body's thread runs them itself
         inline = not stream
@@ -180,6 +181,7 @@ class Program:
         except BaseException as e:
             if ex.error_ is None:
                 ex.error_ = e
+            ex.release_waiters()  # the gens it queued will not run: their readers must not wait
             if not in_thread:
                 ex.end()
                 raise
@@ -253,7 +255,17 @@ class Program:
 
     def cache(self, backend: ProgramBackend | None = None) -> int:
         """SGLang's name for precache, on the default backend when none is given."""
-        return self.precache(self._backend(backend))
+        resolved = self._backend(backend)
+        _require_program_backend(resolved)
+        return self.precache(resolved)
+
+
+def _require_program_backend(backend: Any) -> None:
+    if not isinstance(backend, ProgramBackend):
+        raise TypeError(
+            f"backend must be a program backend (radixlm.Runtime(), RuntimeEndpoint(url), OpenAI(...)), "
+            f"got {type(backend).__name__}; an Engine runs programs as radixlm.Runtime(engine=engine)"
+        )
 
 
 def _batch_list(batch: Any) -> list[Any]:

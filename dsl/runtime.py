@@ -35,6 +35,8 @@ class Runtime(TokenBackend):
             engine = Engine(model_path=model_path, **engine_options)
         elif model_path is not None or engine_options:
             raise ValueError("give either engine=... or model_path/engine options, not both")
+        elif getattr(engine, "is_shut_down", False):
+            raise ValueError("Runtime(engine=...) got an engine that is shut down")
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self._server: Any = None

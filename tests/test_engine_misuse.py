@@ -1,0 +1,135 @@
+"""Misuse of the Engine and the language gets a ValueError (or TypeError) with the reason, never a
+hang or a neighbour's abort: out-of-range top_logprobs_num, request ids in flight twice, ids given
+as tensors or booleans, wrong argument types, sizes that cannot work, a shutdown while a request's
+grammar compiles, and a streamed program whose body raises after queuing a gen."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import radixlm as sgl
+from radixlm.backend import engine_requests
+from radixlm.backend.engine import Engine
+
+GREEDY = {"max_new_tokens": 4, "temperature": 0}
+
+
+def test_top_logprobs_num_beyond_the_vocabulary_is_refused(engine):
+    with pytest.raises(ValueError, match=r"top_logprobs_num must be an integer in \[0, 49152\]"):
+        engine.generate("Hi", GREEDY, return_logprob=True, top_logprobs_num=60000)
+    with pytest.raises(ValueError, match="top_logprobs_num"):
+        engine.generate("Hi", GREEDY, return_logprob=True, top_logprobs_num=True)
+
+
+def test_a_request_id_is_in_flight_once(engine):
+    long = {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True}
+    first = engine.generate("Once", long, rid="dup", stream=True)  # submitted when this returns
+    with pytest.raises(ValueError, match="'dup' is already in flight"):
+        engine.generate("Again", GREEDY, rid="dup")
+    chunks = list(first)
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"  # not aborted by the refusal
+    assert sum(len(c["output_ids"]) for c in chunks) == 60
+    assert engine.generate("Again", GREEDY, rid="dup")["meta_info"]["finish_reason"] is not None
+    with pytest.raises(ValueError, match="rid must differ"):
+        engine.generate(["a", "b"], GREEDY, rid=["x", "x"])
+    with pytest.raises(ValueError, match="rid must be one non-empty string per prompt"):
+        engine.generate("a", GREEDY, rid=5)
+
+
+def test_ids_as_arrays_work_and_wrong_types_are_refused(engine):
+    ids = engine.tokenizer.encode("The capital of France is")
+    want = engine.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"]
+    assert engine.generate(input_ids=torch.tensor(ids), sampling_params=GREEDY)["output_ids"] == want
+    assert engine.generate(input_ids=np.array([ids]), sampling_params=GREEDY)[0]["output_ids"] == want
+    with pytest.raises(ValueError, match="token id True is outside the vocabulary"):
+        engine.generate(input_ids=[True, False], sampling_params=GREEDY)
+    with pytest.raises(ValueError, match="sampling_params must be a dict"):
+        engine.generate("Hi", 5)
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [
+        ("max_running_requests", 0),
+        ("max_total_tokens", -5),
+        ("chunked_prefill_size", 0),
+        ("context_length", 0),
+    ],
+)
+def test_engine_sizes_that_cannot_work_are_refused(option, value):
+    with pytest.raises(ValueError, match=f"{option} must be a positive integer"):
+        Engine(**{option: value})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_a_cuda_device_without_a_gpu_is_refused():
+    with pytest.raises(ValueError, match="torch sees no CUDA GPU"):
+        Engine(device="cuda")
+
+
+def test_shutdown_while_a_grammar_compiles_fails_the_call_instead_of_hanging(monkeypatch):
+    eng = Engine()
+    compile_wait = engine_requests.wait_grammars
+
+    def shut_down_meanwhile(reqs):
+        compile_wait(reqs)
+        eng.shutdown()  # as another thread would, while this caller waited for its grammar
+
+    monkeypatch.setattr(engine_requests, "wait_grammars", shut_down_meanwhile)
+    result: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            eng.generate("JSON:", {"max_new_tokens": 8, "json_schema": {"type": "object"}})
+        except RuntimeError as e:
+            result.append(e)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(60)
+    assert not caller.is_alive(), "generate hung after the engine shut down"
+    assert result and "engine is shut down" in str(result[0])
+    with pytest.raises(RuntimeError, match="shut down"):
+        eng.encode("x")
+    with pytest.raises(ValueError, match="shut down"):
+        sgl.Runtime(engine=eng)
+
+
+def test_a_streamed_program_that_raises_after_a_gen_ends_its_readers(engine):
+    @sgl.function
+    def prog(s):
+        s += "Q: 2+2?\nA:"
+        s += sgl.gen("a", max_tokens=8)
+        raise RuntimeError("bug after the gen")
+
+    state = prog.run(backend=sgl.Runtime(engine=engine), stream=True)
+    seen: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            list(state.text_iter("a"))
+        except RuntimeError as e:
+            seen.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(60)
+    assert not reader.is_alive(), "text_iter waited for a gen that will never run"
+    assert seen and "bug after the gen" in str(seen[0])
+
+
+def test_language_misuse_is_refused_with_the_reason(engine):
+    @sgl.function
+    def prog(s):
+        s += "x"
+        s.fork(True)
+
+    rt = sgl.Runtime(engine=engine)
+    with pytest.raises(ValueError, match="fork size must be a positive int"):
+        prog.run(backend=rt)
+    with pytest.raises(TypeError, match=r"radixlm.Runtime\(engine=engine\)"):
+        prog.run(backend=engine)
