@@ -8,6 +8,7 @@ import asyncio
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from typing import Any
 
 from .constrained import attach_grammars, wait_grammars, wait_grammars_async
@@ -149,19 +150,7 @@ class EngineRequests:
         q: queue.Queue[dict[str, Any]] = queue.Queue()
         reqs = self._make_reqs(specs, lambda k: q.put)
         self._submit(reqs)
-
-        def chunks() -> Iterator[dict[str, Any]]:
-            done = False
-            try:
-                while not done:
-                    chunk = q.get()
-                    done = chunk["meta_info"]["finish_reason"] is not None
-                    yield chunk
-            finally:
-                if not done:
-                    self.abort_request(reqs[0].rid)
-
-        return chunks()
+        return RequestStream(q, partial(self.abort_request, reqs[0].rid))
 
     async def async_generate(
         self,
@@ -191,7 +180,7 @@ class EngineRequests:
         await wait_grammars_async(reqs)
         self._submit(reqs)
         if stream:
-            return self._stream_async(queues[0], reqs[0].rid)
+            return AsyncRequestStream(queues[0], partial(self.abort_request, reqs[0].rid))
         try:
             outs = [await q.get() for q in queues]
         except asyncio.CancelledError:
@@ -200,19 +189,64 @@ class EngineRequests:
             raise
         return outs[0] if single else outs
 
-    async def _stream_async(
-        self, q: asyncio.Queue[dict[str, Any]], rid: str
-    ) -> AsyncIterator[dict[str, Any]]:
-        done = False
-        try:
-            while not done:
-                chunk = coalesce_chunks(await q.get(), q)
-                done = chunk["meta_info"]["finish_reason"] is not None
-                yield chunk
-        finally:
-            if not done:
-                self.abort_request(rid)
-
     def abort_request(self, rid: str) -> None:
         if not self._closed:
             self._inbox.put(AbortRequest(rid))
+
+
+class RequestStream:
+    """A streamed request's chunks, to its finish. Closing it early, or dropping it (read or not),
+    aborts the request, so an abandoned stream never runs on to max_new_tokens."""
+
+    def __init__(self, q: queue.Queue[dict[str, Any]], abort: Callable[[], None]) -> None:
+        self._q, self._abort, self._done = q, abort, False
+
+    def __iter__(self) -> RequestStream:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        if self._done:
+            raise StopIteration
+        chunk = self._q.get()
+        self._done = chunk["meta_info"]["finish_reason"] is not None
+        return chunk
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._abort()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class AsyncRequestStream:
+    """RequestStream for asyncio: chunks that arrived together are read as one."""
+
+    def __init__(self, q: asyncio.Queue[dict[str, Any]], abort: Callable[[], None]) -> None:
+        self._q, self._abort, self._done = q, abort, False
+
+    def __aiter__(self) -> AsyncRequestStream:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            chunk = coalesce_chunks(await self._q.get(), self._q)
+        except BaseException:  # cancelled while waiting: the request goes with the reader
+            self.close()
+            raise
+        self._done = chunk["meta_info"]["finish_reason"] is not None
+        return chunk
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self._abort()
+
+    def __del__(self) -> None:
+        self.close()

@@ -5,7 +5,10 @@ grammar compiles, and a streamed program whose body raises after queuing a gen."
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -133,3 +136,30 @@ def test_language_misuse_is_refused_with_the_reason(engine):
         prog.run(backend=rt)
     with pytest.raises(TypeError, match=r"radixlm.Runtime\(engine=engine\)"):
         prog.run(backend=engine)
+
+
+def _aborted_soon(engine, before: int) -> bool:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if engine.get_stats()["num_aborted"] > before:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_stream_dropped_unread_aborts_its_request(engine):
+    long = {"max_new_tokens": 2000, "temperature": 0, "ignore_eos": True}
+    before = engine.get_stats()["num_aborted"]
+    stream = engine.generate("Once upon a time", long, stream=True)
+    del stream
+    gc.collect()
+    assert _aborted_soon(engine, before), "a dropped stream ran on"
+
+    async def drop_async() -> None:
+        agen = await engine.async_generate("Once upon a time", long, stream=True)
+        del agen
+
+    before = engine.get_stats()["num_aborted"]
+    asyncio.run(drop_async())
+    gc.collect()
+    assert _aborted_soon(engine, before), "a dropped async stream ran on"
