@@ -4,12 +4,15 @@ Promise: `select` scores exactly each choice's own tokens after the state's toke
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from radixlm.chat_template import ChatTemplate
 from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod, call_method, needs_unconditional
+from radixlm.run_cancel import RunCancel
 from radixlm.tokens import TokenCodec
 
 
@@ -23,6 +26,7 @@ class ProgramView(Protocol):
     cur_role: str | None
     cur_role_begin_pos: int
     codec: TokenCodec | None
+    cancel: RunCancel | None
 
 
 _OUT_LOGPROBS = ("output_token_logprobs", "output_top_logprobs")
@@ -133,32 +137,55 @@ class ProgramBackend:
 
 class TokenBackend(ProgramBackend):
     """Backends whose requests are token ids. Subclasses implement `_request` (batch,
-    blocking, engine-shaped result dicts) and `_request_stream` (one prompt, delta chunks)."""
+    blocking, engine-shaped result dicts), `_request_stream` (one prompt, delta chunks), both
+    under the request ids they are given, and `abort` (best effort, never raises)."""
 
     def _request(
-        self, input_ids: list[list[int]], sampling: dict[str, Any], **logprob: Any
+        self,
+        input_ids: list[list[int]],
+        sampling: dict[str, Any],
+        rid: list[str] | None = None,
+        **logprob: Any,
     ) -> list[dict[str, Any]]:
         raise NotImplementedError
 
     def _request_stream(
-        self, input_ids: list[int], sampling: dict[str, Any], **logprob: Any
+        self, input_ids: list[int], sampling: dict[str, Any], rid: str | None = None, **logprob: Any
     ) -> Iterator[dict[str, Any]]:
         raise NotImplementedError
 
+    def abort(self, rids: list[str]) -> None:
+        """Abort these requests if they still run (a cancelled program run, an interrupt)."""
+
+    def _tracked(self, cancel: RunCancel | None, rids: list[str]) -> AbstractContextManager[None]:
+        return cancel.tracking(rids, self.abort) if cancel is not None else nullcontext()
+
+    def _run_tracked(
+        self, cancel: RunCancel | None, input_ids: list[list[int]], sampling: dict[str, Any], **logprob: Any
+    ) -> list[dict[str, Any]]:
+        rids = [uuid.uuid4().hex for _ in input_ids]
+        with self._tracked(cancel, rids):
+            try:
+                return self._request(input_ids, sampling, rid=rids, **logprob)
+            except BaseException:
+                self.abort(rids)  # e.g. Ctrl-C while waiting: the requests must not run on
+                raise
+
     def generate(self, ex: ProgramView, sampling: dict[str, Any], logprob: dict[str, Any]) -> GenOutput:
-        out = self._request([list(ex.ids_)], sampling, **logprob)[0]
+        out = self._run_tracked(ex.cancel, [list(ex.ids_)], sampling, **logprob)[0]
         raise_if_aborted(out["meta_info"])
         return GenOutput(out["text"], list(out["output_ids"]), chunk_logprobs(out["meta_info"], 0))
 
     def generate_stream(
         self, ex: ProgramView, sampling: dict[str, Any], logprob: dict[str, Any]
     ) -> Iterator[GenOutput]:
-        sent = 0
-        for chunk in self._request_stream(list(ex.ids_), sampling, **logprob):
-            raise_if_aborted(chunk["meta_info"])
-            meta = chunk_logprobs(chunk["meta_info"], sent)
-            sent = int(meta.get(LENGTH_KEY, sent))
-            yield GenOutput(chunk["text"], list(chunk["output_ids"]), meta)
+        sent, rid = 0, uuid.uuid4().hex
+        with self._tracked(ex.cancel, [rid]):
+            for chunk in self._request_stream(list(ex.ids_), sampling, rid=rid, **logprob):
+                raise_if_aborted(chunk["meta_info"])
+                meta = chunk_logprobs(chunk["meta_info"], sent)
+                sent = int(meta.get(LENGTH_KEY, sent))
+                yield GenOutput(chunk["text"], list(chunk["output_ids"]), meta)
 
     def cache_prefix(self, prefix: str | list[int]) -> None:
         if isinstance(prefix, str):
@@ -169,9 +196,11 @@ class TokenBackend(ProgramBackend):
         if prefix:
             self._request([list(prefix)], {"max_new_tokens": 0})
 
-    def score(self, prompts: list[list[int]], start: int) -> list[list[Any]]:
+    def score(self, prompts: list[list[int]], start: int, cancel: RunCancel | None = None) -> list[list[Any]]:
         """Prompt-token logprobs of each prompt from position `start` (one batched call)."""
-        outs = self._request(prompts, {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=start)
+        outs = self._run_tracked(
+            cancel, prompts, {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=start
+        )
         result = []
         for prompt, out in zip(prompts, outs, strict=True):
             entries = [tuple(e) for e in out["meta_info"]["input_token_logprobs"]]
@@ -194,6 +223,6 @@ class TokenBackend(ProgramBackend):
         choice_ids = [codec.encode(c) for c in choices]
         if len(choices) > 1:
             self.cache_prefix(prefix)  # prefill the shared prefix once, then score all choices
-        cond = self.score([prefix + c for c in choice_ids], len(prefix))
-        uncond = self.score(choice_ids, 0) if needs_unconditional(method) else None
+        cond = self.score([prefix + c for c in choice_ids], len(prefix), ex.cancel)
+        uncond = self.score(choice_ids, 0, ex.cancel) if needs_unconditional(method) else None
         return call_method(method, choices, cond, uncond)

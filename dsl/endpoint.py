@@ -116,16 +116,20 @@ class RuntimeEndpoint(TokenBackend):
         return body
 
     def _request(
-        self, input_ids: list[list[int]], sampling: dict[str, Any], **logprob: Any
+        self,
+        input_ids: list[list[int]],
+        sampling: dict[str, Any],
+        rid: list[str] | None = None,
+        **logprob: Any,
     ) -> list[dict[str, Any]]:
-        out = self._post("/generate", self._body(input_ids, sampling, False, **logprob))
+        out = self._post("/generate", self._body(input_ids, sampling, False, rid=rid, **logprob))
         return out if isinstance(out, list) else [out]
 
     def _request_stream(
-        self, input_ids: list[int], sampling: dict[str, Any], **logprob: Any
+        self, input_ids: list[int], sampling: dict[str, Any], rid: str | None = None, **logprob: Any
     ) -> Iterator[dict[str, Any]]:
         """Turn the server's cumulative SSE events into delta chunks like the engine's."""
-        body = self._body(input_ids, sampling, True, **logprob)
+        body = self._body(input_ids, sampling, True, rid=rid, **logprob)
         text, n_ids = "", 0
         with self._client.stream("POST", "/generate", json=body) as resp:
             if resp.status_code >= 400:
@@ -149,6 +153,13 @@ class RuntimeEndpoint(TokenBackend):
                     "meta_info": event.get("meta_info", {}),
                 }
                 text, n_ids = new_text, len(ids)
+
+    def abort(self, rids: list[str]) -> None:
+        for rid in rids:
+            try:
+                self._client.post("/abort_request", json={"rid": rid})
+            except Exception:  # noqa: BLE001 - best effort: the server may be gone, the request with it
+                pass
 
     def flush_cache(self) -> bool:
         resp = self._client.post("/flush_cache")

@@ -1,8 +1,7 @@
-"""The interpreter: one Executor per program state runs its expressions in order (on a worker
-thread, so `s += gen(...)` returns at once, or inline for a non-streamed run's own state) and
-keeps the state's text, token ids, messages and variables. Promise: the committed token ids are
-exactly what the backend saw and generated; an error in any expression is kept with the program
-line that added it and re-raised to whoever waits on the state."""
+"""The interpreter: one Executor per program state runs its expressions in order (on a worker thread,
+so `s += gen(...)` returns at once, or inline for a non-streamed run's own state) and keeps its text,
+token ids, messages and variables. Promise: committed token ids are exactly what the backend saw and
+generated; an expression's error is kept with its program line and re-raised to whoever waits."""
 
 from __future__ import annotations
 
@@ -30,16 +29,15 @@ from radixlm.ir import (
     convert_value,
     to_expr,
 )
+from radixlm.run_cancel import RunCancel
 from radixlm.threads import PROGRAM_THREADS
 
 
 class Executor:
-    """Runs one program state's expressions. Fields ending in `_` belong to the worker.
-
-    `inline=True` runs each expression in the thread that adds it. A non-streamed run's root
-    state takes it: its body is the only thread that adds to or reads the state, `run` returns
-    only after every expression ran either way, and a worker would only add two thread
-    hand-offs before each model call. Forks always get workers, so they run concurrently."""
+    """Runs one program state's expressions; fields ending in `_` belong to the worker. `inline=True`
+    runs each in the thread that adds it: a non-streamed run's root state, whose body alone adds to and
+    reads it, and which `run` waits for anyway (a worker would add two thread hand-offs per model
+    call). Forks always get workers, so they run concurrently."""
 
     def __init__(
         self,
@@ -50,8 +48,10 @@ class Executor:
         stream: bool = False,
         program_name: str = "<program>",
         inline: bool = False,
+        cancel: RunCancel | None = None,
     ) -> None:
         self.backend = backend
+        self.cancel = cancel  # the run's cancellation, shared with its forks
         self.codec = backend.codec
         self.template = backend.get_chat_template()
         self.arguments = arguments
@@ -187,6 +187,7 @@ class Executor:
             self.backend, self.arguments, self.sampling, self.logprob, self.stream, self.program_name
         )  # never inline: forks run concurrently
         kid.text_, kid.ids_, kid.pending_ = self.text_, list(self.ids_), self.pending_
+        kid.cancel = self.cancel
         kid.messages_ = [dict(m) for m in self.messages_]
         kid.cur_role, kid.cur_role_begin_pos = self.cur_role, self.cur_role_begin_pos
         kid.cur_role_suffix = self.cur_role_suffix
@@ -244,8 +245,7 @@ class Executor:
         self.error_ = error
         self.release_waiters()
 
-    def release_waiters(self) -> None:
-        """Wake every reader: after an error, no queued expression runs to set its variable."""
+    def release_waiters(self) -> None:  # after an error no queued expression sets its variable
         for ev in list(self.variable_event.values()) + list(self.stream_var_event.values()):
             ev.set()
         if self.stream_text_event is not None:
@@ -294,9 +294,7 @@ class Executor:
         self.pending_ += text[len(decoded) :]
 
     def _resolve(self, gen: Gen) -> tuple[dict[str, Any], dict[str, Any]]:
-        sampling = {**self.sampling, **gen.sampling}
-        logprob = {**self.logprob, **gen.logprob}
-        return sampling, logprob
+        return {**self.sampling, **gen.sampling}, {**self.logprob, **gen.logprob}
 
     def _exec_gen(self, gen: Gen) -> None:
         sampling, logprob = self._resolve(gen)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import inspect
 import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 from radixlm.backend.sampling_params import (
     CONSTRAINT_KEYS,
@@ -23,10 +24,17 @@ from radixlm.backend_base import ProgramBackend
 from radixlm.interpreter import Executor
 from radixlm.ir import check_logprob_options
 from radixlm.prefix_trace import trace_prefix
+from radixlm.run_cancel import RunCancel
 from radixlm.state import ProgramState
 from radixlm.threads import PROGRAM_THREADS
 
 _default_backend: ProgramBackend | None = None
+# The cancellation of the async call (arun) a run belongs to; run_batch's runs read it in the
+# caller's thread, each program's forks inherit it from their executor.
+_RUN_CANCEL: contextvars.ContextVar[RunCancel | None] = contextvars.ContextVar(
+    "radixlm_run_cancel", default=None
+)
+_T = TypeVar("_T")
 _exit_hook_registered = False
 # Tracing pre-caches a constant prefix only when it is at least this many tokens long.
 PRECACHE_MIN_TOKENS = 32
@@ -140,7 +148,10 @@ class Program:
         # a streamed run's body runs on a thread of its own while the caller reads the stream,
         # so its expressions need a worker; otherwise the body's thread runs them itself
         inline = not stream
-        return Executor(backend, kwargs, sampling, logprob, stream, self.__name__, inline=inline)
+        cancel = _RUN_CANCEL.get()
+        return Executor(
+            backend, kwargs, sampling, logprob, stream, self.__name__, inline=inline, cancel=cancel
+        )
 
     def run(
         self,
@@ -210,9 +221,14 @@ class Program:
             self.precache(backend)
         threads = _num_threads(num_threads, len(batch_kwargs))
 
+        cancel = _RUN_CANCEL.get()  # the pool's threads do not inherit this thread's context
+
         def one(kw: dict[str, Any]) -> ProgramState:
-            # an entry's own key (an argument, or an option it sets for itself) wins over the batch's
-            return self.run(backend=backend, **{"max_new_tokens": max_new_tokens, **options, **kw})
+            token = _RUN_CANCEL.set(cancel)
+            try:  # an entry's own key (an argument, or an option it sets for itself) wins over the batch's
+                return self.run(backend=backend, **{"max_new_tokens": max_new_tokens, **options, **kw})
+            finally:
+                _RUN_CANCEL.reset(token)
 
         it = _run_all(one, list(batch_kwargs), threads, progress_bar)
         return it if generator_style else list(it)
@@ -227,15 +243,13 @@ class Program:
         return dict(zip(self.arg_names, entry))
 
     async def arun(self, *args: Any, **kwargs: Any) -> ProgramState:
-        return await asyncio.to_thread(self.run, *args, **kwargs)
+        """run() on a thread; cancelling the task (or a timeout) aborts the model calls in flight
+        and stops the program at its next one (RunCancelled)."""
+        return await _cancellable(lambda: self.run(*args, **kwargs))
 
     async def arun_batch(self, batch_kwargs: list[dict[str, Any]], **kwargs: Any) -> list[ProgramState]:
         kwargs.pop("generator_style", None)
-
-        def as_list() -> list[ProgramState]:
-            return list(self.run_batch(batch_kwargs, **kwargs))
-
-        return await asyncio.to_thread(as_list)
+        return await _cancellable(lambda: list(self.run_batch(batch_kwargs, **kwargs)))
 
     # ---- tracing ----------------------------------------------------------------------
 
@@ -258,6 +272,19 @@ class Program:
         resolved = self._backend(backend)
         _require_program_backend(resolved)
         return self.precache(resolved)
+
+
+async def _cancellable(call: Callable[[], _T]) -> _T:
+    """`call` on a thread, its program runs under one RunCancel that the task's cancellation fires."""
+    cancel = RunCancel()
+    token = _RUN_CANCEL.set(cancel)  # to_thread copies this context into the thread
+    try:
+        return await asyncio.to_thread(call)
+    except asyncio.CancelledError:
+        cancel.cancel()
+        raise
+    finally:
+        _RUN_CANCEL.reset(token)
 
 
 def _require_program_backend(backend: Any) -> None:

@@ -58,17 +58,25 @@ class Runtime(TokenBackend):
         return self.engine.generate(*args, **kwargs)
 
     def _request(
-        self, input_ids: list[list[int]], sampling: dict[str, Any], **logprob: Any
+        self,
+        input_ids: list[list[int]],
+        sampling: dict[str, Any],
+        rid: list[str] | None = None,
+        **logprob: Any,
     ) -> list[dict[str, Any]]:
-        outs = self.engine.generate(input_ids=input_ids, sampling_params=dict(sampling), **logprob)
+        outs = self.engine.generate(input_ids=input_ids, sampling_params=dict(sampling), rid=rid, **logprob)
         return outs if isinstance(outs, list) else [outs]
 
     def _request_stream(
-        self, input_ids: list[int], sampling: dict[str, Any], **logprob: Any
+        self, input_ids: list[int], sampling: dict[str, Any], rid: str | None = None, **logprob: Any
     ) -> Iterator[dict[str, Any]]:
         return self.engine.generate(
-            input_ids=input_ids, sampling_params=dict(sampling), stream=True, **logprob
+            input_ids=input_ids, sampling_params=dict(sampling), stream=True, rid=rid, **logprob
         )
+
+    def abort(self, rids: list[str]) -> None:
+        for rid in rids:
+            self.engine.abort_request(rid)
 
     def pin_prefix(self, ids: list[int]) -> Any:
         return self.engine.pin_prefix(list(ids))

@@ -182,23 +182,27 @@ class TracingRuntime(Runtime):
         return ex
 
     def _request(
-        self, input_ids: list[list[int]], sampling: dict[str, Any], **logprob: Any
+        self,
+        input_ids: list[list[int]],
+        sampling: dict[str, Any],
+        rid: list[str] | None = None,
+        **logprob: Any,
     ) -> list[dict[str, Any]]:
-        outs = super()._request(input_ids, sampling, **logprob)
+        outs = super()._request(input_ids, sampling, rid=rid, **logprob)
         ex = self._current(input_ids[0]) if input_ids else None
         if ex is not None and outs:
             self.tracer.settle(ex.node, int(outs[0]["meta_info"].get("cached_tokens", 0)), "prefill")
         return outs
 
     def _request_stream(
-        self, input_ids: list[int], sampling: dict[str, Any], **logprob: Any
+        self, input_ids: list[int], sampling: dict[str, Any], rid: str | None = None, **logprob: Any
     ) -> Iterator[dict[str, Any]]:
         ex = self._current(input_ids)
         if ex is None:
-            yield from super()._request_stream(input_ids, sampling, **logprob)
+            yield from super()._request_stream(input_ids, sampling, rid=rid, **logprob)
             return
         watch = _GenWatch(self.tracer, ex, time.perf_counter())
-        for chunk in super()._request_stream(input_ids, sampling, **logprob):
+        for chunk in super()._request_stream(input_ids, sampling, rid=rid, **logprob):
             watch.chunk(chunk)
             yield chunk
         ex._gen_numbers = watch.summary()

@@ -163,3 +163,28 @@ def test_a_stream_dropped_unread_aborts_its_request(engine):
     asyncio.run(drop_async())
     gc.collect()
     assert _aborted_soon(engine, before), "a dropped async stream ran on"
+
+
+@sgl.function
+def _long_story(s):
+    s += "Once upon a time"
+    s += sgl.gen("story", max_tokens=3000, ignore_eos=True)
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_cancelling_an_async_run_aborts_its_model_calls(engine, batch):
+    rt = sgl.Runtime(engine=engine)
+    before = engine.get_stats()["num_aborted"]
+
+    async def cancel_midway() -> None:
+        call = _long_story.arun_batch([{}], backend=rt) if batch else _long_story.arun(backend=rt)
+        task = asyncio.ensure_future(call)
+        deadline = time.monotonic() + 30
+        while engine.get_stats()["num_running"] == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_midway())
+    assert _aborted_soon(engine, before), "the cancelled run's gen ran on"
