@@ -63,7 +63,7 @@ def child_main(conn: Connection, engine_kwargs: dict[str, Any]) -> None:
 
         engine = Engine(**engine_kwargs)
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
-        conn.send(("failed", f"{type(e).__name__}: {e}"))
+        conn.send(("failed", (error_kind(e) if isinstance(e, Exception) else type(e).__name__, str(e))))
         return
     source = engine_kwargs.get("tokenizer_path") or engine.tokenizer_source
     conn.send(

@@ -89,7 +89,7 @@ class EngineProcess:
             raise died_while_starting(self._proc, "the engine process") from None
         if kind != "ready":
             self._proc.join(10)
-            raise RuntimeError(f"the engine process failed to start: {info}")
+            raise _start_error(info)
         self.model_config = info["model_config"]
         self.model_path: str = info["model_path"]
         self.device = torch.device(info["device"])
@@ -284,6 +284,18 @@ class EngineProcess:
 
 def _aborted(why: str) -> dict[str, Any]:
     return {"text": "", "output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": why}}}
+
+
+class EngineStartError(RuntimeError):
+    """The engine process could not start, for a reason other than a bad option."""
+
+
+def _start_error(err: tuple[str, str]) -> Exception:
+    """A bad option (ValueError, TypeError) as itself; any other failure as EngineStartError."""
+    kind, message = err
+    if kind in ("ValueError", "TypeError"):
+        return _rebuild(err)
+    return EngineStartError(f"the engine process failed to start: {kind}: {message}")
 
 
 def _rebuild(err: tuple[str, str]) -> Exception:

@@ -60,7 +60,10 @@ def run_file(argv: list[str]) -> None:
     if args.url:
         backend = radixlm.RuntimeEndpoint(args.url, api_key=args.api_key)
     else:
-        backend = radixlm.Runtime(**engine_kwargs(args))
+        try:
+            backend = radixlm.Runtime(**engine_kwargs(args))
+        except (ValueError, TypeError) as e:  # a bad engine option or model: the reason, no traceback
+            raise SystemExit(f"radixlm run: {e}") from None
     radixlm.set_default_backend(backend)
     old_argv = sys.argv
     sys.argv = [str(path), *args.args]

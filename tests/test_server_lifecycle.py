@@ -69,6 +69,26 @@ def test_busy_port_is_reported_before_the_model_loads(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr and "does not exist" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    "argv,reason",
+    [
+        (["--port", "70000"], "--port: must be an integer in [0, 65535], got '70000'"),
+        (["{tmp}/none.gguf", "--port", "0"], "none.gguf' does not exist (radixlm never downloads weights)"),
+        (["--max-running-requests", "0", "--port", "0"], "max_running_requests must be a positive integer"),
+        (["--programs", "{tmp}/missing.py", "--port", "0"], "--programs: program file"),
+    ],
+)
+def test_startup_mistakes_are_one_line_without_a_traceback(
+    tmp_path: Path, argv: list[str], reason: str
+) -> None:
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    proc = subprocess.run(
+        [sys.executable, "-m", "radixlm.cli", "serve", *argv], capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode != 0
+    assert reason in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
 def _start(tmp_path: Path, drain_s: float) -> tuple[subprocess.Popen, str, Path]:
     port = free_port()
     log = tmp_path / f"server-{port}.log"

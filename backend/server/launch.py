@@ -258,10 +258,21 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kw
 
 
+def port_number(text: str) -> int:
+    """argparse type of --port: an integer in [0, 65535] (0: any free port)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 65535], got {text!r}")
+    return port
+
+
 def add_server_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=30000)
+    g.add_argument("--port", type=port_number, default=30000)
     g.add_argument(
         "--api-key", default=None, help="required as 'Authorization: Bearer KEY' on all but /health"
     )

@@ -116,7 +116,7 @@ def serve(args: argparse.Namespace, load_programs: ProgramLoader | None = None) 
     `load_programs` turns --programs into a program host; the language side passes it
     (`radixlm serve`, `python -m radixlm.launch_server`), since the server never imports it."""
     from ..engine import Engine
-    from ..engine_process import EngineProcess
+    from ..engine_process import EngineProcess, EngineStartError
     from .app import create_app
     from .launch import limits_from_args, make_server
     from .programs import ProgramRegistry
@@ -142,12 +142,18 @@ def serve(args: argparse.Namespace, load_programs: ProgramLoader | None = None) 
                 "--programs needs the language side: start the server with `radixlm serve` "
                 "or `python -m radixlm.launch_server`"
             )
-        registry = ProgramRegistry(load_programs(args.programs), limits.max_pending_requests)
+        try:
+            registry = ProgramRegistry(load_programs(args.programs), limits.max_pending_requests)
+        except ValueError as e:  # a missing file, no programs in it (errors in its code keep their traceback)
+            raise SystemExit(f"radixlm serve: --programs: {e}") from None
     logger.info("loading the model (%s)", args.model_path or args.model_shape or "default: SmolLM2-135M")
-    if args.engine_in_process:
-        engine: Any = Engine(**engine_kwargs(args), log_level=args.log_level)
-    else:  # the scheduler in its own process: no GIL shared with the HTTP event loop
-        engine = EngineProcess(**engine_kwargs(args), log_level=args.log_level)
+    try:
+        if args.engine_in_process:
+            engine: Any = Engine(**engine_kwargs(args), log_level=args.log_level)
+        else:  # the scheduler in its own process: no GIL shared with the HTTP event loop
+            engine = EngineProcess(**engine_kwargs(args), log_level=args.log_level)
+    except (ValueError, TypeError, EngineStartError) as e:  # a bad option or model: the reason, no traceback
+        raise SystemExit(f"radixlm serve: {e}") from None
     app = create_app(
         engine,
         api_key=args.api_key,
