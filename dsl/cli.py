@@ -57,13 +57,14 @@ def run_file(argv: list[str]) -> None:
     import radixlm
 
     backend: Any
-    if args.url:
-        backend = radixlm.RuntimeEndpoint(args.url, api_key=args.api_key)
-    else:
-        try:
+    try:
+        if args.url:
+            backend = radixlm.RuntimeEndpoint(args.url, api_key=args.api_key)
+        else:
             backend = radixlm.Runtime(**engine_kwargs(args))
-        except (ValueError, TypeError) as e:  # a bad engine option or model: the reason, no traceback
-            raise SystemExit(f"radixlm run: {e}") from None
+    except Exception as e:  # a bad option, model or server: the reason in one line, not a traceback
+        where = f"the server at {args.url}" if args.url else "the engine"
+        raise SystemExit(f"radixlm run: cannot use {where}: {type(e).__name__}: {e}") from None
     radixlm.set_default_backend(backend)
     old_argv = sys.argv
     sys.argv = [str(path), *args.args]

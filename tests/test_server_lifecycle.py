@@ -74,8 +74,14 @@ def test_busy_port_is_reported_before_the_model_loads(tmp_path: Path) -> None:
     [
         (["--port", "70000"], "--port: must be an integer in [0, 65535], got '70000'"),
         (["{tmp}/none.gguf", "--port", "0"], "none.gguf' does not exist (radixlm never downloads weights)"),
-        (["--max-running-requests", "0", "--port", "0"], "max_running_requests must be a positive integer"),
+        (
+            ["--max-running-requests", "0", "--port", "0"],
+            "--max-running-requests: must be a positive integer",
+        ),
         (["--programs", "{tmp}/missing.py", "--port", "0"], "--programs: program file"),
+        (["--log-level", "bogus"], "argument --log-level: invalid choice: 'bogus'"),
+        (["--drain-timeout", "-1"], "argument --drain-timeout: must be a number ≥ 0, got '-1'"),
+        (["--max-pending-requests", "0"], "argument --max-pending-requests: must be a positive integer"),
     ],
 )
 def test_startup_mistakes_are_one_line_without_a_traceback(
@@ -87,6 +93,27 @@ def test_startup_mistakes_are_one_line_without_a_traceback(
     )
     assert proc.returncode != 0
     assert reason in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_run_against_a_server_that_is_not_there_is_one_line(tmp_path: Path) -> None:
+    program = tmp_path / "p.py"
+    program.write_text("print('never')\n")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "radixlm.cli",
+            "run",
+            "--url",
+            f"http://127.0.0.1:{free_port()}",
+            str(program),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "radixlm run: cannot use the server at" in proc.stderr and "never" not in proc.stdout
 
 
 def _start(tmp_path: Path, drain_s: float) -> tuple[subprocess.Popen, str, Path]:
@@ -148,3 +175,37 @@ def test_signal_mid_stream_aborts_and_frees_kv(tmp_path: Path, sig: signal.Signa
     assert kv is not None, text[-2000:]
     assert kv.group(1) == kv.group(2)
     assert re.search(r"GET /health 200", text)  # one access-log line per request
+
+
+def test_a_second_signal_cuts_the_drain_short(tmp_path: Path) -> None:
+    proc, url, log = _start(tmp_path, drain_s=600)
+    body = {
+        "text": "Tell a long story:",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True},
+    }
+    seen: list[str] = []
+
+    def stream() -> None:
+        with httpx.stream("POST", url + "/generate", json=body, timeout=120) as r:
+            seen.extend(x for x in r.iter_lines() if x.startswith("data: "))
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(seen) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(seen) >= 3, "the stream did not start"
+        proc.send_signal(signal.SIGTERM)  # drains for up to 600 s
+        time.sleep(1.0)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+        assert time.monotonic() - start < 60
+        reader.join(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert seen[-1] == "data: [DONE]" and '"abort"' in seen[-2]
+    assert "aborted 1 request(s) at shutdown" in log.read_text()

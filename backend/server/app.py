@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -104,13 +104,13 @@ def _shutdown_engine(engine: Any) -> None:
         engine.shutdown()
 
 
-async def drain(runner: Runner, timeout_s: float) -> int:
-    """Stop admitting, wait up to `timeout_s` for running requests, then abort the rest and
-    wait for them to end. Returns how many were aborted."""
+async def drain(runner: Runner, timeout_s: float, cut_short: Callable[[], bool] = lambda: False) -> int:
+    """Stop admitting, wait up to `timeout_s` (or until `cut_short()`) for running requests, then
+    abort the rest and wait for them to end. Returns how many were aborted."""
     runner.accepting = False
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while runner.busy() and loop.time() < deadline:
+    while runner.busy() and loop.time() < deadline and not cut_short():
         await asyncio.sleep(0.05)
     aborted = runner.abort_all()
     deadline = loop.time() + 5.0

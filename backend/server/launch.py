@@ -24,17 +24,20 @@ logger = logging.getLogger("radixlm.server")
 
 class RadixServer(uvicorn.Server):
     """uvicorn.Server whose shutdown drains the engine's requests before closing connections:
-    up to drain_timeout_s after SIGTERM (an orchestrator's stop), none after SIGINT (Ctrl-C)."""
+    up to drain_timeout_s after SIGTERM (an orchestrator's stop), none after SIGINT (Ctrl-C), and
+    no longer once a second signal comes."""
 
     def __init__(self, config: uvicorn.Config, runner: Any, drain_timeout_s: float) -> None:
         super().__init__(config)
         self.runner = runner
         self.drain_timeout_s = drain_timeout_s
         self.exit_signal: int | None = None
+        self.signals = 0
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self.exit_signal is None:
             self.exit_signal = sig  # logged from shutdown(): a signal handler must not take log locks
+        self.signals += 1
         super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
@@ -55,7 +58,7 @@ class RadixServer(uvicorn.Server):
             logger.warning("%s: aborting %d request(s) in flight", name, busy)
         else:
             logger.info("%s: shutting down (no requests in flight)", name)
-        aborted = await drain(self.runner, timeout)
+        aborted = await drain(self.runner, timeout, cut_short=lambda: self.signals > 1)
         if aborted:
             logger.warning("aborted %d request(s) at shutdown", aborted)
         await super().shutdown(sockets)
@@ -154,30 +157,30 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="KV cache storage: auto (the model dtype) or fp8_e4m3 (per-head scales; ~2x the tokens)",
     )
-    g.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens")
-    g.add_argument("--mem-fraction-static", type=float, default=0.85)
+    g.add_argument("--max-total-tokens", type=positive_int, default=None, help="KV pool size in tokens")
+    g.add_argument("--mem-fraction-static", type=fraction, default=0.85)
     g.add_argument(
         "--chunked-prefill-size",
-        type=int,
+        type=positive_int,
         default=None,
         help="prompt tokens per step (default: from GPU memory, 2048 on CPU)",
     )
     g.add_argument(
         "--max-running-requests",
-        type=int,
+        type=positive_int,
         default=None,
         help="decoding requests at once (default: from the KV pool size, 256 on CPU)",
     )
     g.add_argument(
         "--cuda-graph-max-bs",
-        type=int,
+        type=positive_int,
         default=None,
         help="largest decode batch run as a CUDA graph (default: from GPU memory)",
     )
     g.add_argument("--disable-radix-cache", action="store_true")
     g.add_argument("--random-weights", action="store_true")
     g.add_argument("--model-shape", default=None, help="e.g. llama-3.1-8b (with --random-weights)")
-    g.add_argument("--context-length", type=int, default=None)
+    g.add_argument("--context-length", type=positive_int, default=None)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--disable-cuda-graph", action="store_true")
     g.add_argument(
@@ -202,7 +205,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--speculative-num-draft-tokens",
-        type=int,
+        type=positive_int,
         default=None,
         help="most drafts verified per request per step (default: 7 for ngram, 4 for draft)",
     )
@@ -214,8 +217,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--tp",
+        "--tp-size",
         dest="tp_size",
-        type=int,
+        type=positive_int,
         default=1,
         help="tensor parallelism: split the model over this many CPU processes (gloo)",
     )
@@ -258,6 +262,40 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kw
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count or size: an integer ≥ 1 (its default stands for 'derived')."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a number ≥ 0, got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text!r}")
+    return value
+
+
 def port_number(text: str) -> int:
     """argparse type of --port: an integer in [0, 65535] (0: any free port)."""
     try:
@@ -284,12 +322,12 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         help="register every @function in this module or .py file (repeatable)",
     )
     g.add_argument("--served-model-name", default=None)
-    g.add_argument("--max-body-bytes", type=int, default=ServerLimits.max_body_bytes)
-    g.add_argument("--max-prompt-tokens", type=int, default=None)
-    g.add_argument("--max-new-tokens-limit", type=int, default=None)
-    g.add_argument("--max-pending-requests", type=int, default=ServerLimits.max_pending_requests)
-    g.add_argument("--drain-timeout", type=float, default=ServerLimits.drain_timeout_s)
-    g.add_argument("--log-level", default="info")
+    g.add_argument("--max-body-bytes", type=positive_int, default=ServerLimits.max_body_bytes)
+    g.add_argument("--max-prompt-tokens", type=positive_int, default=None)
+    g.add_argument("--max-new-tokens-limit", type=positive_int, default=None)
+    g.add_argument("--max-pending-requests", type=positive_int, default=ServerLimits.max_pending_requests)
+    g.add_argument("--drain-timeout", type=non_negative_float, default=ServerLimits.drain_timeout_s)
+    g.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:

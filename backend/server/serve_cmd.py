@@ -12,7 +12,7 @@ import socket
 from typing import Any
 
 from .dp import POLICIES
-from .launch import add_engine_args, add_server_args, bind_socket, engine_kwargs
+from .launch import add_engine_args, add_server_args, bind_socket, engine_kwargs, positive_int
 from .programs import ProgramLoader
 from .runner import ServerLimits
 
@@ -72,7 +72,7 @@ def serve_parser(prog: str = "radixlm serve") -> argparse.ArgumentParser:
     g = p.add_argument_group("data parallelism")
     g.add_argument(
         "--dp",
-        type=int,
+        type=positive_int,
         default=1,
         help="replicas of the model, each a server with its own engine, behind sglang-router on --port",
     )
@@ -126,8 +126,6 @@ def serve(args: argparse.Namespace, load_programs: ProgramLoader | None = None) 
             raise SystemExit("radixlm serve: give the model once (positional or --model-path), not both")
         args.model_path = args.model
     setup_logging(args.log_level)
-    if args.dp < 1:
-        raise SystemExit(f"radixlm serve: --dp must be at least 1, got {args.dp}")
     sock = open_port(args.host, args.port)
     if args.dp > 1:
         from .dp import serve_dp
@@ -154,6 +152,9 @@ def serve(args: argparse.Namespace, load_programs: ProgramLoader | None = None) 
             engine = EngineProcess(**engine_kwargs(args), log_level=args.log_level)
     except (ValueError, TypeError, EngineStartError) as e:  # a bad option or model: the reason, no traceback
         raise SystemExit(f"radixlm serve: {e}") from None
+    except Exception as e:  # e.g. a damaged model file: one line; the traceback at --log-level debug
+        logger.debug("the engine did not start", exc_info=True)
+        raise SystemExit(f"radixlm serve: the engine did not start: {type(e).__name__}: {e}") from None
     app = create_app(
         engine,
         api_key=args.api_key,
