@@ -55,6 +55,10 @@ class RemoteTokenizer:
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
+# An abort is sent on the way out of a failed or cancelled call: it must not wait as long as a generation.
+ABORT_TIMEOUT_S = 5.0
+
+
 class RuntimeEndpoint(TokenBackend):
     """`RuntimeEndpoint("http://127.0.0.1:30000", api_key=None)`. Tokenization and the chat
     template run on the server; `tokenizer=` / `tokenizer_path=` use a local tokenizer instead."""
@@ -157,7 +161,7 @@ class RuntimeEndpoint(TokenBackend):
     def abort(self, rids: list[str]) -> None:
         for rid in rids:
             try:
-                self._client.post("/abort_request", json={"rid": rid})
+                self._client.post("/abort_request", json={"rid": rid}, timeout=ABORT_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - best effort: the server may be gone, the request with it
                 pass
 

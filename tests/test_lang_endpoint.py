@@ -214,3 +214,34 @@ def test_openai_chat_typed_gen_uses_response_format(oai_chat):
     st = typed.run(backend=oai_chat, **GREEDY)
     assert isinstance(st["person"], suite.Person)
     assert st["person"] == suite.Person.model_validate_json(st.messages()[-1]["content"])
+
+
+def test_cancelling_an_async_run_aborts_it_on_the_server(ep, url):
+    """RuntimeEndpoint sends its own request ids, so a cancelled arun aborts its request there
+    (3000 tokens would keep the server busy for many seconds)."""
+    import asyncio
+
+    @sgl.function
+    def story(s):
+        s += "Once upon a time"
+        s += sgl.gen("story", max_tokens=3000, ignore_eos=True)
+
+    def busy() -> int:
+        return httpx.get(url + "/get_load", headers={"Authorization": f"Bearer {KEY}"}).json()[0]["num_reqs"]
+
+    async def cancel_midway() -> None:
+        task = asyncio.ensure_future(story.arun(backend=ep))
+        deadline = time.monotonic() + 60
+        while busy() == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    start = time.monotonic()
+    asyncio.run(cancel_midway())  # returns once the run's thread ends: at once if the request was aborted
+    assert time.monotonic() - start < 30, "the cancelled run waited for its whole generation"
+    deadline = time.monotonic() + 5
+    while busy() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert busy() == 0, "the cancelled run's request still runs on the server"
