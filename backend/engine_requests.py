@@ -194,20 +194,14 @@ class EngineRequests:
             self._inbox.put(AbortRequest(rid))
 
 
-class RequestStream:
-    """A streamed request's chunks, to its finish. Closing it early, or dropping it (read or not),
+class _AbortOnDrop:
+    """A streamed request's reader: closing it before the finish, or dropping it (read or not),
     aborts the request, so an abandoned stream never runs on to max_new_tokens."""
 
-    def __init__(self, q: queue.Queue[dict[str, Any]], abort: Callable[[], None]) -> None:
-        self._q, self._abort, self._done = q, abort, False
+    def __init__(self, abort: Callable[[], None]) -> None:
+        self._abort, self._done = abort, False
 
-    def __iter__(self) -> RequestStream:
-        return self
-
-    def __next__(self) -> dict[str, Any]:
-        if self._done:
-            raise StopIteration
-        chunk = self._q.get()
+    def _seen(self, chunk: dict[str, Any]) -> dict[str, Any]:
         self._done = chunk["meta_info"]["finish_reason"] is not None
         return chunk
 
@@ -220,11 +214,28 @@ class RequestStream:
         self.close()
 
 
-class AsyncRequestStream:
+class RequestStream(_AbortOnDrop):
+    """A streamed request's chunks, to its finish."""
+
+    def __init__(self, q: queue.Queue[dict[str, Any]], abort: Callable[[], None]) -> None:
+        super().__init__(abort)
+        self._q = q
+
+    def __iter__(self) -> RequestStream:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        if self._done:
+            raise StopIteration
+        return self._seen(self._q.get())
+
+
+class AsyncRequestStream(_AbortOnDrop):
     """RequestStream for asyncio: chunks that arrived together are read as one."""
 
     def __init__(self, q: asyncio.Queue[dict[str, Any]], abort: Callable[[], None]) -> None:
-        self._q, self._abort, self._done = q, abort, False
+        super().__init__(abort)
+        self._q = q
 
     def __aiter__(self) -> AsyncRequestStream:
         return self
@@ -237,16 +248,7 @@ class AsyncRequestStream:
         except BaseException:  # cancelled while waiting: the request goes with the reader
             self.close()
             raise
-        self._done = chunk["meta_info"]["finish_reason"] is not None
-        return chunk
+        return self._seen(chunk)
 
     async def aclose(self) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if not self._done:
-            self._done = True
-            self._abort()
-
-    def __del__(self) -> None:
         self.close()

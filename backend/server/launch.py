@@ -12,6 +12,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -265,46 +266,26 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
-def positive_int(text: str) -> int:
-    """argparse type of a count or size: an integer ≥ 1 (its default stands for 'derived')."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+def _checked(parse: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
+    """An argparse type: `parse` the text, then require `ok` of the value, else say `what` it must be."""
+
+    def convert(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    return convert
 
 
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:  # NaN fails too
-        raise argparse.ArgumentTypeError(f"must be a number ≥ 0, got {text!r}")
-    return value
-
-
-def fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1], got {text!r}")
-    return value
-
-
-def port_number(text: str) -> int:
-    """argparse type of --port: an integer in [0, 65535] (0: any free port)."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be an integer in [0, 65535], got {text!r}")
-    return port
+# a count or size (its default stands for 'derived'), a timeout, a memory fraction, --port (0: any)
+positive_int = _checked(int, lambda v: v >= 1, "a positive integer")
+non_negative_float = _checked(float, lambda v: v >= 0, "a number ≥ 0")  # NaN fails too
+fraction = _checked(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]")
+port_number = _checked(int, lambda v: 0 <= v <= 65535, "an integer in [0, 65535]")
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
