@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,8 +33,15 @@ def trace_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=None, help="default temperature (0: greedy)")
     p.add_argument("--json", action="store_true", help="print the events as JSON lines")
     p.add_argument("--no-color", action="store_true", help="no ANSI colours in the tree")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the run")
+    p.add_argument("--timeout", type=_positive_seconds, default=600.0, help="seconds to wait for the run")
     return p
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
 
 
 def parse_args_list(items: list[str]) -> dict[str, Any]:
@@ -51,13 +59,17 @@ def parse_args_list(items: list[str]) -> dict[str, Any]:
 
 def stream_events(url: str, program: str, body: dict[str, Any], api_key: str | None,
                   timeout: float) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """The run's events; SystemExit once the whole run has taken longer than `timeout` seconds."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    deadline = time.monotonic() + timeout
     with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout) as client:
         with client.stream("POST", f"/programs/{program}/trace", json=body) as r:
             if r.status_code != 200:
                 r.read()
                 raise SystemExit(f"radixlm trace: HTTP {r.status_code}: {_message(r)}")
             for line in r.iter_lines():
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"radixlm trace: the run took longer than --timeout {timeout:g} s")
                 if line.startswith("data: "):
                     data = line[len("data: ") :]
                     if data == "[DONE]":
@@ -102,6 +114,8 @@ def main(argv: list[str]) -> int:
             line = json.dumps(ev, ensure_ascii=False) if args.json else live_line(ev)
             if line is not None:
                 print(line, flush=True)
+    except httpx.TimeoutException:
+        raise SystemExit(f"radixlm trace: no reply within --timeout {args.timeout:g} s") from None
     except httpx.TransportError as e:
         raise SystemExit(f"radixlm trace: cannot reach {args.url}: {e}") from None
     if not args.json and tree.nodes:
