@@ -97,4 +97,11 @@ def _import(spec: str) -> Any:
         sys.modules[mod_name] = module
         loader_spec.loader.exec_module(module)
         return module
-    return importlib.import_module(spec)
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as e:
+        # Only the operator's own name is an operator error; an import inside the module that
+        # fails is a bug in their code and keeps its traceback.
+        if e.name is None or not (spec == e.name or spec.startswith(e.name + ".")):
+            raise
+        raise ValueError(f"no module or .py file named {spec!r} (module {e.name!r} not found)") from None
