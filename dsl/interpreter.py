@@ -307,7 +307,7 @@ class Executor:
             self.text_ += out.text
             self._append_generated_ids(out.text, out.ids)
             text, meta = out.text, with_logprob_text(out.meta, self.codec, self._logprob_text)
-        self._set_result(gen.name, convert_value(gen, text), meta)
+        self._set_result(gen.name, convert_value(gen, text, meta), meta)
 
     def _gen_stream(self, gen: Gen, sampling: dict[str, Any], logprob: dict[str, Any]) -> tuple[str, Any]:
         name = gen.name

@@ -44,8 +44,11 @@ _GEN_NAMES = {k: FRONTEND_NAMES.get(k, k) for k in SAMPLING_KEYS}
 # Options that are not sampling parameters but ride along with a request.
 LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
-REGEX_INT = r"[-+]?[0-9]+"
-REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?"
+# As SGLang: a number may trail spaces or newlines, and its gen stops on either (_NUMBER_STOPS),
+# so a model that would go on writing digits ends at its first separator instead.
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?[ \n]*"
+_NUMBER_STOPS = (" ", "\n")
 REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"\"[\w\d\s]*\""
 _DTYPE_REGEX = {int: REGEX_INT, float: REGEX_FLOAT, bool: REGEX_BOOL, str: REGEX_STR}
@@ -234,8 +237,12 @@ def make_gen(name: str | None, options: dict[str, Any], dtype: Any = None) -> Ge
     if dtype is not None and "regex" in sampling:
         # as SGLang: the dtype's own pattern, so the output always parses as the dtype
         warnings.warn(f"gen: dtype={dtype.__name__} overrides regex={sampling['regex']!r}", stacklevel=3)
+    if dtype is not None and "json_schema" in sampling:
+        warnings.warn(f"gen: dtype={dtype.__name__} is ignored beside json_schema", stacklevel=3)
     if dtype is not None and "json_schema" not in sampling:
         sampling["regex"] = _DTYPE_REGEX[dtype]
+        if dtype in (int, float):
+            sampling["stop"] = _with_stops(sampling.get("stop"), _NUMBER_STOPS)
     try:
         check_values(sampling, _GEN_NAMES)
     except ValueError as e:
@@ -243,8 +250,21 @@ def make_gen(name: str | None, options: dict[str, Any], dtype: Any = None) -> Ge
     return Gen(name, sampling, logprob, dtype, schema_cls)
 
 
-def convert_value(gen: Gen, text: str) -> Any:
-    """The variable value of a finished gen: typed when a dtype or pydantic class was given."""
+def _with_stops(stop: Any, extra: tuple[str, ...]) -> Any:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    return stops + [s for s in extra if s not in stops]
+
+
+def convert_value(gen: Gen, text: str, meta: dict[str, Any] | None = None) -> Any:
+    """The variable value of a finished gen: typed when a dtype or pydantic class was given.
+    ValueError when the output does not parse, saying why it ended when a limit cut it short."""
+    try:
+        return _typed_value(gen, text)
+    except ValueError as e:
+        raise ValueError(f"{e}{_why_cut(meta)}") from e
+
+
+def _typed_value(gen: Gen, text: str) -> Any:
     if gen.schema_cls is not None:
         try:
             return gen.schema_cls.model_validate_json(text)
@@ -261,9 +281,21 @@ def convert_value(gen: Gen, text: str) -> Any:
             return float(text.strip())
         if gen.dtype is bool:
             return {"True": True, "False": False}[text.strip()]
-        return json.loads(text)
+        return json.loads(text, strict=False)  # REGEX_STR lets tabs and newlines in
     except (ValueError, KeyError, json.JSONDecodeError) as e:
         raise ValueError(f"gen {gen.name!r}: output {text!r} does not parse as {gen.dtype.__name__}") from e
+
+
+def _why_cut(meta: dict[str, Any] | None) -> str:
+    reason = (meta or {}).get("finish_reason") or {}
+    if reason.get("type") == "length":
+        return f" (generation hit its token limit, {reason.get('length')} tokens: raise max_tokens)"
+    if reason.get("type") == "stop":
+        matched = reason.get("matched")
+        return f" (generation stopped at {f'token {matched}' if isinstance(matched, int) else repr(matched)})"
+    if reason.get("type") == "abort":
+        return f" (generation was aborted: {reason.get('message', 'no reason given')})"
+    return ""
 
 
 def make_select(name: str | None, choices: Any, temperature: float, method: Any) -> Select:

@@ -14,7 +14,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 import radixlm as sgl
-from radixlm.ir import REGEX_INT
+from radixlm.ir import REGEX_INT, convert_value, make_gen
 
 GREEDY = {"temperature": 0}
 FEW_SHOT = (
@@ -372,6 +372,33 @@ def test_gen_int_parses(rt, grammar):
     st = num.run(backend=rt, **GREEDY)
     raw_text = st.text()[len("The number of legs of a dog is ") :]
     assert re.fullmatch(REGEX_INT, raw_text) and isinstance(st["n"], int) and st["n"] == int(raw_text)
+
+
+def test_gen_int_ends_at_its_separator(rt, grammar):
+    """A small model rarely writes end-of-text after a number: the gen must stop at the space or
+    newline the pattern lets in, not run on to max_tokens as one long digit string."""
+
+    @sgl.function
+    def year(s):
+        s += "The year World War II ended was "
+        s += sgl.gen_int("y", max_tokens=16)
+
+    st = year.run(backend=rt, **GREEDY)
+    assert st.get_meta_info("y")["finish_reason"]["type"] == "stop", st.text()
+    assert isinstance(st["y"], int) and 0 < st["y"] < 10**6
+
+
+def test_a_typed_gen_cut_by_its_token_limit_says_so(rt, grammar):
+    @sgl.function
+    def person(s):
+        s += "Alice is 30. As JSON: " + sgl.gen("p", json_schema=Person, max_tokens=5)
+
+    with pytest.raises(ValueError, match=r"(?s)does not validate as Person.*hit its token limit, 5 tokens"):
+        person.run(backend=rt, **GREEDY)
+
+
+def test_gen_str_keeps_newlines_and_tabs():
+    assert convert_value(make_gen("v", {}, str), '"a\nb\tc"') == "a\nb\tc"
 
 
 def test_json_from_regex_and_schema_validates(rt, grammar):
