@@ -29,7 +29,14 @@ from radixlm.choices import (
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
-from radixlm.program import Program, flush_cache, function, get_default_backend, set_default_backend
+from radixlm.program import (
+    Program,
+    flush_cache,
+    function,
+    get_default_backend,
+    get_server_info,
+    set_default_backend,
+)
 from radixlm.state import ProgramState, ProgramStateGroup
 
 _LAZY = {
@@ -40,6 +47,17 @@ _LAZY = {
 }
 
 
+# SGLang frontend names radixlm does not provide, with the reason a ported program needs.
+_NOT_PROVIDED = {
+    "image": "multimodal inputs are not supported (text-only Llama-family models)",
+    "video": "multimodal inputs are not supported (text-only Llama-family models)",
+    "separate_reasoning": "reasoning parsers are not supported; gen the reasoning into its own variable",
+    "Anthropic": "no Anthropic backend; use Runtime, RuntimeEndpoint or OpenAI",
+    "LiteLLM": "no LiteLLM backend; use Runtime, RuntimeEndpoint or OpenAI",
+    "VertexAI": "no VertexAI backend; use Runtime, RuntimeEndpoint or OpenAI",
+}
+
+
 def __getattr__(name: str) -> Any:
     # Lazy: `import radixlm` must not pull in torch or the HTTP clients until needed.
     if name in _LAZY:
@@ -47,6 +65,8 @@ def __getattr__(name: str) -> Any:
 
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(module), attr)
+    if name in _NOT_PROVIDED:
+        raise AttributeError(f"radixlm has no {name!r}: {_NOT_PROVIDED[name]}")
     raise AttributeError(name)
 
 
@@ -70,6 +90,7 @@ __all__ = [
     "gen_int",
     "gen_string",
     "get_default_backend",
+    "get_server_info",
     "greedy_token_selection",
     "select",
     "set_default_backend",

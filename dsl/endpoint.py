@@ -165,6 +165,9 @@ class RuntimeEndpoint(TokenBackend):
             except Exception:  # noqa: BLE001 - best effort: the server may be gone, the request with it
                 pass
 
+    def get_server_info(self) -> dict[str, Any]:
+        return self._get("/get_server_info")
+
     def flush_cache(self) -> bool:
         resp = self._client.post("/flush_cache")
         return resp.status_code < 400

@@ -76,6 +76,17 @@ def flush_cache(backend: ProgramBackend | None = None) -> bool:
     return False if backend is None else backend.flush_cache()
 
 
+def get_server_info(backend: ProgramBackend | None = None) -> dict[str, Any]:
+    """The backend's model and engine facts, as SGLang's `get_server_info`."""
+    backend = backend or _default_backend
+    if backend is None:
+        raise ValueError("get_server_info: no backend given and no default set (set_default_backend)")
+    info = getattr(backend, "get_server_info", None)
+    if info is None:
+        raise ValueError(f"get_server_info: a {type(backend).__name__} backend has no server info")
+    return dict(info())
+
+
 def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     unknown = set(options) - set(_RUN_SAMPLING_KEYS) - set(_RUN_LOGPROB_KEYS)
     if unknown:

@@ -90,6 +90,17 @@ class Runtime(TokenBackend):
     def get_stats(self) -> dict[str, Any]:
         return self.engine.get_stats()
 
+    def get_server_info(self) -> dict[str, Any]:
+        """SGLang's server-info keys that an in-process engine has (internal_states: its stats)."""
+        cfg = self.engine.model_config
+        return {
+            "model_path": str(self.engine.model_path),
+            "context_length": cfg.context_len,
+            "vocab_size": cfg.vocab_size,
+            "device": str(self.engine.device),
+            "internal_states": [self.engine.get_stats()],
+        }
+
     def shutdown(self) -> None:
         if self._server is not None:
             self._server.stop()

@@ -90,6 +90,12 @@ def oai_text(url):
 # ---- RuntimeEndpoint -------------------------------------------------------------------
 
 
+def test_endpoint_server_info(ep, engine):
+    info = sgl.get_server_info(ep)
+    assert info["context_length"] == engine.model_config.context_len
+    assert info["internal_states"] == [info["engine_stats"]]
+
+
 def test_endpoint_needs_the_api_key(url, engine):
     with pytest.raises(ValueError, match="401"):
         sgl.RuntimeEndpoint(url, api_key="wrong", tokenizer=engine.tokenizer)

@@ -158,7 +158,9 @@ def test_run_batch_takes_lists_of_positional_arguments(rt):
 def test_gen_takes_sglangs_parameters_in_sglangs_order():
     g = sgl.gen("x", 4, None, None, "\n")  # name, max_tokens, min_tokens, n, stop
     assert g.sampling["max_new_tokens"] == 4 and g.sampling["stop"] == "\n"
-    assert sgl.gen_int("i", 3, 1, ".").sampling["stop"] == "."  # name, max_tokens, n, stop
+    # name, max_tokens, n, stop; a number also stops at a space or newline, as SGLang's does
+    assert sgl.gen_int("i", 3, 1, ".").sampling["stop"] == [".", " ", "\n"]
+    assert sgl.gen("f", dtype=float, stop=["\n", "x"]).sampling["stop"] == ["\n", "x", " "]
     with pytest.raises(ValueError, match="s.fork"):
         sgl.gen("x", n=2)
     with pytest.raises(ValueError, match="stop_regex .* matches the empty string"):
@@ -237,3 +239,15 @@ def test_cache_prefix_takes_text_as_sglangs_runtime_does(rt, engine):
     rt.cache_prefix(text)
     out = engine.generate(text + "Question: why?", {"max_new_tokens": 1})
     assert out["meta_info"]["cached_tokens"] >= n - 1  # the seam token may re-tokenize
+
+
+def test_get_server_info_in_process_and_refusals(rt, engine):
+    info = sgl.get_server_info(rt)
+    assert info["context_length"] == engine.model_config.context_len
+    assert info["internal_states"][0]["num_running"] >= 0
+    with pytest.raises(ValueError, match="no backend given"):
+        sgl.get_server_info()
+    with pytest.raises(AttributeError, match="multimodal inputs are not supported"):
+        sgl.image  # noqa: B018
+    with pytest.raises(AttributeError, match="no_such_name"):
+        sgl.no_such_name  # noqa: B018

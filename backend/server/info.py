@@ -106,6 +106,7 @@ def register(app: FastAPI) -> None:
 
     async def server_info() -> dict[str, Any]:
         cfg = engine.model_config
+        stats = engine.get_stats()
         return {
             "version": version(),
             "model_path": str(engine.model_path),
@@ -115,7 +116,8 @@ def register(app: FastAPI) -> None:
             "device": str(engine.device),
             "has_chat_template": getattr(tok, "chat_template", None) is not None,
             "limits": {k: v for k, v in vars(app.state.runner.limits).items()},
-            "engine_stats": engine.get_stats(),
+            "engine_stats": stats,
+            "internal_states": [stats],  # SGLang's key: one entry per scheduler; bench_serving reads [0]
         }
 
     app.get("/get_server_info")(server_info)
