@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from radixlm.chat_template import ChatTemplate
 from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod, call_method, needs_unconditional
 from radixlm.run_cancel import RunCancel
+from radixlm.select_healing import select_prompts
 from radixlm.tokens import TokenCodec
 
 
@@ -220,9 +221,11 @@ class TokenBackend(ProgramBackend):
             raise ValueError("select needs some text before it to condition on")
         codec = ex.codec
         assert codec is not None
-        choice_ids = [codec.encode(c) for c in choices]
-        if len(choices) > 1:
-            self.cache_prefix(prefix)  # prefill the shared prefix once, then score all choices
-        cond = self.score([prefix + c for c in choice_ids], len(prefix), ex.cancel)
-        uncond = self.score(choice_ids, 0, ex.cancel) if needs_unconditional(method) else None
+        start, prompts = select_prompts(codec, prefix, choices)
+        if len(choices) > 1:  # prefill the shared context once, then score all choices
+            self.cache_prefix(prefix[:start])
+        cond = self.score(prompts, start, ex.cancel)
+        uncond = (
+            self.score([p[start:] for p in prompts], 0, ex.cancel) if needs_unconditional(method) else None
+        )
         return call_method(method, choices, cond, uncond)

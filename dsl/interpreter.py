@@ -30,6 +30,7 @@ from radixlm.ir import (
     to_expr,
 )
 from radixlm.run_cancel import RunCancel
+from radixlm.select_healing import chosen_prompt
 from radixlm.threads import PROGRAM_THREADS
 
 
@@ -347,7 +348,7 @@ class Executor:
         decision = self.backend.select(self, sel.choices, sel.temperature, sel.choices_method)
         self.text_ += decision.decision
         if self.codec is not None:
-            self.ids_.extend(self.codec.encode(decision.decision))
+            self.ids_ = chosen_prompt(self.codec, self.ids_, sel.choices, decision.decision)
         self._set_result(sel.name, decision.decision, decision.meta_info)
 
     def _exec_role_begin(self, expr: RoleBegin) -> None:

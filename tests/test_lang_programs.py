@@ -188,6 +188,40 @@ def test_select_scores_exactly_each_choice(rt, tok, method):
     assert st.token_ids() == prefix + enc(tok, st["city"]) + enc(tok, ".")
 
 
+CAPITAL_Q = "Question: What is the capital of France?\nAnswer: The capital of France is "
+
+
+@sgl.function
+def capital(s):
+    s += CAPITAL_Q
+    s += sgl.select("city", choices=["Paris", "London", "Berlin"])
+
+
+def test_select_heals_a_prompt_that_ends_in_a_space(rt, tok):
+    """The prompt's trailing space token would split " Paris" unnaturally: every choice is scored
+    as text tokenizes it, from the token before, and the state keeps the healed ids."""
+    prefix = enc(tok, CAPITAL_Q)
+    assert tok.decode(prefix[-1:]) == " "
+    st = capital.run(backend=rt)
+    meta = st.get_meta_info("city")
+    means = []
+    for c, got in zip(["Paris", "London", "Berlin"], meta["input_token_logprobs"]):
+        ids = enc(tok, " " + c)
+        assert [e[1] for e in got] == ids
+        ref = rt.engine.generate(
+            input_ids=prefix[:-1] + ids,
+            sampling_params={"max_new_tokens": 0},
+            return_logprob=True,
+            logprob_start_len=len(prefix) - 1,
+        )
+        ref_lps = [e[0] for e in ref["meta_info"]["input_token_logprobs"]]
+        assert [e[0] for e in got] == pytest.approx(ref_lps, abs=1e-4)
+        means.append(statistics.mean(ref_lps))
+    assert st["city"] == "Paris" == ["Paris", "London", "Berlin"][max(range(3), key=means.__getitem__)]
+    assert st.token_ids() == prefix[:-1] + enc(tok, " Paris")
+    assert tok.decode(st.token_ids(), skip_special_tokens=False) == st.text() == CAPITAL_Q + "Paris"
+
+
 @sgl.function
 def tool_loop(s):
     s += "You can call calc(expression).\n"
