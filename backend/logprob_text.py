@@ -8,6 +8,10 @@ from typing import Any, Protocol
 
 LOGPROB_LISTS = ("input_token_logprobs", "output_token_logprobs")
 TOP_LISTS = ("input_top_logprobs", "output_top_logprobs")
+OUTPUT_LISTS = ("output_token_logprobs", "output_top_logprobs")
+# SGLang's running count of output logprob entries, in every streamed meta: a chunk whose lists
+# hold only its own entries (the Engine's streams) starts at LENGTH - len(list).
+LENGTH_KEY = "output_token_logprobs_length"
 
 
 class Decoder(Protocol):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .logprob_text import LENGTH_KEY, OUTPUT_LISTS
 from .model_runner import ScheduledItem
 from .request import Req
 from .sampler import record_token
@@ -147,7 +148,7 @@ class OutputProcessor:
         new_ids = req.output_ids[req.ids_sent :]
         req.ids_sent = len(req.output_ids)
         if delta or new_ids or req.finished:
-            req.sink({"text": delta, "output_ids": new_ids, "meta_info": req.meta_info()})
+            req.sink({"text": delta, "output_ids": new_ids, "meta_info": _chunk_meta(req)})
 
     @staticmethod
     def _final_output(req: Req) -> dict[str, Any]:
@@ -162,3 +163,22 @@ class OutputProcessor:
             rows.record(
                 req.input_token_logprobs, req.input_top_logprobs if req.top_logprobs_num > 0 else None
             )
+
+
+def _chunk_meta(req: Req) -> dict[str, Any]:
+    """A stream chunk's meta: like its text and ids, its output logprob lists hold only the
+    chunk's own entries (copies: the scheduler goes on appending to the request's lists), with
+    the running count under LENGTH_KEY, as SGLang's incremental streams carry them."""
+    meta = req.meta_info()
+    if not req.return_logprob:
+        return meta
+    end = len(req.output_token_logprobs)
+    for key in OUTPUT_LISTS:
+        if key in meta:
+            meta[key] = meta[key][req.logprobs_sent : end]
+    meta["input_token_logprobs"] = list(req.input_token_logprobs)
+    if "input_top_logprobs" in meta:
+        meta["input_top_logprobs"] = list(req.input_top_logprobs)
+    meta[LENGTH_KEY] = end
+    req.logprobs_sent = end
+    return meta

@@ -73,6 +73,7 @@ class Req:
     grammar: RequestGrammar | None = None  # set when constrained
     stream_sent: int = 0  # chars of text already streamed
     ids_sent: int = 0  # output ids already streamed
+    logprobs_sent: int = 0  # output logprob entries already streamed
     stop_cut: int = -1  # where a matched stop string or stop regex starts in detok.text
     stop_checked: int = 0  # chars of detok.text already searched for stop strings
     stop_regex_scan: StopRegexScan | None = None  # set from params.stop_regex

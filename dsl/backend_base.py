@@ -10,6 +10,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from radixlm.backend.logprob_text import LENGTH_KEY, OUTPUT_LISTS
 from radixlm.chat_template import ChatTemplate
 from radixlm.choices import ChoicesDecision, ChoicesSamplingMethod, call_method, needs_unconditional
 from radixlm.run_cancel import RunCancel
@@ -30,8 +31,7 @@ class ProgramView(Protocol):
     cancel: RunCancel | None
 
 
-_OUT_LOGPROBS = ("output_token_logprobs", "output_top_logprobs")
-LENGTH_KEY = "output_token_logprobs_length"
+_OUT_LOGPROBS = OUTPUT_LISTS
 
 
 def raise_if_aborted(meta: dict[str, Any]) -> None:
@@ -43,17 +43,21 @@ def raise_if_aborted(meta: dict[str, Any]) -> None:
 
 
 def chunk_logprobs(meta: dict[str, Any], sent: int) -> dict[str, Any]:
-    """SGLang's streaming shape: a chunk's meta holds only its own output logprobs, plus the
-    running count `output_token_logprobs_length`. Metas already in that shape (a radixlm server's)
-    pass through; cumulative lists (the engine's) are cut after the `sent` entries."""
-    if meta.get("output_token_logprobs") is None or LENGTH_KEY in meta:
+    """A chunk's meta with only the output logprob entries after the first `sent`, and the
+    running count under LENGTH_KEY. Takes both of SGLang's stream shapes: per-chunk lists with
+    that count (the Engine's) and cumulative lists (a server's), telling them apart by the count."""
+    entries = meta.get("output_token_logprobs")
+    if entries is None:
         return meta
-    total = int(meta.get("completion_tokens", 0))
+    n = len(entries)
+    end = int(meta[LENGTH_KEY]) if LENGTH_KEY in meta else min(n, int(meta.get("completion_tokens", n)))
+    first = end - n if LENGTH_KEY in meta else 0  # the output position of entries[0]
+    lo, hi = max(0, sent - first), end - first
     out = dict(meta)
     for key in _OUT_LOGPROBS:
         if meta.get(key) is not None:
-            out[key] = list(meta[key][sent:total])
-    out[LENGTH_KEY] = sent + len(out["output_token_logprobs"])
+            out[key] = list(meta[key][lo:hi])
+    out[LENGTH_KEY] = max(end, sent)
     return out
 
 

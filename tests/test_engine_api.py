@@ -53,6 +53,25 @@ def test_stream_concatenates_to_full_text(engine):
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
 
 
+def test_stream_chunks_carry_their_own_logprobs(engine):
+    """Like its text and ids, a chunk's output logprobs are its own entries (SGLang's incremental
+    stream shape), with the running count; they join to the unstreamed result's list."""
+    params = {"max_new_tokens": 12, "temperature": 0}
+    full = engine.generate("The history of Rome", params, return_logprob=True, top_logprobs_num=2)
+    chunks = list(
+        engine.generate("The history of Rome", params, stream=True, return_logprob=True, top_logprobs_num=2)
+    )
+    joined, top = [], []
+    for c in chunks:
+        meta = c["meta_info"]
+        assert [e[1] for e in meta["output_token_logprobs"]] == c["output_ids"]
+        joined += meta["output_token_logprobs"]
+        top += meta["output_top_logprobs"]
+        assert meta["output_token_logprobs_length"] == len(joined)
+    assert joined == full["meta_info"]["output_token_logprobs"]
+    assert top == full["meta_info"]["output_top_logprobs"]
+
+
 def test_async_generate_and_async_stream(engine):
     params = {"max_new_tokens": 8, "temperature": 0}
     ref = engine.generate(["x y z", "1 2 3"], params)

@@ -76,11 +76,14 @@ def test_generate_stream_events_follow_sglang(srv: ServerThread) -> None:
         events = _sse(r)
     assert events[-1] == "[DONE]"
     previous, logprobs = "", []
-    for event in events[:-1]:
-        assert event["text"].startswith(previous)  # cumulative text, as SGLang's /generate streams
+    for event in events[:-1]:  # cumulative text, ids and logprobs, as SGLang's default streams
+        assert event["text"].startswith(previous)
         previous = event["text"]
-        logprobs.extend(event["meta_info"]["output_token_logprobs"])  # only this event's entries
-        assert event["meta_info"]["output_token_logprobs_length"] == len(logprobs)
+        meta = event["meta_info"]
+        assert meta["output_token_logprobs"][: len(logprobs)] == logprobs
+        logprobs = meta["output_token_logprobs"]
+        assert meta["output_token_logprobs_length"] == len(logprobs) == len(event["output_ids"])
+        assert [e[1] for e in logprobs] == event["output_ids"]
     assert previous == whole["text"]
     assert [e[1] for e in logprobs] == [e[1] for e in whole["meta_info"]["output_token_logprobs"]]
     assert whole["meta_info"]["output_token_logprobs_length"] == 10

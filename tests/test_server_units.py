@@ -148,23 +148,32 @@ def test_validation_messages_name_the_field_without_union_noise() -> None:
         st.tuples(st.text(max_size=6), st.lists(st.integers(0, 200_000), max_size=3)), min_size=1, max_size=8
     ),
     index=st.one_of(st.none(), st.integers(0, 7)),
+    logprobs=st.booleans(),
 )
 def test_stream_events_encoded_incrementally_equal_whole_event_json(
-    chunks: list[tuple[str, list[int]]], index: int | None
+    chunks: list[tuple[str, list[int]]], index: int | None, logprobs: bool
 ) -> None:
     """Each incrementally encoded event is byte for byte json.dumps of the cumulative event
-    (text with quotes, backslashes, control and non-ASCII characters split anywhere)."""
-    req = GenerateRequest(input_ids=[1, 2], stream=True)
-    events = CumulativeEvents(index)
+    (text with quotes, backslashes, control and non-ASCII characters split anywhere); from the
+    engine's per-chunk logprob entries it carries the whole list so far and its length."""
+    req = GenerateRequest(input_ids=[1, 2], stream=True, return_logprob=logprobs)
+    events = CumulativeEvents(index, req, tokenizer=None)
     text, ids = "", []
-    for n, (delta, new_ids) in enumerate(chunks):
-        meta = {"completion_tokens": len(ids) + len(new_ids), "finish_reason": None if n < 9 else "x"}
-        events.add({"text": delta, "output_ids": new_ids, "meta_info": meta})
+    for delta, new_ids in chunks:
+        meta: dict[str, object] = {"completion_tokens": len(ids) + len(new_ids), "finish_reason": None}
+        chunk_meta = dict(meta)
+        if logprobs:
+            chunk_meta["output_token_logprobs"] = [[-0.5 * t, t, None] for t in new_ids]
+            chunk_meta["output_token_logprobs_length"] = len(ids) + len(new_ids)
+        events.add({"text": delta, "output_ids": new_ids, "meta_info": chunk_meta})
         text, ids = text + delta, ids + new_ids
+        if logprobs:
+            meta["output_token_logprobs"] = [[-0.5 * t, t, None] for t in ids]
+            meta["output_token_logprobs_length"] = len(ids)
         whole: dict[str, object] = {"text": text, "output_ids": ids, "meta_info": meta}
         if index is not None:
             whole["index"] = index
-        got = events.event(req, tokenizer=None)
+        got = events.event()
         assert got == sse(whole)
         assert json.loads(got[len(b"data: ") :]) == whole
 

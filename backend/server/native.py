@@ -1,6 +1,6 @@
 """Native, SGLang-compatible routes: /generate (text or input_ids, single or batch, SSE
-streaming whose events carry the cumulative text and output_ids like SGLang's, each event's own
-output logprobs with their running count `output_token_logprobs_length`, and end with
+streaming whose events carry, as SGLang's default streams do, the cumulative text, output_ids and
+output logprob lists with their count `output_token_logprobs_length`, and end with
 `data: [DONE]`), /health, /health_generate, /model_info, /get_load, /flush_cache, /abort_request.
 /generate takes SGLang's other fields as sglang_fields.py states (sglang-router sends them)."""
 
@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..logprob_text import add_logprob_text
+from ..logprob_text import LENGTH_KEY, OUTPUT_LISTS, add_logprob_text
 from .protocol import AbortRequest, GenerateRequest, SamplingParams, error_body
 from .runner import Runner, Seq, run_to_end
 from .streams import (
@@ -26,8 +26,6 @@ from .streams import (
     sse_response,
     until_disconnect,
 )
-
-LENGTH_KEY = "output_token_logprobs_length"
 
 
 def build_seqs(req: GenerateRequest) -> list[Seq]:
@@ -91,16 +89,19 @@ def _finish(result: dict[str, Any], req: GenerateRequest, tokenizer: Any) -> dic
 
 
 class CumulativeEvents:
-    """One sequence's stream events, each with the cumulative text and output_ids, encoded
-    incrementally: an event costs the encoding of its new tokens plus a copy, not a re-encoding
-    of the whole output so far (which made a long stream's events quadratic in its length).
-    The bytes equal json.dumps of the whole event (ensure_ascii=False escapes per character)."""
+    """One sequence's stream events, each with the cumulative text, output_ids and output logprob
+    lists. Text and ids are encoded incrementally: an event costs the encoding of its new tokens
+    plus a copy, not a re-encoding of the whole output so far. A logprob entry's text is decoded
+    once, when its chunk arrives. The bytes equal json.dumps of the whole event."""
 
-    def __init__(self, index: int | None) -> None:
+    def __init__(self, index: int | None, req: GenerateRequest, tokenizer: Any) -> None:
         self.index = index
         self.meta: dict[str, Any] = {}
         self._text = ""  # JSON-escaped, without quotes
         self._ids = ""  # JSON list items, without brackets
+        self._lists: dict[str, list[Any]] = {key: [] for key in OUTPUT_LISTS}
+        self._with_text = req.return_logprob and req.return_text_in_logprobs
+        self._tokenizer = tokenizer
 
     def add(self, chunk: dict[str, Any]) -> None:
         text = chunk.get("text", "")
@@ -109,10 +110,22 @@ class CumulativeEvents:
         ids = chunk.get("output_ids")
         if ids:
             self._ids += (", " if self._ids else "") + ", ".join(str(int(t)) for t in ids)
-        self.meta = _merge_meta(self.meta, chunk.get("meta_info", {}))
+        meta = dict(chunk.get("meta_info", {}))
+        if "input_token_logprobs" in self.meta:  # complete since prefill: decoded once
+            meta.pop("input_token_logprobs", None)
+            meta.pop("input_top_logprobs", None)
+        if self._with_text:
+            meta = add_logprob_text(meta, self._tokenizer)
+        for key in OUTPUT_LISTS:
+            if meta.get(key) is not None:
+                self._lists[key].extend(meta[key])
+                meta[key] = self._lists[key]
+        if meta.get("output_token_logprobs") is not None:
+            meta[LENGTH_KEY] = len(self._lists["output_token_logprobs"])
+        self.meta = {**self.meta, **meta}
 
-    def event(self, req: GenerateRequest, tokenizer: Any) -> bytes:
-        meta = json.dumps(_finish_meta(self.meta, req, tokenizer), ensure_ascii=False)
+    def event(self) -> bytes:
+        meta = json.dumps(self.meta, ensure_ascii=False)
         index = "" if self.index is None else f', "index": {self.index}'
         body = f'{{"text": "{self._text}", "output_ids": [{self._ids}], "meta_info": {meta}{index}}}'
         return b"data: " + body.encode() + b"\n\n"
@@ -121,16 +134,17 @@ class CumulativeEvents:
 async def _stream_events(
     runner: Runner, seqs: list[Seq], req: GenerateRequest, group: str | None
 ) -> AsyncGenerator[bytes, None]:
-    """SSE events: per sequence, cumulative text/output_ids, the chunk's own output logprobs."""
+    """SSE events: per sequence, cumulative text, output_ids and output logprobs."""
     indexed = req.is_batch or len(seqs) > 1
-    acc = [CumulativeEvents(i if indexed else None) for i in range(len(seqs))]
+    tokenizer = runner.engine.tokenizer
+    acc = [CumulativeEvents(i if indexed else None, req, tokenizer) for i in range(len(seqs))]
     gens = [runner.run(s, stream=True, group=group) for s in seqs]
     started = False  # an error before the first event propagates: sse_response makes it the status
     try:
         async for i, chunk in merge_streams(gens):
             started = True
             acc[i].add(chunk)
-            yield acc[i].event(req, runner.engine.tokenizer)
+            yield acc[i].event()
     except ValueError as exc:
         if not started:
             raise
@@ -138,15 +152,6 @@ async def _stream_events(
     finally:
         runner.release_all(seqs)
     yield SSE_DONE
-
-
-def _merge_meta(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """The latest meta, keeping the chunk's own output logprobs (the runner cut them) and
-    counting them all in output_token_logprobs_length, as SGLang's streams do."""
-    merged = {**old, **new}
-    if new.get("output_token_logprobs") is not None:
-        merged[LENGTH_KEY] = old.get(LENGTH_KEY, 0) + len(new["output_token_logprobs"])
-    return merged
 
 
 def register(app: FastAPI) -> None:

@@ -1,6 +1,6 @@
 """The server's one way into the engine: admission control (limits, back-pressure), request
 ids, abort-on-cancel (a cancelled handler or a dropped client always aborts its engine request,
-so its KV is freed), latency metrics, and normalising engine chunks to increments."""
+so its KV is freed) and latency metrics; engine stream chunks are increments already."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ from typing import Any
 
 from ..sampling_params import DEFAULT_MAX_NEW_TOKENS
 from .metrics import ServerMetrics
-
-_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs")
 
 
 @dataclass
@@ -209,7 +207,6 @@ class Runner:
     async def _stream_chunks(self, seq: Seq, start: float) -> AsyncGenerator[dict[str, Any], None]:
         agen = await self.engine.async_generate(stream=True, rid=seq.rid, **self._kwargs(seq))
         last = start
-        sent = {k: 0 for k in _LOGPROB_KEYS}
         n_out = 0
         try:
             async for chunk in agen:
@@ -222,7 +219,7 @@ class Runner:
                         self.metrics.itl.observe((t - last) / new_ids)
                     last = t
                 n_out += new_ids
-                yield _incremental_logprobs(chunk, sent)
+                yield chunk  # the engine's chunks hold only their own text, ids and logprobs
         finally:
             aclose = getattr(agen, "aclose", None)
             if aclose is not None:
@@ -234,20 +231,6 @@ async def _quiet_close(aclose: Any) -> None:
         await aclose()
     except Exception:  # noqa: BLE001 - closing an engine iterator must not mask the real error
         pass
-
-
-def _incremental_logprobs(chunk: dict[str, Any], sent: dict[str, int]) -> dict[str, Any]:
-    """Engine stream chunks carry cumulative logprob lists (possibly still growing on the
-    scheduler thread); cut each to the entries of this chunk's tokens."""
-    meta = chunk.get("meta_info") or {}
-    total = int(meta.get("completion_tokens", 0))
-    cut = {}
-    for key in _LOGPROB_KEYS:
-        values = meta.get(key)
-        if values is not None:
-            cut[key] = list(values[sent[key] : total])
-            sent[key] = total
-    return {**chunk, "meta_info": {**meta, **cut}} if cut else chunk
 
 
 async def run_to_end(runner: Runner, seq: Seq, group: str | None = None) -> dict[str, Any]:
