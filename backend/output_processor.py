@@ -138,6 +138,7 @@ class OutputProcessor:
             self.stats.num_aborted += 1
         req.detok.add(req.output_ids[len(req.detok.ids) :])
         req.detok.flush()
+        req.cut_stop_token()
         self._emit_chunk(req) if req.stream else req.sink(self._final_output(req))
 
     @staticmethod

@@ -178,6 +178,24 @@ class Req:
             self.stop_cut, matched = min(hits)
             self.finished_reason = {"type": "stop", "matched": matched}
 
+    def cut_stop_token(self) -> None:
+        """At the finish: a request that ended on a stop token (a stop_token_id or EOS) leaves that
+        token's text out of its text, as SGLang does (kept with no_stop_trim); output_ids keep it."""
+        reason = self.finished_reason or {}
+        token = reason.get("matched")
+        if self.params.no_stop_trim or self.stop_cut >= 0 or reason.get("type") != "stop":
+            return
+        if not isinstance(token, int) or self.output_ids[-1:] != [token] or token not in self.stop_tokens():
+            return
+        tail, text = self.detok.text_of([token]), self.detok.text
+        if tail:
+            cut = (
+                len(text) - len(tail)
+                if text.endswith(tail)
+                else len(self.detok.text_of(self.output_ids[:-1]))
+            )
+            self.stop_cut = min(cut, len(text))
+
     def final_text(self) -> str:
         text = self.detok.text
         if self.stop_cut >= 0 and not self.params.no_stop_trim:

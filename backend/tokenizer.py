@@ -50,6 +50,10 @@ class IncrementalDetokenizer:
         )
         return text
 
+    def text_of(self, ids: list[int]) -> str:
+        """`ids` decoded on their own, with this detokenizer's options."""
+        return self._decode(ids)
+
     def add(self, new_ids: list[int]) -> str:
         """Append ids; return the newly completed text (possibly "")."""
         self.ids.extend(new_ids)

@@ -246,3 +246,25 @@ def test_start_freezes_the_heap_and_shutdown_collects_the_engine():
     assert models[1]() is None
     assert (gc.get_freeze_count() == 0) == (not engine_mod._live_engines)
     assert gc.get_threshold() == before
+
+
+def test_a_matched_stop_token_is_trimmed_from_the_text(engine):
+    """As SGLang: the stop token's text is left out unless no_stop_trim; output_ids keep it, and a
+    stream's chunks join to the same text. An EOS shown by skip_special_tokens=False too."""
+    params = {"max_new_tokens": 16, "temperature": 0}
+    free = engine.generate("The capital of France is", params)
+    stop = free["output_ids"][2]  # a token the greedy output reaches
+    cut = engine.generate("The capital of France is", {**params, "stop_token_ids": [stop]})
+    kept = engine.generate(
+        "The capital of France is", {**params, "stop_token_ids": [stop], "no_stop_trim": True}
+    )
+    assert cut["output_ids"] == kept["output_ids"] == free["output_ids"][:3]
+    assert kept["text"] == cut["text"] + engine.tokenizer.decode([stop])
+    chunks = engine.generate("The capital of France is", {**params, "stop_token_ids": [stop]}, stream=True)
+    assert "".join(c["text"] for c in chunks) == cut["text"]
+    chat = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Say hi"}], tokenize=False, add_generation_prompt=True
+    )
+    shown = engine.generate(chat, {"max_new_tokens": 64, "temperature": 0, "skip_special_tokens": False})
+    assert shown["meta_info"]["finish_reason"] == {"type": "stop", "matched": shown["output_ids"][-1]}
+    assert "<|im_end|>" not in shown["text"] and shown["text"]
