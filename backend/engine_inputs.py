@@ -34,12 +34,16 @@ def normalize_requests(
     sampling_params: Any,
     input_ids: Any,
     rid: Any,
-    return_logprob: bool = False,
-    logprob_start_len: int = -1,
-    top_logprobs_num: int = 0,
+    return_logprob: bool | None = False,
+    logprob_start_len: int | None = -1,
+    top_logprobs_num: int | None = 0,
     stream: bool = False,
 ) -> tuple[list[RequestSpec], bool]:
-    """→ (one spec per sample, whether the caller passed a single prompt)."""
+    """→ (one spec per sample, whether the caller passed a single prompt). None for a logprob
+    option means its default, as SGLang's Engine takes it."""
+    return_logprob, logprob_start_len, top_logprobs_num = _logprob_options(
+        return_logprob, logprob_start_len, top_logprobs_num
+    )
     id_lists, single = _token_lists(tokenizer, prompt, input_ids)
     params_list = _params_list(sampling_params, len(id_lists))
     rids = _rids(rid, len(id_lists))
@@ -114,9 +118,53 @@ def _params_list(sampling_params: Any, n: int) -> list[SamplingParams]:
     return [p] * n
 
 
+def _logprob_options(return_logprob: Any, start: Any, top: Any) -> tuple[bool, int, int]:
+    return_logprob = False if return_logprob is None else return_logprob
+    start = -1 if start is None else start
+    top = 0 if top is None else top
+    if not isinstance(return_logprob, bool):
+        raise ValueError(
+            f"return_logprob must be True or False (one value for the call), got {return_logprob!r}"
+        )
+    if isinstance(start, bool) or not isinstance(start, int):
+        raise ValueError(f"logprob_start_len must be an integer (one value for the call), got {start!r}")
+    return return_logprob, start, top
+
+
+# Keywords of SGLang's Engine.generate that radixlm has no use for: accepted at their "off" value
+# (None, False, an empty list; data_parallel_rank also 0, this engine's one rank), refused otherwise.
+_SGLANG_UNUSED_KWARGS = {
+    "image_data": "multimodal inputs are not supported (text-only models)",
+    "audio_data": "multimodal inputs are not supported (text-only models)",
+    "video_data": "multimodal inputs are not supported (text-only models)",
+    "lora_path": "LoRA adapters are not supported",
+    "custom_logit_processor": "custom logit processors are not supported",
+    "return_hidden_states": "hidden states are not returned (embed() gives the final normalized one)",
+    "token_ids_logprob": "logprobs of chosen token ids are not supported; use top_logprobs_num",
+    "data_parallel_rank": "an in-process Engine has one data-parallel rank, 0",
+    "bootstrap_host": "disaggregated prefill/decode is not supported",
+    "bootstrap_port": "disaggregated prefill/decode is not supported",
+    "bootstrap_room": "disaggregated prefill/decode is not supported",
+    "external_trace_header": "request tracing headers are not supported",
+}
+
+
+def check_sglang_kwargs(method: str, kwargs: dict[str, Any]) -> None:
+    """SGLang's extra Engine.generate keywords: fine when off; a reason when set; TypeError for a
+    keyword neither engine has."""
+    for key, value in kwargs.items():
+        if key not in _SGLANG_UNUSED_KWARGS:
+            raise TypeError(f"{method}() got an unexpected keyword argument {key!r}")
+        if value is None or value is False or value == [] or (key == "data_parallel_rank" and value == 0):
+            continue
+        raise ValueError(f"{key}={value!r}: {_SGLANG_UNUSED_KWARGS[key]}")
+
+
 def _rids(rid: Any, n: int) -> list[str]:
     if rid is None:
         return [uuid.uuid4().hex for _ in range(n)]
+    if isinstance(rid, str) and rid and n > 1:  # as SGLang names a batch's requests
+        return [f"{rid}_{i}" for i in range(n)]
     rids = [rid] if isinstance(rid, str) else list(rid) if isinstance(rid, (list, tuple)) else None
     if rids is None or len(rids) != n or not all(isinstance(r, str) and r for r in rids):
         raise ValueError(f"rid must be one non-empty string per prompt ({n}), got {rid!r}")

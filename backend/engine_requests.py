@@ -13,7 +13,7 @@ from typing import Any
 
 from .constrained import attach_grammars, wait_grammars, wait_grammars_async
 from .engine_inbox import AbortRequest, AddRequests, EngineInbox
-from .engine_inputs import RequestSpec, normalize_requests
+from .engine_inputs import RequestSpec, check_sglang_kwargs, normalize_requests
 from .loop_mailbox import LoopMailbox, coalesce_chunks
 from .model_config import ModelConfig
 from .model_runner import ModelRunner
@@ -122,12 +122,14 @@ class EngineRequests:
         prompt: str | list[str] | None = None,
         sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
         input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
+        return_logprob: bool | None = False,
+        logprob_start_len: int | None = -1,
+        top_logprobs_num: int | None = 0,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        **sglang_kwargs: Any,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
+        check_sglang_kwargs("generate", sglang_kwargs)
         specs, single = self._specs(
             prompt,
             sampling_params,
@@ -157,12 +159,14 @@ class EngineRequests:
         prompt: str | list[str] | None = None,
         sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
         input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
+        return_logprob: bool | None = False,
+        logprob_start_len: int | None = -1,
+        top_logprobs_num: int | None = 0,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        **sglang_kwargs: Any,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
+        check_sglang_kwargs("async_generate", sglang_kwargs)
         specs, single = self._specs(
             prompt,
             sampling_params,

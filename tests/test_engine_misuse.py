@@ -188,3 +188,35 @@ def test_cancelling_an_async_run_aborts_its_model_calls(engine, batch):
 
     asyncio.run(cancel_midway())
     assert _aborted_soon(engine, before), "the cancelled run's gen ran on"
+
+
+def test_sglang_engine_keywords_are_taken_when_off_and_refused_with_a_reason(engine) -> None:
+    params = {"max_new_tokens": 2, "temperature": 0}
+    ref = engine.generate("Hi", params)
+    off = engine.generate(
+        prompt="Hi",
+        sampling_params=params,
+        image_data=None,
+        lora_path=None,
+        custom_logit_processor=None,
+        return_hidden_states=False,
+        token_ids_logprob=None,
+        data_parallel_rank=0,
+        logprob_start_len=None,
+        top_logprobs_num=None,
+        return_logprob=None,
+    )
+    assert off["output_ids"] == ref["output_ids"]
+    with pytest.raises(ValueError, match="image_data='x.png': multimodal inputs are not supported"):
+        engine.generate("Hi", params, image_data="x.png")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_option'"):
+        engine.generate("Hi", params, no_such_option=1)
+    with pytest.raises(ValueError, match="logprob_start_len must be an integer"):
+        engine.generate(["a", "b"], params, return_logprob=True, logprob_start_len=[0, 1])
+    with pytest.raises(ValueError, match="return_logprob must be True or False"):
+        engine.generate(["a", "b"], params, return_logprob=[True, False])
+
+
+def test_a_string_rid_names_a_batch_as_sglang_does(engine) -> None:
+    outs = engine.generate(["a", "b"], {"max_new_tokens": 1}, rid="batch-rid")
+    assert [o["meta_info"]["id"] for o in outs] == ["batch-rid_0", "batch-rid_1"]

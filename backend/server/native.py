@@ -66,7 +66,7 @@ def _rids(rid: str | list[str] | None, n: int) -> list[str]:
     if rid is None:
         return [uuid.uuid4().hex for _ in range(n)]
     if isinstance(rid, str):
-        return [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
+        return [rid] if n == 1 else [f"{rid}_{i}" for i in range(n)]  # SGLang's names
     if len(rid) != n or len(set(rid)) != n:
         raise ValueError(f"rid must be {n} distinct ids, one per prompt")
     return list(rid)
