@@ -178,6 +178,9 @@ def _check_lengths(ids: list[int], params: SamplingParams, config: ModelConfig, 
     bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
     if bad:
         raise ValueError(f"token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+    biased = [t for t in params.logit_bias if t >= vocab]
+    if biased:
+        raise ValueError(f"logit_bias: token id {biased[0]} is outside the vocabulary [0, {vocab})")
     total = len(ids) + params.max_new_tokens
     if total > config.context_len:
         raise ValueError(

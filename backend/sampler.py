@@ -1,4 +1,4 @@
-"""Sampler: turns one step's logits into next tokens — penalties (kept incrementally per
+"""Sampler: turns one step's logits into next tokens — logit biases, penalties (kept incrementally per
 request), min-token EOS masking, grammar masks, then greedy or temperature / top-k / top-p /
 min-p sampling with per-request seeds. One host sync per step: the final token list."""
 
@@ -107,6 +107,7 @@ class Sampler:
     def process_(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         """In place: penalties, the min_new_tokens EOS mask and grammar masks (what every sampled
         row gets before temperature; speculative verification applies it per draft position)."""
+        self._apply_logit_bias(logits, reqs)
         self._apply_penalties(logits, reqs)
         early = self._mask_early_stop(logits, reqs)
         if any(r.grammar is not None for r in reqs):
@@ -126,6 +127,19 @@ class Sampler:
         kept, ids = filter_probs(probs, top_k, top_p, min_p)
         out = torch.zeros_like(probs).scatter_(1, ids, kept)
         return out / out.sum(dim=-1, keepdim=True)
+
+    @staticmethod
+    def _apply_logit_bias(logits: torch.Tensor, reqs: Sequence[Req]) -> None:
+        rows = [i for i, r in enumerate(reqs) if r.params.logit_bias]
+        if not rows:
+            return
+        idx = to_device(rows, logits.device)
+        block = logits[idx]  # a copy: the forward's output is an inference tensor
+        for k, i in enumerate(rows):
+            bias = reqs[i].params.logit_bias
+            ids = to_device(list(bias), logits.device)
+            block[k, ids] += to_device(list(bias.values()), logits.device, logits.dtype)
+        logits[idx] = block
 
     def _apply_penalties(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
         rows = [i for i, r in enumerate(reqs) if r.penalty_counts is not None]

@@ -48,6 +48,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     n: int = 1
+    # token id → bias added to its logit before sampling (OpenAI's; JSON sends the ids as strings)
+    logit_bias: dict[int, float] = _wire(dict[str, float] | dict[int, float], default_factory=dict)
     seed: int | None = None
     regex: str | None = None
     # str (JSON), dict, or pydantic model class; normalized to str
@@ -125,7 +127,16 @@ def normalize(d: dict[str, Any]) -> dict[str, Any]:
             d[key] = [d[key]]
     if isinstance(d.get("stop_token_ids"), int) and not isinstance(d["stop_token_ids"], bool):
         d["stop_token_ids"] = [d["stop_token_ids"]]
+    if isinstance(d.get("logit_bias"), dict):
+        d["logit_bias"] = {_token_key(k): v for k, v in d["logit_bias"].items()}
     return d
+
+
+def _token_key(key: Any) -> Any:
+    """A logit_bias key as a token id: JSON object keys are strings of digits."""
+    if isinstance(key, str) and key.strip().isdigit():
+        return int(key)
+    return key
 
 
 def check_values(d: dict[str, Any], names: dict[str, str] | None = None) -> None:
@@ -217,6 +228,20 @@ def _stop_ids(name: str, v: Any) -> None:
         raise ValueError(f"{name} must be non-negative integers")
 
 
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range: ±100 bans or forces a token
+
+
+def _logit_bias(name: str, v: Any) -> None:
+    if not isinstance(v, dict):
+        raise ValueError(f"{name} must map token ids to biases")
+    for token, bias in v.items():
+        if not _is_int(token) or token < 0:
+            raise ValueError(f"{name}: {token!r} is not a token id")
+        ok = isinstance(bias, (int, float)) and not isinstance(bias, bool)
+        if not ok or not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+            raise ValueError(f"{name}[{token}] must be a number in [-100, 100], got {bias!r}")
+
+
 def _text(name: str, v: Any) -> None:
     if not isinstance(v, str) or not v:
         raise ValueError(f"{name} must be a non-empty string")
@@ -257,6 +282,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "skip_special_tokens": _bool,
     "spaces_between_special_tokens": _bool,
     "n": _int(1),
+    "logit_bias": _logit_bias,
     "seed": _optional(_seed),
     "regex": _optional(_text),
     "json_schema": _optional(_schema),

@@ -241,7 +241,9 @@ class Scheduler:
             step.deferred_rows = logits[to_device(picks, logits.device)]
             return step
         if step.gen:  # decode-only steps return exactly the rows to sample: no gather
+            # (a logit bias is added in place: it needs the gather's normal tensor)
             whole = picks[-1] == len(picks) - 1 == logits.shape[0] - 1
+            whole = whole and not any(r.params.logit_bias for r in step.gen)
             self._launch_sampling(step, logits if whole else logits[to_device(picks, logits.device)])
         step.seal(logits.device)
         return step

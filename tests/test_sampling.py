@@ -179,3 +179,23 @@ def test_seeded_rows_follow_the_distribution(top_p):
         [False] * n,
     )
     assert torch.equal(tokens, again)  # the same seeds draw the same tokens
+
+
+def test_logit_bias_forces_and_bans_tokens(engine) -> None:
+    """+100 on a token makes greedy pick it every step; -100 on the greedy choice bans it; an
+    OpenAI-style body (ids as strings) works the same; the bias moves only its own request."""
+    params = {"max_new_tokens": 4, "temperature": 0}
+    free = engine.generate("The capital of France is", params)
+    first = free["output_ids"][0]
+    forced_id = engine.tokenizer.encode(" banana", add_special_tokens=False)[0]
+    forced, banned, plain = engine.generate(
+        ["The capital of France is"] * 3,
+        [
+            {**params, "logit_bias": {str(forced_id): 100}},
+            {**params, "logit_bias": {first: -100.0}},
+            params,
+        ],
+    )
+    assert forced["output_ids"] == [forced_id] * 4
+    assert banned["output_ids"][0] != first
+    assert plain["output_ids"] == free["output_ids"]

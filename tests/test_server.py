@@ -625,8 +625,8 @@ def test_error_cases_keep_serving(server: Server) -> None:
     _error(
         httpx.post(server.url + "/generate", json={"text": "a"}, headers={"Authorization": "Bearer bad"}), 401
     )
-    with pytest.raises(openai.BadRequestError, match="logit_bias is not supported"):
-        server.oai.completions.create(model="x", prompt="a", max_tokens=4, logit_bias={"1": 2.0})
+    with pytest.raises(openai.BadRequestError, match="logit_bias: token id 999999 is outside the vocabulary"):
+        server.oai.completions.create(model="x", prompt="a", max_tokens=4, logit_bias={"999999": 2.0})
     assert h.get("/health_generate").status_code == 200
     assert (
         _gen(server, text="Still alive?", sampling_params={"max_new_tokens": 2, "ignore_eos": True})[

@@ -153,3 +153,23 @@ def test_tool_call_logprobs_cover_every_generated_token(client: openai.OpenAI, c
     chunks = [c for c in client.chat.completions.create(**args, stream=True) if c.choices]
     streamed = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content or []]
     assert [e.token for e in streamed] == [e.token for e in entries]
+
+
+def test_logit_bias_through_the_client(client: openai.OpenAI, engine) -> None:
+    banana = engine.tokenizer.encode(" banana", add_special_tokens=False)[0]
+    out = client.completions.create(
+        model="m",
+        prompt="The capital of France is",
+        max_tokens=3,
+        temperature=0,
+        logit_bias={str(banana): 100},
+    )
+    assert out.choices[0].text == " banana" * 3
+    chat = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Name a fruit."}],
+        max_tokens=2,
+        temperature=0,
+        logit_bias={str(banana): 100},
+    )
+    assert chat.choices[0].message.content == " banana" * 2

@@ -178,14 +178,11 @@ class _SamplingExtras(_OpenAISampling):  # type: ignore[misc,valid-type]
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
     rid: str | None = None
 
     @model_validator(mode="after")
-    def _no_logit_bias(self) -> _SamplingExtras:
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported")
+    def _stream_options_need_stream(self) -> _SamplingExtras:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self
