@@ -6,6 +6,7 @@ one final result (its last stream chunk, or the whole output)."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from .logprob_text import LENGTH_KEY, OUTPUT_LISTS
@@ -139,6 +140,7 @@ class OutputProcessor:
         req.detok.add(req.output_ids[len(req.detok.ids) :])
         req.detok.flush()
         req.cut_stop_token()
+        req.e2e_latency = time.perf_counter() - req.created
         self._emit_chunk(req) if req.stream else req.sink(self._final_output(req))
 
     @staticmethod

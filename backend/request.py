@@ -5,6 +5,7 @@ outputs stream to. The scheduler owns Req objects; nothing else mutates them."""
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -74,6 +75,8 @@ class Req:
     stream_sent: int = 0  # chars of text already streamed
     ids_sent: int = 0  # output ids already streamed
     logprobs_sent: int = 0  # output logprob entries already streamed
+    created: float = field(default_factory=time.perf_counter)
+    e2e_latency: float | None = None  # seconds from creation to the finish, set when it finishes
     stop_cut: int = -1  # where a matched stop string or stop regex starts in detok.text
     stop_checked: int = 0  # chars of detok.text already searched for stop strings
     stop_regex_scan: StopRegexScan | None = None  # set from params.stop_regex
@@ -225,6 +228,8 @@ class Req:
         spans = getattr(self.grammar, "jump_spans", None) if self.grammar is not None else None
         if spans:  # output positions written by jump-forward (constrained requests only)
             m["jump_forward_spans"] = [list(s) for s in spans]
+        if self.e2e_latency is not None:
+            m["e2e_latency"] = self.e2e_latency
         if self.finished and self.grammar is not None and hasattr(self.grammar, "report"):
             m.update(self.grammar.report(self))  # dropped keywords; the JSON-schema check of the output
         if self.return_logprob:

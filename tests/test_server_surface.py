@@ -89,6 +89,24 @@ def test_generate_stream_events_follow_sglang(srv: ServerThread) -> None:
     assert whole["meta_info"]["output_token_logprobs_length"] == 10
 
 
+def test_sglang_methods_abort_all_and_e2e_latency(srv: ServerThread) -> None:
+    http = httpx.Client(base_url=srv.url, timeout=120)
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    out = http.put("/generate", json=body).json()  # SGLang takes PUT as well as POST
+    assert out["meta_info"]["completion_tokens"] == 2 and out["meta_info"]["e2e_latency"] > 0
+    assert http.get("/flush_cache").status_code == 200
+    assert http.post("/abort_request", json={"abort_all": True}).json() == {"abort_all": True, "aborted": 0}
+    refused = http.post("/abort_request", json={})
+    assert refused.status_code == 400 and "give rid or abort_all" in refused.text
+    long = {"text": PROMPT, "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}, "stream": True}
+    with http.stream("POST", "/generate", json=long) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))  # it runs
+        assert http.post("/abort_request", json={"abort_all": True}).json()["aborted"] == 1
+        last = [json.loads(line[6:]) for line in lines if line.startswith("data: {")][-1]
+    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+
+
 def test_tokenize_detokenize_chat_template_and_info(srv: ServerThread, engine) -> None:
     tok = engine.tokenizer
     http = httpx.Client(base_url=srv.url, timeout=60)

@@ -158,7 +158,7 @@ def register(app: FastAPI) -> None:
     runner: Runner = app.state.runner
     engine = app.state.engine
 
-    @app.post("/generate")
+    @app.api_route("/generate", methods=["POST", "PUT"])  # SGLang takes both
     async def generate(req: GenerateRequest, request: Request) -> Any:
         req.check_supported()
         seqs = build_seqs(req)
@@ -221,14 +221,17 @@ def register(app: FastAPI) -> None:
             }
         ]
 
-    @app.post("/flush_cache")
     async def flush_cache() -> Response:
         if engine.flush_cache():
             return JSONResponse({"flushed": True, "message": "cache flushed"})
         return JSONResponse(error_body("cache not flushed: requests are running", 400), status_code=400)
 
+    app.api_route("/flush_cache", methods=["GET", "POST"])(flush_cache)  # SGLang takes both
+
     @app.post("/abort_request")
     async def abort_request(req: AbortRequest) -> dict[str, Any]:
+        if req.abort_all:
+            return {"abort_all": True, "aborted": runner.abort_all()}
         found = runner.abort(req.rid)
         if not found:
             engine.abort_request(req.rid)

@@ -125,7 +125,16 @@ def _check_fanout(n_sequences: int) -> None:
 
 
 class AbortRequest(_Strict):
-    rid: str
+    """SGLang's body: one request id, or abort_all for every request in flight."""
+
+    rid: str = ""
+    abort_all: bool = False
+
+    @model_validator(mode="after")
+    def _names_what_to_abort(self) -> AbortRequest:
+        if not self.rid and not self.abort_all:
+            raise ValueError("give rid or abort_all: true")
+        return self
 
 
 # ---------------------------------------------------------------- OpenAI API
