@@ -107,6 +107,23 @@ def test_sglang_methods_abort_all_and_e2e_latency(srv: ServerThread) -> None:
     assert last["meta_info"]["finish_reason"]["type"] == "abort"
 
 
+def test_generate_max_new_tokens_null_runs_to_the_context_end(srv: ServerThread, engine) -> None:
+    """SGLang reads an explicit null as no limit but the context; the absent key is the default."""
+    ids = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
+    ids = (ids * 10_000)[: engine.model_config.context_len - 4]  # four tokens of context left
+    body = {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": None, "ignore_eos": True, "temperature": 0},
+    }
+    out = httpx.post(srv.url + "/generate", json=body, timeout=600).json()
+    assert out["meta_info"]["completion_tokens"] == 4
+    absent = {"input_ids": ids, "sampling_params": {"ignore_eos": True, "max_new_tokens": 3}}
+    assert (
+        httpx.post(srv.url + "/generate", json=absent, timeout=60).json()["meta_info"]["completion_tokens"]
+        == 3
+    )
+
+
 def test_tokenize_detokenize_chat_template_and_info(srv: ServerThread, engine) -> None:
     tok = engine.tokenizer
     http = httpx.Client(base_url=srv.url, timeout=60)

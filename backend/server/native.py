@@ -44,6 +44,8 @@ def build_seqs(req: GenerateRequest) -> list[Seq]:
         n = sp.n or 1
         for j in range(n):
             engine_sp = sp.to_engine()
+            if "max_new_tokens" in sp.model_fields_set and sp.max_new_tokens is None:
+                engine_sp["max_new_tokens"] = None  # an explicit null: the rest of the context
             if n > 1 and sp.seed is not None:
                 engine_sp["seed"] = sp.seed + j
             rid = rids[i] if n == 1 else f"{rids[i]}-{j}"
@@ -162,6 +164,10 @@ def register(app: FastAPI) -> None:
     async def generate(req: GenerateRequest, request: Request) -> Any:
         req.check_supported()
         seqs = build_seqs(req)
+        for s in seqs:  # SGLang serves max_new_tokens: null up to the context's end
+            if "max_new_tokens" in s.sampling_params and s.sampling_params["max_new_tokens"] is None:
+                rest = runner.rest_of_context(runner.count_prompt_tokens(s.prompt))
+                s.sampling_params["max_new_tokens"] = rest
         runner.check(seqs)
         group = req.rid if isinstance(req.rid, str) and len(seqs) > 1 else None
         runner.reserve(seqs, group)
