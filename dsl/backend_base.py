@@ -61,6 +61,11 @@ def chunk_logprobs(meta: dict[str, Any], sent: int) -> dict[str, Any]:
     return out
 
 
+def _with_text(rows: list[list[Any]], codec: TokenCodec) -> list[list[Any]]:
+    """Each (logprob, token_id, _) entry with its token's text, as SGLang's select reports them."""
+    return [[(e[0], e[1], codec.decode([e[1]])) for e in row] for row in rows]
+
+
 class StreamedLogprobs:
     """Joins per-chunk metas back into one meta with the whole output logprob lists."""
 
@@ -228,8 +233,10 @@ class TokenBackend(ProgramBackend):
         start, prompts = select_prompts(codec, prefix, choices)
         if len(choices) > 1:  # prefill the shared context once, then score all choices
             self.cache_prefix(prefix[:start])
-        cond = self.score(prompts, start, ex.cancel)
+        cond = _with_text(self.score(prompts, start, ex.cancel), codec)
         uncond = (
-            self.score([p[start:] for p in prompts], 0, ex.cancel) if needs_unconditional(method) else None
+            _with_text(self.score([p[start:] for p in prompts], 0, ex.cancel), codec)
+            if needs_unconditional(method)
+            else None
         )
         return call_method(method, choices, cond, uncond)

@@ -218,6 +218,7 @@ def test_select_heals_a_prompt_that_ends_in_a_space(rt, tok):
         assert [e[0] for e in got] == pytest.approx(ref_lps, abs=1e-4)
         means.append(statistics.mean(ref_lps))
     assert st["city"] == "Paris" == ["Paris", "London", "Berlin"][max(range(3), key=means.__getitem__)]
+    assert [e[2] for e in meta["input_token_logprobs"][0]] == [tok.decode([t]) for t in enc(tok, " Paris")]
     assert st.token_ids() == prefix[:-1] + enc(tok, " Paris")
     assert tok.decode(st.token_ids(), skip_special_tokens=False) == st.text() == CAPITAL_Q + "Paris"
 
