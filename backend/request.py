@@ -153,9 +153,11 @@ class Req:
             self.finished_reason = {"type": "length", "length": p.max_new_tokens}
         elif self.seq_len >= context_len:
             self.finished_reason = {"type": "length", "length": n_out}
-        elif self.grammar is not None and self.grammar.is_terminated():
+        elif grammar is not None and grammar.is_terminated():
             self.finished_reason = {"type": "stop", "matched": token}
-        if self.stops_on_text and not self.finished:
+        # a stop string inside the text that completed the grammar (forced text included) still cuts
+        grammar_end = grammar is not None and self.finished_reason == {"type": "stop", "matched": token}
+        if self.stops_on_text and (not self.finished or grammar_end):
             if n_out >= p.min_new_tokens:
                 self._check_stop_text()
             else:

@@ -268,3 +268,13 @@ def test_a_matched_stop_token_is_trimmed_from_the_text(engine):
     shown = engine.generate(chat, {"max_new_tokens": 64, "temperature": 0, "skip_special_tokens": False})
     assert shown["meta_info"]["finish_reason"] == {"type": "stop", "matched": shown["output_ids"][-1]}
     assert "<|im_end|>" not in shown["text"] and shown["text"]
+
+
+def test_a_stop_string_in_the_text_that_completes_a_grammar_still_cuts(engine):
+    """The grammar's last forced text ", because" holds the stop string: the stop wins."""
+    params = {"max_new_tokens": 10, "temperature": 0, "regex": " (yes|no), because"}
+    whole = engine.generate("Is the sky blue? Answer:", params)
+    cut = engine.generate("Is the sky blue? Answer:", {**params, "stop": ","})
+    assert whole["text"].endswith(", because")
+    assert cut["text"] == whole["text"][: whole["text"].index(",")]
+    assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": ","}
