@@ -77,8 +77,6 @@ def normalize_requests(
                     stream=stream,
                 )
             )
-    if stream and len(specs) != 1:
-        raise ValueError("stream=True takes exactly one prompt with n=1")
     return specs, single and params_list[0].n == 1
 
 

@@ -150,9 +150,9 @@ class EngineRequests:
 
     def _stream_sync(self, specs: list[RequestSpec]) -> Iterator[dict[str, Any]]:
         q: queue.Queue[dict[str, Any]] = queue.Queue()
-        reqs = self._make_reqs(specs, lambda k: q.put)
+        reqs = self._make_reqs(specs, lambda k: _indexed(q.put, k, len(specs)))
         self._submit(reqs)
-        return RequestStream(q, partial(self.abort_request, reqs[0].rid))
+        return RequestStream(q, [partial(self.abort_request, r.rid) for r in reqs])
 
     async def async_generate(
         self,
@@ -178,13 +178,19 @@ class EngineRequests:
             stream=stream,
         )
         loop = asyncio.get_running_loop()
-        queues: list[asyncio.Queue[dict[str, Any]]] = [asyncio.Queue() for _ in specs]
+        # a stream's requests share one queue, their chunks tagged with "index" when there are several
+        queues: list[asyncio.Queue[dict[str, Any]]] = [
+            asyncio.Queue() for _ in specs[: 1 if stream else None]
+        ]
         box = LoopMailbox.for_loop(loop)  # one wake-up of the loop per batch of results
-        reqs = self._make_reqs(specs, lambda k: lambda item: box.post(queues[k], item))
+        reqs = self._make_reqs(
+            specs,
+            lambda k: _indexed(partial(box.post, queues[0 if stream else k]), k, len(specs) if stream else 1),
+        )
         await wait_grammars_async(reqs)
         self._submit(reqs)
         if stream:
-            return AsyncRequestStream(queues[0], partial(self.abort_request, reqs[0].rid))
+            return AsyncRequestStream(queues[0], [partial(self.abort_request, r.rid) for r in reqs])
         try:
             outs = [await q.get() for q in queues]
         except asyncio.CancelledError:
@@ -198,21 +204,32 @@ class EngineRequests:
             self._inbox.put(AbortRequest(rid))
 
 
-class _AbortOnDrop:
-    """A streamed request's reader: closing it before the finish, or dropping it (read or not),
-    aborts the request, so an abandoned stream never runs on to max_new_tokens."""
+def _indexed(put: Callable[[Any], None], k: int, n: int) -> OutputSink:
+    """The sink of request k of n: its chunks tagged with "index" k when n > 1 (SGLang's shape)."""
+    return put if n == 1 else (lambda item: put({**item, "index": k}))
 
-    def __init__(self, abort: Callable[[], None]) -> None:
-        self._abort, self._done = abort, False
+
+class _AbortOnDrop:
+    """The reader of a stream of one or more requests (chunks tagged with "index" when several):
+    it ends when every request has finished, and closing it before that, or dropping it (read or
+    not), aborts the unfinished ones, so an abandoned stream never runs on to max_new_tokens."""
+
+    def __init__(self, aborts: list[Callable[[], None]]) -> None:
+        self._aborts = aborts
+        self._open = set(range(len(aborts)))
+        self._done = False
 
     def _seen(self, chunk: dict[str, Any]) -> dict[str, Any]:
-        self._done = chunk["meta_info"]["finish_reason"] is not None
+        if chunk["meta_info"]["finish_reason"] is not None:
+            self._open.discard(chunk.get("index", 0))
+            self._done = not self._open
         return chunk
 
     def close(self) -> None:
         if not self._done:
             self._done = True
-            self._abort()
+            for k in sorted(self._open):
+                self._aborts[k]()
 
     def __del__(self) -> None:
         self.close()
@@ -221,8 +238,8 @@ class _AbortOnDrop:
 class RequestStream(_AbortOnDrop):
     """A streamed request's chunks, to its finish."""
 
-    def __init__(self, q: queue.Queue[dict[str, Any]], abort: Callable[[], None]) -> None:
-        super().__init__(abort)
+    def __init__(self, q: queue.Queue[dict[str, Any]], aborts: list[Callable[[], None]]) -> None:
+        super().__init__(aborts)
         self._q = q
 
     def __iter__(self) -> RequestStream:
@@ -237,8 +254,8 @@ class RequestStream(_AbortOnDrop):
 class AsyncRequestStream(_AbortOnDrop):
     """RequestStream for asyncio: chunks that arrived together are read as one."""
 
-    def __init__(self, q: asyncio.Queue[dict[str, Any]], abort: Callable[[], None]) -> None:
-        super().__init__(abort)
+    def __init__(self, q: asyncio.Queue[dict[str, Any]], aborts: list[Callable[[], None]]) -> None:
+        super().__init__(aborts)
         self._q = q
 
     def __aiter__(self) -> AsyncRequestStream:

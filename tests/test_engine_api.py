@@ -4,6 +4,7 @@ serving), list in/list out, n samples, streaming and async, logprobs checked aga
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -278,3 +279,46 @@ def test_a_stop_string_in_the_text_that_completes_a_grammar_still_cuts(engine):
     assert whole["text"].endswith(", because")
     assert cut["text"] == whole["text"][: whole["text"].index(",")]
     assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": ","}
+
+
+def test_a_batch_streams_with_each_chunk_indexed(engine):
+    """As SGLang's Engine: a batch (or n > 1) streams, each chunk tagged with its request's index;
+    each index's chunks join to that request's unstreamed result."""
+    params = {"max_new_tokens": 6, "temperature": 0}
+    prompts = ["The history of Rome", "Once upon a time"]
+    ref = engine.generate(prompts, params)
+    texts = {0: "", 1: ""}
+    finished = []
+    for c in engine.generate(prompts, params, stream=True):
+        texts[c["index"]] += c["text"]
+        if c["meta_info"]["finish_reason"] is not None:
+            finished.append(c["index"])
+    assert sorted(finished) == [0, 1] and [texts[0], texts[1]] == [r["text"] for r in ref]
+
+    async def main():
+        agen = await engine.async_generate(prompts[0], {**params, "n": 2}, stream=True)
+        seen = {}
+        async for c in agen:
+            seen[c["index"]] = seen.get(c["index"], "") + c["text"]
+        return seen
+
+    seen = asyncio.run(main())
+    assert seen == {0: ref[0]["text"], 1: ref[0]["text"]}  # greedy: both samples alike
+
+
+def test_closing_a_batch_stream_aborts_the_unfinished_requests(engine):
+    long = {"max_new_tokens": 400, "ignore_eos": True}
+    aborted_before = engine.get_stats()["num_aborted"]
+    stream = engine.generate(["a", "b"], [long, {"max_new_tokens": 1}], stream=True, rid="closing")
+    ends = {}
+    for c in stream:
+        if c["meta_info"]["finish_reason"] is not None:
+            ends[c["index"]] = c["meta_info"]["finish_reason"]["type"]
+        if 1 in ends:
+            break
+    stream.close()
+    deadline = time.monotonic() + 30
+    while engine.get_stats()["num_running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ends[1] == "length" and 0 not in ends
+    assert engine.get_stats()["num_running"] == 0 and engine.get_stats()["num_aborted"] == aborted_before + 1
