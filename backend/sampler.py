@@ -1,5 +1,5 @@
-"""Sampler: turns one step's logits into next tokens — logit biases, penalties (kept incrementally per
-request), min-token EOS masking, grammar masks, then greedy or temperature / top-k / top-p /
+"""Sampler: turns one step's logits into next tokens — logit biases, penalties (kept
+incrementally per request), min-token EOS masking, grammar masks, then greedy or temperature / top-k / top-p /
 min-p sampling with per-request seeds. One host sync per step: the final token list."""
 
 from __future__ import annotations
@@ -105,8 +105,9 @@ class Sampler:
         return self._sample_random(logits, reqs, greedy)
 
     def process_(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
-        """In place: penalties, the min_new_tokens EOS mask and grammar masks (what every sampled
-        row gets before temperature; speculative verification applies it per draft position)."""
+        """In place: logit biases, penalties, the min_new_tokens EOS mask and grammar masks (what
+        every sampled row gets before temperature; speculative verification applies it per draft
+        position)."""
         self._apply_logit_bias(logits, reqs)
         self._apply_penalties(logits, reqs)
         early = self._mask_early_stop(logits, reqs)
