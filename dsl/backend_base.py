@@ -63,7 +63,8 @@ def chunk_logprobs(meta: dict[str, Any], sent: int) -> dict[str, Any]:
 
 def _with_text(rows: list[list[Any]], codec: TokenCodec) -> list[list[Any]]:
     """Each (logprob, token_id, _) entry with its token's text, as SGLang's select reports them."""
-    return [[(e[0], e[1], codec.decode([e[1]])) for e in row] for row in rows]
+    texts = iter(codec.decode_each([e[1] for row in rows for e in row]))
+    return [[(e[0], e[1], next(texts)) for e in row] for row in rows]
 
 
 class StreamedLogprobs:

@@ -36,6 +36,16 @@ class RemoteTokenizer:
             self._decoded[key] = self._endpoint._post("/detokenize", body)["text"]
         return self._decoded[key]
 
+    def batch_decode(self, seqs: list[list[int]], skip_special_tokens: bool = False) -> list[str]:
+        """Each sequence decoded, those not seen before in one request."""
+        keys = [(tuple(int(i) for i in ids), skip_special_tokens) for ids in seqs]
+        missing = list(dict.fromkeys(k for k in keys if k not in self._decoded))
+        if missing:
+            body = {"tokens": [list(k[0]) for k in missing], "skip_special_tokens": skip_special_tokens}
+            for key, text in zip(missing, self._endpoint._post("/detokenize", body)["text"], strict=True):
+                self._decoded[key] = text
+        return [self._decoded[k] for k in keys]
+
     def apply_chat_template(
         self,
         messages: list[dict[str, Any]],

@@ -38,6 +38,10 @@ class TokenCodec:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
+    def decode_each(self, ids: list[int]) -> list[str]:
+        """Each token's own text (one tokenizer call)."""
+        return list(self.tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False))
+
     def consistent_prefix(self, ids: list[int], text: str) -> tuple[int, str]:
         """Longest k such that decode(ids[:k]) is a prefix of `text`; returns (k, decoded).
 

@@ -121,6 +121,8 @@ def test_endpoint_chat_select_and_tool_loop(ep, local, engine):
     assert remote["city"] == here["city"]
     got, ref = remote.get_meta_info("city"), here.get_meta_info("city")
     assert got["normalized_prompt_logprobs"] == pytest.approx(ref["normalized_prompt_logprobs"], abs=1e-4)
+    texts = [[e[2] for e in row] for row in got["input_token_logprobs"]]  # decoded by the server
+    assert texts == [[e[2] for e in row] for row in ref["input_token_logprobs"]] and texts[0][0]
 
     tools = suite.tool_loop.run(backend=ep, **GREEDY)
     assert all(")" not in tools[f"arg{i}"] for i in range(2))
