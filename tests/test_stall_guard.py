@@ -61,7 +61,9 @@ def test_only_a_step_without_progress_starts_a_stall_and_a_long_one_fails_the_re
 
 @pytest.fixture
 def small_engine(monkeypatch):
-    monkeypatch.setattr(stall_guard, "STALL_ABORT_S", 1.0)
+    # long enough that a spinning loop (a core's worth of CPU for the whole stall) stands out from
+    # the fixed CPU of admitting the request (about 1.4 s here: a chunk's prefill on two threads)
+    monkeypatch.setattr(stall_guard, "STALL_ABORT_S", 3.0)
     eng = Engine(max_total_tokens=2000)
     yield eng
     eng.shutdown()
@@ -74,18 +76,15 @@ def _ids(engine: Engine, n: int, offset: int) -> list[int]:
 
 def test_a_request_that_cannot_fit_beside_a_pinned_prefix_is_aborted_with_the_reason(small_engine) -> None:
     pin = small_engine.pin_prefix(_ids(small_engine, 1500, 0))
+    ids = _ids(small_engine, 1500, 10000)  # tokenized before the clocks start
     t, cpu = time.monotonic(), time.process_time()
-    out = small_engine.generate(
-        input_ids=_ids(small_engine, 1500, 10000), sampling_params={"max_new_tokens": 4}
-    )
+    out = small_engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 4})
     waited, busy = time.monotonic() - t, time.process_time() - cpu
     reason = out["meta_info"]["finish_reason"]
     assert reason["type"] == "abort" and "no KV room" in reason["message"] and "1 pinned" in reason["message"]
     assert waited < 30 and busy < 0.5 * waited + 0.5  # the stalled loop waited, it did not spin
     small_engine.unpin_prefix(pin)
-    again = small_engine.generate(
-        input_ids=_ids(small_engine, 1500, 10000), sampling_params={"max_new_tokens": 4}
-    )
+    again = small_engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 4})
     assert again["meta_info"]["finish_reason"]["type"] == "length"
 
 
