@@ -171,7 +171,8 @@ class OutputProcessor:
 def _chunk_meta(req: Req) -> dict[str, Any]:
     """A stream chunk's meta: like its text and ids, its output logprob lists hold only the
     chunk's own entries (copies: the scheduler goes on appending to the request's lists), with
-    the running count under LENGTH_KEY, as SGLang's incremental streams carry them."""
+    the running count under LENGTH_KEY, as SGLang's incremental streams carry them. The input
+    lists are shared as they are: a chunk comes after the prefill, which completed them."""
     meta = req.meta_info()
     if not req.return_logprob:
         return meta
@@ -179,9 +180,6 @@ def _chunk_meta(req: Req) -> dict[str, Any]:
     for key in OUTPUT_LISTS:
         if key in meta:
             meta[key] = meta[key][req.logprobs_sent : end]
-    meta["input_token_logprobs"] = list(req.input_token_logprobs)
-    if "input_top_logprobs" in meta:
-        meta["input_top_logprobs"] = list(req.input_top_logprobs)
     meta[LENGTH_KEY] = end
     req.logprobs_sent = end
     return meta

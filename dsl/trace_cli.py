@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from radixlm.backend.arg_types import positive_seconds
 from radixlm.trace_view import TraceTree, describe_error, describe_select
 
 
@@ -33,15 +34,8 @@ def trace_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=None, help="default temperature (0: greedy)")
     p.add_argument("--json", action="store_true", help="print the events as JSON lines")
     p.add_argument("--no-color", action="store_true", help="no ANSI colours in the tree")
-    p.add_argument("--timeout", type=_positive_seconds, default=600.0, help="seconds to wait for the run")
+    p.add_argument("--timeout", type=positive_seconds, default=600.0, help="seconds to wait for the run")
     return p
-
-
-def _positive_seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
 
 
 def parse_args_list(items: list[str]) -> dict[str, Any]:

@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -133,12 +132,8 @@ def _start(tmp_path: Path, drain_s: float) -> tuple[subprocess.Popen, str, Path]
     return proc, url, log
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_signal_mid_stream_aborts_and_frees_kv(tmp_path: Path, sig: signal.Signals) -> None:
-    # SIGINT must not wait for --drain-timeout (far longer than the bounded wait below); SIGTERM
-    # drains for 1 s and then aborts the stream, which asks for far more tokens than that allows
-    proc, url, log = _start(tmp_path, drain_s=600 if sig == signal.SIGINT else 1)
-    events: list[Any] = []
+def _long_stream_started(url: str, lines: list[str]) -> threading.Thread:
+    """A 3,000-token stream read into `lines` (its `data: ` lines) on a thread, once 3 have come."""
     body = {
         "text": "Tell a long story:",
         "stream": True,
@@ -147,25 +142,32 @@ def test_signal_mid_stream_aborts_and_frees_kv(tmp_path: Path, sig: signal.Signa
 
     def stream() -> None:
         with httpx.stream("POST", url + "/generate", json=body, timeout=120) as r:
-            events.extend(
-                json.loads(x[6:]) if x != "data: [DONE]" else "[DONE]"
-                for x in r.iter_lines()
-                if x.startswith("data: ")
-            )
+            lines.extend(x for x in r.iter_lines() if x.startswith("data: "))
 
     reader = threading.Thread(target=stream)
     reader.start()
+    deadline = time.monotonic() + 60
+    while len(lines) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(lines) >= 3, "the stream did not start"
+    return reader
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_mid_stream_aborts_and_frees_kv(tmp_path: Path, sig: signal.Signals) -> None:
+    # SIGINT must not wait for --drain-timeout (far longer than the bounded wait below); SIGTERM
+    # drains for 1 s and then aborts the stream, which asks for far more tokens than that allows
+    proc, url, log = _start(tmp_path, drain_s=600 if sig == signal.SIGINT else 1)
+    lines: list[str] = []
     try:
-        deadline = time.monotonic() + 60
-        while len(events) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(events) >= 3, "the stream did not start"
+        reader = _long_stream_started(url, lines)
         proc.send_signal(sig)
         proc.wait(timeout=120)
         reader.join(60)
     finally:
         if proc.poll() is None:
             proc.kill()
+    events = [json.loads(x[6:]) if x != "data: [DONE]" else "[DONE]" for x in lines]
     text = log.read_text()
     assert events[-1] == "[DONE]"
     assert events[-2]["meta_info"]["finish_reason"]["type"] == "abort"
@@ -179,24 +181,9 @@ def test_signal_mid_stream_aborts_and_frees_kv(tmp_path: Path, sig: signal.Signa
 
 def test_a_second_signal_cuts_the_drain_short(tmp_path: Path) -> None:
     proc, url, log = _start(tmp_path, drain_s=600)
-    body = {
-        "text": "Tell a long story:",
-        "stream": True,
-        "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True},
-    }
     seen: list[str] = []
-
-    def stream() -> None:
-        with httpx.stream("POST", url + "/generate", json=body, timeout=120) as r:
-            seen.extend(x for x in r.iter_lines() if x.startswith("data: "))
-
-    reader = threading.Thread(target=stream)
-    reader.start()
     try:
-        deadline = time.monotonic() + 60
-        while len(seen) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(seen) >= 3, "the stream did not start"
+        reader = _long_stream_started(url, seen)
         proc.send_signal(signal.SIGTERM)  # drains for up to 600 s
         time.sleep(1.0)
         start = time.monotonic()

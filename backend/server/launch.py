@@ -12,11 +12,11 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 
+from ..arg_types import fraction, non_negative_float, port_number, positive_int
 from .app import drain
 from .runner import ServerLimits
 
@@ -264,28 +264,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-
-
-def _checked(parse: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
-    """An argparse type: `parse` the text, then require `ok` of the value, else say `what` it must be."""
-
-    def convert(text: str) -> Any:
-        try:
-            value = parse(text)
-        except ValueError:
-            value = None
-        if value is None or not ok(value):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
-        return value
-
-    return convert
-
-
-# a count or size (its default stands for 'derived'), a timeout, a memory fraction, --port (0: any)
-positive_int = _checked(int, lambda v: v >= 1, "a positive integer")
-non_negative_float = _checked(float, lambda v: v >= 0, "a number ≥ 0")  # NaN fails too
-fraction = _checked(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]")
-port_number = _checked(int, lambda v: 0 <= v <= 65535, "an integer in [0, 65535]")
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:

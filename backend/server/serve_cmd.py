@@ -11,8 +11,9 @@ import logging
 import socket
 from typing import Any
 
+from ..arg_types import positive_int
 from .dp import POLICIES
-from .launch import add_engine_args, add_server_args, bind_socket, engine_kwargs, positive_int
+from .launch import add_engine_args, add_server_args, bind_socket, engine_kwargs
 from .programs import ProgramLoader
 from .runner import ServerLimits
 
