@@ -20,7 +20,7 @@ import torch
 
 from radixlm.kernels import compiled_kernel_count
 
-from . import collector, limits, switch_interval
+from . import collector, limits
 from .constrained import grammar_backend
 from .embeddings import check_inputs, embed, embed_when_room, embedding_inputs
 from .engine_inbox import EngineInbox, RunCall, Stop
@@ -208,7 +208,6 @@ class Engine(EngineRequests):
             self._grammar_warmup.start()
         self._final_stats: dict[str, int] | None = None
         self._thread = threading.Thread(target=self._loop, name="radixlm-scheduler", daemon=True)
-        switch_interval.engine_started()
         self._thread.start()
         _live_engines.add(self)
         if self.device.type == "cuda":  # the first user batch then compiles nothing
@@ -382,7 +381,6 @@ class Engine(EngineRequests):
             kv.v_buffers.clear()
             del kv
         collector.engine_stopped(others_running=bool(_live_engines))
-        switch_interval.engine_stopped(others_running=bool(_live_engines))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()

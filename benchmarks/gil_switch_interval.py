@@ -77,7 +77,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {}
     for _ in range(args.rounds):
         for interval in intervals:
-            sys.setswitchinterval(interval)  # after the engine's start, which lowered it
+            sys.setswitchinterval(interval)
             for busy in (False, True):
                 key = f"{interval * 1000:g} ms, {'busy thread' if busy else 'alone'}"
                 if busy:

@@ -249,34 +249,6 @@ def test_start_freezes_the_heap_and_shutdown_collects_the_engine():
     assert gc.get_threshold() == before
 
 
-def test_a_running_engine_shortens_the_gil_switch_interval():
-    """Every op the scheduler thread launches releases the GIL, so while an engine runs the
-    process switches threads at SWITCH_INTERVAL_S at most; the last engine to stop gives the
-    process its own interval back."""
-    import sys
-
-    from radixlm.backend import engine as engine_mod
-    from radixlm.backend.engine import Engine
-    from radixlm.backend.switch_interval import SWITCH_INTERVAL_S
-
-    own = sys.getswitchinterval()
-    alone = not engine_mod._live_engines  # else another test's engine holds the interval lowered
-    if alone:
-        sys.setswitchinterval(0.004)
-    try:
-        first = Engine(max_total_tokens=256)
-        second = Engine(max_total_tokens=256)
-        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
-        first.shutdown()
-        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)  # one engine still runs
-        second.shutdown()
-        if alone:
-            assert sys.getswitchinterval() == pytest.approx(0.004)
-    finally:
-        if alone:
-            sys.setswitchinterval(own)
-
-
 def test_a_matched_stop_token_is_trimmed_from_the_text(engine):
     """As SGLang: the stop token's text is left out unless no_stop_trim; output_ids keep it, and a
     stream's chunks join to the same text. An EOS shown by skip_special_tokens=False too."""

@@ -17,7 +17,6 @@ from typing import Any
 import uvicorn
 
 from ..arg_types import fraction, non_negative_float, port_number, positive_int
-from ..switch_interval import SWITCH_INTERVAL_S
 from .app import drain
 from .runner import ServerLimits
 
@@ -76,6 +75,10 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
+# The event loop and the engine's scheduler thread share one GIL: at Python's default 5 ms switch
+# interval a busy loop keeps the scheduler from launching the next GPU step for up to 5 ms.
+GIL_SWITCH_INTERVAL_S = 0.0005
+
 # Longer than the idle expiry of common client pools (httpx, and so the openai client: 5 s), so
 # the client always drops an idle connection first. With equal timeouts a request sent on a
 # pooled connection can meet the server's close and fail with a connection reset.
@@ -83,9 +86,7 @@ KEEP_ALIVE_S = 65
 
 
 def make_server(app: Any, log_level: str = "warning", drain_timeout_s: float = 30.0) -> RadixServer:
-    # the event loop shares its GIL with the thread reading the engine's messages (or, with the
-    # engine in this process, its scheduler thread): switch_interval.py says why it is short
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     config = uvicorn.Config(
         app,
         log_level=log_level,
