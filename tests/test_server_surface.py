@@ -107,21 +107,28 @@ def test_sglang_methods_abort_all_and_e2e_latency(srv: ServerThread) -> None:
     assert last["meta_info"]["finish_reason"]["type"] == "abort"
 
 
-def test_generate_max_new_tokens_null_runs_to_the_context_end(srv: ServerThread, engine) -> None:
-    """SGLang reads an explicit null as no limit but the context; the absent key is the default."""
-    ids = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
-    ids = (ids * 10_000)[: engine.model_config.context_len - 4]  # four tokens of context left
-    body = {
-        "input_ids": ids,
-        "sampling_params": {"max_new_tokens": None, "ignore_eos": True, "temperature": 0},
-    }
-    out = httpx.post(srv.url + "/generate", json=body, timeout=600).json()
-    assert out["meta_info"]["completion_tokens"] == 4
-    absent = {"input_ids": ids, "sampling_params": {"ignore_eos": True, "max_new_tokens": 3}}
-    assert (
-        httpx.post(srv.url + "/generate", json=absent, timeout=60).json()["meta_info"]["completion_tokens"]
-        == 3
-    )
+def test_generate_max_new_tokens_null_runs_to_the_context_end() -> None:
+    """SGLang reads an explicit null as no limit but the context (here 140 tokens left); the absent
+    key is the default of 128. An engine of its own with a short context, so reaching its end
+    takes a short prefill."""
+    from radixlm.backend.engine import Engine
+
+    short = Engine(context_length=256, max_total_tokens=1024, quantization="gguf")  # fast CPU decode
+    thread = ServerThread(create_app(short), drain_timeout_s=2.0).start()
+    try:
+        ids = list(range(100, 100 + short.model_config.context_len - 140))  # no repeats to speculate on
+        body = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": None, "ignore_eos": True, "temperature": 0},
+        }
+        out = httpx.post(thread.url + "/generate", json=body, timeout=120).json()
+        assert out["meta_info"]["completion_tokens"] == 140
+        absent = {"input_ids": ids, "sampling_params": {"ignore_eos": True, "temperature": 0}}
+        done = httpx.post(thread.url + "/generate", json=absent, timeout=60).json()
+        assert done["meta_info"]["completion_tokens"] == 128
+    finally:
+        thread.stop()
+        short.shutdown()
 
 
 def test_tokenize_detokenize_chat_template_and_info(srv: ServerThread, engine) -> None:
