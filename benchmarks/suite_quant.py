@@ -92,6 +92,7 @@ def quant_rows(sizes: dict[str, Any], engine_kwargs: dict[str, Any], partial: Ca
         engine_kwargs = {**engine_kwargs, "model_path": str(export_hf_folder(Path(default_model_path())))}
     out: dict[str, Any] = {}
     for label, kwargs, workloads, kind in variants(os.environ.get("SUITE_QUANT_VARIANTS")):
+        workloads = tuple(sizes.get("quant_workloads", {}).get(label, workloads))
         res: dict[str, Any] = {}
         out[label] = res
         with one_row_kind(kind):
