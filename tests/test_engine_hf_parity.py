@@ -37,18 +37,34 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
+# fp32 logits of this model run to about 30: two paths' rounding differs by ~1e-5, so a top-2 gap
+# below this is a tie either may break its own way
+TIE = 1e-4
+
+
+def hf_disagreements(model, ids: list[int], out: list[int]) -> list[int]:
+    """Positions t where HF's greedy choice after ids + out[:t] is not out[t] (beyond a tie): one
+    teacher-forced forward gives every step's logits, so the whole output is checked against HF
+    in a single call instead of one generate step per token."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + out])).logits[0, len(ids) - 1 : len(ids) + len(out) - 1].float()
+    best = logits.max(-1).values
+    chosen = logits.gather(1, torch.tensor(out)[:, None])[:, 0]
+    return [t for t in range(len(out)) if best[t] - chosen[t] > TIE]
+
+
 @pytest.mark.slow
 def test_smollm_greedy_matches_hf_one_by_one_and_batched(engine, tokenizer, hf_model):
     ids = [tokenizer.encode(p) for p in PROMPTS]
     params = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
-    expected = [hf_greedy(hf_model, x, NEW_TOKENS) for x in ids]
     engine.flush_cache()
     singles = [engine.generate(input_ids=x, sampling_params=params)["output_ids"] for x in ids]
     engine.flush_cache()
     batched = [o["output_ids"] for o in engine.generate(input_ids=ids, sampling_params=params)]
     for i in range(len(PROMPTS)):
-        assert singles[i] == expected[i], f"prompt {i} one-by-one differs from HF"
-        assert batched[i] == expected[i], f"prompt {i} batched differs from HF"
+        assert len(singles[i]) == NEW_TOKENS
+        assert hf_disagreements(hf_model, ids[i], singles[i]) == [], f"prompt {i}: HF chose otherwise"
+        assert batched[i] == singles[i], f"prompt {i} batched differs from one-by-one"
 
 
 def test_smollm_last_logits_match_hf(engine, tokenizer, hf_model):
