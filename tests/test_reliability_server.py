@@ -31,7 +31,7 @@ MAX_PROMPT = 64
 MAX_NEW = 16
 MAX_PENDING = 8
 POOL_TOKENS = 48  # the subprocess server's KV pool: 4x oversubscribed by the overload storm
-SOAK_SECONDS = float(os.environ.get("RADIXLM_SOAK_SECONDS", "45"))
+SOAK_SECONDS = float(os.environ.get("RADIXLM_SOAK_SECONDS", "20"))
 PROGRAMS = textwrap.dedent("""
     import radixlm as sgl
 
