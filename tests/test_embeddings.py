@@ -90,7 +90,7 @@ def test_encode_is_not_starved_by_a_queue_of_generation_requests(monkeypatch) ->
     from radixlm.backend.engine import Engine
 
     monkeypatch.setattr(embeddings, "RETRY_S", 0.5)
-    eng = Engine(max_total_tokens=1000)
+    eng = Engine(max_total_tokens=1000, quantization="gguf")  # its GGUF weights: a fast CPU decode
     try:
         ids = eng.tokenizer.encode(" ".join(f"item{i}" for i in range(3000)))
         alone = eng.encode(input_ids=ids[:600])[0]

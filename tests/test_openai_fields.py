@@ -129,11 +129,14 @@ def test_tool_strict_takes_effect(client: openai.OpenAI) -> None:
         assert len(set(args["tags"])) == len(args["tags"]), args
 
 
-def test_chat_without_max_tokens_runs_to_the_end_of_the_context(engine) -> None:
+def test_chat_without_max_tokens_runs_to_the_end_of_the_context() -> None:
     """As vLLM and SGLang serve it: no max_tokens is the rest of the context (here bounded by a
     server limit above the engine's own default of 128, so the run stays short), not 128; for
     /v1/completions an explicit null is, and an absent max_tokens is OpenAI's 16."""
+    from radixlm.backend.engine import Engine
+
     limit = 150
+    engine = Engine(max_total_tokens=2048, quantization="gguf")  # its GGUF weights: a fast CPU decode
     thread = ServerThread(create_app(engine, limits=ServerLimits(max_new_tokens=limit)), drain_timeout_s=2.0)
     thread.start()
     try:
@@ -153,6 +156,7 @@ def test_chat_without_max_tokens_runs_to_the_end_of_the_context(engine) -> None:
         assert oai.completions.create(**params).usage.completion_tokens == 16  # absent: OpenAI's 16
     finally:
         thread.stop()
+        engine.shutdown()
     runner = Runner.__new__(Runner)  # the arithmetic alone: context 1,000, with and without a limit
     runner.context_len, runner.limits = 1000, ServerLimits()
     assert [runner.rest_of_context(n) for n in (0, 900, 999, 1000)] == [1000, 100, 1, 1]
