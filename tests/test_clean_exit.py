@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNS = 10
+# a teardown race that aborts one exit in four shows in 6 runs with probability 0.82
+RUNS = 6
 
 
 @pytest.mark.slow
