@@ -37,8 +37,8 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
-# fp32 logits of this model run to about 30: two paths' rounding differs by ~1e-5, so a top-2 gap
-# below this is a tie either may break its own way
+# incremental decoding and one full forward round differently in fp32's last bits: a top-2 gap
+# below this is a tie either path may break its own way
 TIE = 1e-4
 
 

@@ -116,7 +116,7 @@ def test_generate_max_new_tokens_null_runs_to_the_context_end() -> None:
     short = Engine(context_length=256, max_total_tokens=1024, quantization="gguf")  # fast CPU decode
     thread = ServerThread(create_app(short), drain_timeout_s=2.0).start()
     try:
-        ids = list(range(100, 100 + short.model_config.context_len - 140))  # no repeats to speculate on
+        ids = list(range(100, 100 + short.model_config.context_len - 140))  # any distinct ids
         body = {
             "input_ids": ids,
             "sampling_params": {"max_new_tokens": None, "ignore_eos": True, "temperature": 0},
