@@ -81,6 +81,13 @@ def _fp8_device(index: int) -> bool:
     return HAS_TRITON and torch.cuda.get_device_capability(index) >= (8, 9)
 
 
+def runs_fp8_matmuls(device: torch.device) -> bool:
+    """Whether Fp8Linear layers on `device` compute in fp8 (else every call dequantizes)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return _fp8_device(device.index if device.index is not None else torch.cuda.current_device())
+
+
 class Fp8Linear(nn.Module):
     """y = x @ (weight * weight_scale[:, None])^T (+ bias), y in x's dtype."""
 

@@ -6,14 +6,18 @@ formats, the LM head); the token embedding stays in the model dtype."""
 
 from __future__ import annotations
 
+import logging
+
 from torch import nn
 
 from radixlm.kernels.quant_blocks import quantize_blocks
 
-from .fp8_linear import Fp8Linear
+from .fp8_linear import Fp8Linear, runs_fp8_matmuls
 from .models.llama import LlamaForCausalLM
 from .quant_formats import QuantTensor
 from .quant_linear import QuantLinear
+
+logger = logging.getLogger(__name__)
 
 ON_LOAD = ("fp8", "q4_0", "q4_1", "q8_0")
 LAYER_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -26,6 +30,14 @@ def quantize_linears(model: LlamaForCausalLM, method: str) -> None:
     paths = {
         f"model.layers.{i}.{name}": method for i in range(len(model.model.layers)) for name in LAYER_LINEARS
     }
+    device = model.lm_head.weight.device
+    if method == "fp8" and not runs_fp8_matmuls(device):
+        logger.warning(
+            "quantization='fp8' on %s: nothing here multiplies in fp8, so every matmul dequantizes its "
+            "weights; that saves weight memory but decodes slower than the float model (q8_0 and q4_0 "
+            "keep their blocks in the matmul on the CPU and on GPUs)",
+            device,
+        )
     if method != "fp8":
         # the LM head in 8 bits, as llama.cpp keeps its output at 6+ bits in 4-bit files: on the
         # default model with Q4_1 layers, a Q4_0 head took the logits' error from 1% to 7%

@@ -79,9 +79,12 @@ def test_on_load_methods_need_float_weights(default_model_dir: Path, fp32_folder
     [("q8_0", 0.95, 1.01), ("q4_1", 0.95, 1.01), ("q4_0", 0.65, 1.15), ("fp8", 0.9, 1.03)],
 )
 def test_engine_quantizes_float_weights(
-    fp32_folder: Path, engine, method: str, min_agreement: float, max_ppl_ratio: float
+    fp32_folder: Path, engine, method: str, min_agreement: float, max_ppl_ratio: float, caplog
 ) -> None:
-    eng = Engine(model_path=str(fp32_folder), quantization=method, max_total_tokens=4096)
+    with caplog.at_level("WARNING", logger="radixlm.backend.weight_quant"):
+        eng = Engine(model_path=str(fp32_folder), quantization=method, max_total_tokens=4096)
+    # on the CPU fp8 weights dequantize on every call: the user is told so, once
+    assert sum("every matmul dequantizes" in r.getMessage() for r in caplog.records) == (method == "fp8")
     try:
         model = eng.runner.model
         layer = model.model.layers[0]
