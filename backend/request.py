@@ -145,19 +145,20 @@ class Req:
         p = self.params
         n_out = len(self.output_ids)
         grammar = self.grammar
+        by_token = False  # ended by this token: a stop token, or the grammar's end
         if grammar is not None and (grammar.dead_end or grammar.error is not None):
             self.finished_reason = {"type": "abort", "message": grammar.error or GRAMMAR_DEAD_END}
         elif n_out >= p.min_new_tokens and token in self.stop_tokens():
-            self.finished_reason = {"type": "stop", "matched": token}
+            self.finished_reason, by_token = {"type": "stop", "matched": token}, True
         elif n_out >= p.max_new_tokens:
             self.finished_reason = {"type": "length", "length": p.max_new_tokens}
         elif self.seq_len >= context_len:
             self.finished_reason = {"type": "length", "length": n_out}
         elif grammar is not None and grammar.is_terminated():
-            self.finished_reason = {"type": "stop", "matched": token}
-        # a stop string inside the text that completed the grammar (forced text included) still cuts
-        grammar_end = grammar is not None and self.finished_reason == {"type": "stop", "matched": token}
-        if self.stops_on_text and (not self.finished or grammar_end):
+            self.finished_reason, by_token = {"type": "stop", "matched": token}, True
+        # a grammar request ended by this token (its EOS, or the grammar's own end): a stop string
+        # inside the text that completed the grammar (forced text included) still cuts
+        if self.stops_on_text and (not self.finished or (grammar is not None and by_token)):
             if n_out >= p.min_new_tokens:
                 self._check_stop_text()
             else:
