@@ -216,20 +216,17 @@ class _AbortOnDrop:
 
     def __init__(self, aborts: list[Callable[[], None]]) -> None:
         self._aborts = aborts
-        self._open = set(range(len(aborts)))
-        self._done = False
+        self._open = set(range(len(aborts)))  # the requests not finished (empty: the stream ended)
 
     def _seen(self, chunk: dict[str, Any]) -> dict[str, Any]:
         if chunk["meta_info"]["finish_reason"] is not None:
             self._open.discard(chunk.get("index", 0))
-            self._done = not self._open
         return chunk
 
     def close(self) -> None:
-        if not self._done:
-            self._done = True
-            for k in sorted(self._open):
-                self._aborts[k]()
+        unfinished, self._open = sorted(self._open), set()
+        for k in unfinished:
+            self._aborts[k]()
 
     def __del__(self) -> None:
         self.close()
@@ -246,7 +243,7 @@ class RequestStream(_AbortOnDrop):
         return self
 
     def __next__(self) -> dict[str, Any]:
-        if self._done:
+        if not self._open:
             raise StopIteration
         return self._seen(self._q.get())
 
@@ -262,7 +259,7 @@ class AsyncRequestStream(_AbortOnDrop):
         return self
 
     async def __anext__(self) -> dict[str, Any]:
-        if self._done:
+        if not self._open:
             raise StopAsyncIteration
         try:
             chunk = coalesce_chunks(await self._q.get(), self._q)

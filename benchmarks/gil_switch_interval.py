@@ -11,6 +11,7 @@ Writes benchmarks/results/gil_switch_interval_<device>.json."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import threading
@@ -80,10 +81,7 @@ def main() -> None:
             sys.setswitchinterval(interval)
             for busy in (False, True):
                 key = f"{interval * 1000:g} ms, {'busy thread' if busy else 'alone'}"
-                if busy:
-                    with BusyThread():
-                        runs.setdefault(key, []).append(timed_batch(engine, prompts, args.out_len))
-                else:
+                with BusyThread() if busy else contextlib.nullcontext():
                     runs.setdefault(key, []).append(timed_batch(engine, prompts, args.out_len))
     engine.shutdown()
     summary = {
