@@ -64,6 +64,7 @@ class Upstream:
     cuts: dict[int, tuple[int, str]] = field(default_factory=dict)
     dead: set[str] = field(default_factory=set)
     stale: set[str] = field(default_factory=set)  # a pooled connection to a killed replica
+    reset: set[str] = field(default_factory=set)  # a dying replica resets the connection as it opens
     refuse: set[int] = field(default_factory=set)  # /generate calls answered 400
     crlf: bool = False  # events end in CRLF CRLF, split across chunks
     generate_bodies: list[dict[str, Any]] = field(default_factory=list)
@@ -76,6 +77,10 @@ class Upstream:
             raise httpx.ConnectError("refused", request=request)
         if base in self.stale:
             raise httpx.ReadError("", request=request)
+        if base in self.reset:  # as anyio under uvloop reads the reset socket: gone
+            raise AttributeError(
+                "'NoneType' object has no attribute 'getpeername'", name="getpeername", obj=None
+            )
         body = json.loads(request.content)
         if request.url.path == "/tokenize":
             return _json({"tokens": _tokenize(body["prompt"], body["add_special_tokens"])})
@@ -192,10 +197,10 @@ def test_a_cut_stream_reads_as_the_uninterrupted_one(upstream: Upstream, how: st
     assert cont["rid"] == "replica-made-id"  # the answer keeps one id
 
 
-@pytest.mark.parametrize("how", ["refuses", "stale"])
+@pytest.mark.parametrize("how", ["refuses", "stale", "reset"])
 def test_a_dead_replica_is_skipped_for_tokenization(upstream: Upstream, how: str) -> None:
     upstream.cuts = {0: (3, "drop")}
-    (upstream.dead if how == "refuses" else upstream.stale).add("http://replica0")
+    {"refuses": upstream.dead, "stale": upstream.stale, "reset": upstream.reset}[how].add("http://replica0")
     events = _stream(upstream, _body(min_new_tokens=10))
     assert events[-2]["meta_info"]["completion_tokens"] == 12
     assert upstream.generate_bodies[1]["sampling_params"]["min_new_tokens"] == 7

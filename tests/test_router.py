@@ -7,18 +7,21 @@ as a shorter answer; SIGTERM stops every process. Skips when sglang-router canno
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpcore
 import httpx
 import pytest
 
@@ -26,7 +29,7 @@ pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip
 psutil = pytest.importorskip("psutil")
 
 from radixlm.backend.server.dp import replica_argv  # noqa: E402
-from radixlm.backend.server.dp_front import FrontRouting, create_front  # noqa: E402
+from radixlm.backend.server.dp_front import FrontRouting, ResetOnOpenIsConnectError, create_front  # noqa: E402
 from radixlm.backend.server.serve_cmd import serve_parser  # noqa: E402
 
 FEW_SHOT = "".join(f"Q: What is {a} plus {a + 3}?\nA: {2 * a + 3}.\n" for a in range(1, 25))
@@ -170,6 +173,81 @@ def test_front_ends_a_cut_stream_with_an_error_event() -> None:
         upstream.close()
     assert lines[0] == 'data: {"text": "a"}' and lines[-1] == "data: [DONE]"
     assert "failed mid-way" in json.loads(lines[-2][6:])["error"]["message"]
+
+
+class _ResetAsItOpens(httpcore.AsyncNetworkBackend):
+    """anyio's real connections, each reset by the peer as it opens (the peer, `reset_next`,
+    resets once told), the reset read before httpcore first looks at the connection: the
+    window a replica killed while the front connects to it hits by chance."""
+
+    def __init__(self, reset_next: threading.Event) -> None:
+        self.real, self.reset_next, self.opened = httpcore.AnyIOBackend(), reset_next, 0
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        stream = await self.real.connect_tcp(host, port, timeout, local_address, socket_options)
+        self.opened += 1
+        self.reset_next.set()
+        with contextlib.suppress(httpcore.ReadError):
+            await stream.read(1, timeout=10)  # the reset: the transport closes
+        return stream
+
+    async def sleep(self, seconds: float) -> None:
+        await self.real.sleep(seconds)
+
+
+def _resetting_peer(reset_next: threading.Event) -> socket.socket:
+    """Accepts each connection and resets it (SO_LINGER 0) when `reset_next` is set."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            reset_next.wait(10)
+            reset_next.clear()
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return sock
+
+
+def test_a_connection_reset_as_it_opens_is_a_transport_error_under_uvloop() -> None:
+    """Real sockets, uvloop, anyio and httpcore: a reset socket's attributes read as None there,
+    and httpcore's check of the new connection raises AttributeError; through the front's
+    transport it is an httpx transport error, which the front handles (the next replica)."""
+    uvloop = pytest.importorskip("uvloop")
+    reset_next = threading.Event()
+    peer = _resetting_peer(reset_next)
+    backend = _ResetAsItOpens(reset_next)
+    inner = httpx.AsyncHTTPTransport()
+    inner._pool = httpcore.AsyncConnectionPool(network_backend=backend)  # the race, made certain
+
+    async def outcome() -> BaseException | None:
+        async with httpx.AsyncClient(transport=ResetOnOpenIsConnectError(inner)) as client:
+            try:
+                await client.get(f"http://127.0.0.1:{peer.getsockname()[1]}/tokenize", timeout=10)
+            except Exception as exc:  # noqa: BLE001 - the test reads which exception
+                return exc
+        return None
+
+    try:
+        failed = uvloop.run(outcome())
+    finally:
+        peer.close()
+    assert backend.opened == 1
+    assert isinstance(failed, httpx.TransportError), repr(failed)  # one the front handles
 
 
 def test_worker_endpoints_answer_through_the_front(dp: DP) -> None:

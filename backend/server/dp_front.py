@@ -93,7 +93,8 @@ def create_front(
     router's own admin routes, such as /workers, are reachable only through here). `transport`
     replaces the network (tests)."""
     routing = FrontRouting(router_url, replica_urls)
-    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), transport=transport)
+    network = ResetOnOpenIsConnectError(transport or httpx.AsyncHTTPTransport())
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), transport=network)
     # Each continuation needs a replica other than the ones that died under this stream.
     max_resumes = max(1, len(replica_urls) - 1)
 
@@ -174,6 +175,30 @@ def create_front(
     app = Starlette(routes=[Route("/{path:path}", proxy, methods=METHODS)], lifespan=lifespan)
     app.state.routing = routing
     return app
+
+
+class ResetOnOpenIsConnectError(httpx.AsyncBaseTransport):
+    """The front's network: `inner`, where a connection reset as it opens fails with
+    httpx.ConnectError, as a refused one does. Under uvloop, anyio reads a reset connection's
+    socket as None and raises AttributeError when httpcore checks the new connection for TLS; a
+    replica killed while the front connects to it resets it so. Nothing was sent yet, so the
+    next replica may take the request."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await self.inner.handle_async_request(request)
+        except AttributeError as exc:
+            if exc.obj is not None:  # only a socket that is gone (None), no other fault
+                raise
+            raise httpx.ConnectError(
+                f"the connection was reset as it opened ({exc})", request=request
+            ) from exc
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 async def _relay(resp: httpx.Response, routing: FrontRouting, replica: int | None) -> AsyncIterator[bytes]:
