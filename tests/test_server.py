@@ -265,6 +265,44 @@ def test_chat_plain_streamed_and_n(server: Server) -> None:
         assert all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries)
 
 
+def test_continuous_usage_stats_count_each_choice_as_it_streams(server: Server) -> None:
+    """SGLang's and vLLM's stream option: every chunk carries its choice's usage so far. The
+    reference is the logprob entries streamed so far, one per generated token."""
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    common: dict[str, Any] = {"model": "x", "max_tokens": 6, "n": 2, "stream": True, "stream_options": opts}
+    chat = server.oai.chat.completions.create(
+        messages=CHAT, logprobs=True, extra_body={"ignore_eos": True}, **common
+    )
+    chunks = list(chat)
+    seen = {0: 0, 1: 0}
+    for c in chunks[:-1]:
+        (ch,) = c.choices
+        seen[ch.index] += len(ch.logprobs.content) if ch.logprobs and ch.logprobs.content else 0
+        assert c.usage.completion_tokens == seen[ch.index], (c, seen)
+        assert c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens
+    assert seen == {0: 6, 1: 6} and chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+
+    completion = server.oai.completions.create(
+        prompt=PROMPT, logprobs=1, extra_body={"ignore_eos": True}, **common
+    )
+    counted = {0: 0, 1: 0}
+    for c in list(completion)[:-1]:
+        (ch,) = c.choices
+        counted[ch.index] += len(ch.logprobs.tokens) if ch.logprobs else 0
+        assert c.usage.completion_tokens == counted[ch.index], (c, counted)
+    assert counted == {0: 6, 1: 6}
+
+    no_final = {"continuous_usage_stats": True}  # as in SGLang: per-chunk usage, no usage chunk
+    last = list(
+        server.oai.completions.create(
+            model="x", prompt=PROMPT, max_tokens=3, stream=True, stream_options=no_final
+        )
+    )[-1]
+    assert last.choices and last.usage is not None
+    plain = list(server.oai.completions.create(model="x", prompt=PROMPT, max_tokens=3, stream=True))
+    assert all(c.usage is None for c in plain)
+
+
 def test_completions_logprobs_and_echo(server: Server) -> None:
     ref = _gen(server, text=PROMPT, sampling_params={"temperature": 0, "max_new_tokens": 6})
     r = server.oai.completions.create(model="x", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=3)

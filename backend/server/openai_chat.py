@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from .openai_shapes import Tok, choice_rid, finish_reason, grammar_report, sample_params, usage
 from .protocol import ChatCompletionRequest, error_body, now
@@ -14,14 +14,22 @@ from .runner import Runner, Seq, run_to_end
 from .streams import SSE_DONE, merge_streams, sse
 from .tools import TOOL_CALL_TAG, ToolPlan
 
-# One chat choice's events: ("delta", text, logprob entries | None), ("tool_calls", calls, the
-# call's logprob entries | None), ("finish", reason, completion_tokens, cached_prompt_tokens,
-# grammar report | None). Logprobs cover every generated token, the call's too (as vLLM's do).
+
+class Count(NamedTuple):
+    """A choice's completion tokens so far and its prompt tokens read from the cache."""
+
+    tokens: int
+    cached: int
+
+
+# One chat choice's events: ("delta", text, logprob entries | None, Count), ("tool_calls", calls,
+# the call's logprob entries | None, Count), ("finish", reason, Count, grammar report | None).
+# Logprobs cover every generated token, the call's too (as vLLM's do).
 Entries = list[dict[str, Any]] | None
 ChoiceEvent = (
-    tuple[Literal["delta"], str, Entries]
-    | tuple[Literal["tool_calls"], list[dict[str, Any]], Entries]
-    | tuple[Literal["finish"], str, int, int, dict[str, Any] | None]
+    tuple[Literal["delta"], str, Entries, Count]
+    | tuple[Literal["tool_calls"], list[dict[str, Any]], Entries, Count]
+    | tuple[Literal["finish"], str, Count, dict[str, Any] | None]
 )
 
 
@@ -73,21 +81,27 @@ async def _choice_events(
         if constrained:
             call_entries = entries  # one chunk: the run is not streamed
         elif piece or entries:
-            yield ("delta", piece, entries)
+            yield ("delta", piece, entries, _count(meta))
     reason = finish_reason(meta) or "abort"
-    tokens = int(meta.get("completion_tokens", 0))
+    tokens, cached = _count(meta)
     called = plan.mode == "auto" and _matched_tag(meta, text)
     tag_shown = text.endswith(TOOL_CALL_TAG)  # in the deltas already: the length cut fell after it
     if called:
         text, reason, more, call_entries = await _run_call(runner, ctx, seq, text, tokens)
         tokens += more
+    count = Count(tokens, cached)
     if constrained or called:
         calls, reason = _tool_calls(plan, text, reason)
         if calls:
-            yield ("tool_calls", calls, call_entries)
+            yield ("tool_calls", calls, call_entries, count)
         else:  # cut off (length/abort): show what was generated, as text
-            yield ("delta", text if constrained or tag_shown else TOOL_CALL_TAG + text, call_entries)
-    yield ("finish", reason, tokens, int(meta.get("cached_tokens", 0)), grammar_report(meta))
+            text = text if constrained or tag_shown else TOOL_CALL_TAG + text
+            yield ("delta", text, call_entries, count)
+    yield ("finish", reason, count, grammar_report(meta))
+
+
+def _count(meta: dict[str, Any]) -> Count:
+    return Count(int(meta.get("completion_tokens", 0)), int(meta.get("cached_tokens", 0)))
 
 
 async def _run_call(
@@ -150,6 +164,12 @@ class ChatChoice:
 
     def add(self, event: ChoiceEvent) -> dict[str, Any]:
         """Fold an event in; return the streaming delta fragment for it."""
+        if event[0] == "finish":
+            self.finish, (self.tokens, self.cached), self.grammar = event[1], event[2], event[3]
+            return self._with_report(
+                {"index": self.index, "delta": {}, "logprobs": None, "finish_reason": event[1]}
+            )
+        self.tokens, self.cached = event[3]
         if event[0] == "delta":
             self.content += event[1]
             if event[2] is not None:
@@ -161,21 +181,16 @@ class ChatChoice:
                 "logprobs": lp,
                 "finish_reason": None,
             }
-        if event[0] == "tool_calls":
-            self.tool_calls = event[1]
-            if event[2] is not None:
-                self.logprobs = (self.logprobs or []) + event[2]
-            calls = [{"index": k, **c} for k, c in enumerate(event[1])]
-            return {
-                "index": self.index,
-                "delta": {"tool_calls": calls},
-                "logprobs": {"content": event[2]} if event[2] is not None else None,
-                "finish_reason": None,
-            }
-        self.finish, self.tokens, self.cached, self.grammar = event[1], event[2], event[3], event[4]
-        return self._with_report(
-            {"index": self.index, "delta": {}, "logprobs": None, "finish_reason": event[1]}
-        )
+        self.tool_calls = event[1]
+        if event[2] is not None:
+            self.logprobs = (self.logprobs or []) + event[2]
+        calls = [{"index": k, **c} for k, c in enumerate(event[1])]
+        return {
+            "index": self.index,
+            "delta": {"tool_calls": calls},
+            "logprobs": {"content": event[2]} if event[2] is not None else None,
+            "finish_reason": None,
+        }
 
     def _with_report(self, choice: dict[str, Any]) -> dict[str, Any]:
         return {**choice, "radixlm": self.grammar} if self.grammar else choice
@@ -226,17 +241,24 @@ async def chat_stream(
     head = {"id": rid, "object": "chat.completion.chunk", "created": now(), "model": model}
     choices = [ChatChoice(s.index) for s in seqs]
     events = merge_streams([_choice_events(runner, ctx, s, True) for s in seqs])
+    opts = ctx.req.stream_options
+    continuous = opts is not None and opts.continuous_usage_stats
+
+    def chunk(c: ChatChoice, fragment: dict[str, Any]) -> bytes:
+        if continuous:  # the choice's own counts so far, as SGLang and vLLM send them
+            return sse({**head, "choices": [fragment], "usage": chat_usage(ctx, [c])})
+        return sse({**head, "choices": [fragment]})
+
     started = False
     try:
         first = await anext(events, None)
         started = True
         for c in choices:
-            yield sse({**head, "choices": [_role_delta(c.index)]})
+            yield chunk(c, _role_delta(c.index))
         if first is not None:
-            yield sse({**head, "choices": [choices[first[0]].add(first[1])]})
+            yield chunk(choices[first[0]], choices[first[0]].add(first[1]))
             async for i, event in events:
-                yield sse({**head, "choices": [choices[i].add(event)]})
-        opts = ctx.req.stream_options
+                yield chunk(choices[i], choices[i].add(event))
         if opts and opts.include_usage:
             yield sse({**head, "choices": [], "usage": chat_usage(ctx, choices)})
     except ValueError as exc:

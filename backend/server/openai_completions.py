@@ -104,13 +104,17 @@ async def completion_events(
     model: str,
 ) -> AsyncGenerator[bytes, None]:
     head = {"id": rid, "object": "text_completion", "created": now(), "model": model}
+    continuous = req.stream_options is not None and req.stream_options.continuous_usage_stats
     started = False  # an error before the first event propagates: sse_response makes it the status
     try:
         async for i, chunk in merge_streams([runner.run(s, stream=True) for s in seqs]):
             started = True
             fragment = choices[i].add(chunk)
             if fragment["text"] or fragment["finish_reason"] or fragment["logprobs"]:
-                yield sse({**head, "choices": [fragment]})
+                if continuous:  # the choice's own counts so far, as SGLang and vLLM send them
+                    yield sse({**head, "choices": [fragment], "usage": usage(*prompt_usage([choices[i]], 1))})
+                else:
+                    yield sse({**head, "choices": [fragment]})
         if req.stream_options and req.stream_options.include_usage:
             yield sse({**head, "choices": [], "usage": usage(*prompt_usage(choices, req.n))})
     except ValueError as exc:

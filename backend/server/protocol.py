@@ -141,7 +141,8 @@ class AbortRequest(_Strict):
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = False
+    include_usage: bool = False  # a last chunk with the request's usage
+    continuous_usage_stats: bool = False  # every chunk with its choice's usage so far
 
 
 class JsonSchemaFormat(_Strict):
@@ -164,8 +165,7 @@ class ResponseFormat(_Strict):
         return self
 
 
-# Sampling keys an OpenAI request sets under their own names; max tokens and n have their own
-# OpenAI fields with per-endpoint defaults.
+# Sampling keys under their own names; max tokens and n have OpenAI fields with per-endpoint defaults.
 _OPENAI_KEYS = tuple(k for k in SAMPLING_KEYS if k not in ("max_new_tokens", "n"))
 
 
