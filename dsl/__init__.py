@@ -29,6 +29,7 @@ from radixlm.choices import (
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
+from radixlm.global_config import global_config
 from radixlm.program import (
     Program,
     flush_cache,
@@ -65,6 +66,10 @@ def __getattr__(name: str) -> Any:
 
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(module), attr)
+    if name == "__version__":
+        import importlib.metadata
+
+        return importlib.metadata.version("radixlm")
     if name in _NOT_PROVIDED:
         raise AttributeError(f"radixlm has no {name!r}: {_NOT_PROVIDED[name]}")
     raise AttributeError(name)
@@ -91,6 +96,7 @@ __all__ = [
     "gen_string",
     "get_default_backend",
     "get_server_info",
+    "global_config",
     "greedy_token_selection",
     "select",
     "set_default_backend",

@@ -5,7 +5,6 @@ batch. Promise: a program's exception reaches the caller, tagged with the progra
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextvars
 import inspect
 import os
@@ -21,6 +20,7 @@ from radixlm.backend.sampling_params import (
     check_values,
 )
 from radixlm.backend_base import ProgramBackend
+from radixlm.global_config import global_config
 from radixlm.interpreter import Executor
 from radixlm.ir import check_logprob_options
 from radixlm.prefix_trace import trace_prefix
@@ -28,14 +28,12 @@ from radixlm.run_cancel import RunCancel
 from radixlm.state import ProgramState
 from radixlm.threads import PROGRAM_THREADS
 
-_default_backend: ProgramBackend | None = None
 # The cancellation of the async call (arun) a run belongs to; run_batch's runs read it in the
 # caller's thread, each program's forks inherit it from their executor.
 _RUN_CANCEL: contextvars.ContextVar[RunCancel | None] = contextvars.ContextVar(
     "radixlm_run_cancel", default=None
 )
 _T = TypeVar("_T")
-_exit_hook_registered = False
 # Tracing pre-caches a constant prefix only when it is at least this many tokens long.
 PRECACHE_MIN_TOKENS = 32
 
@@ -49,36 +47,21 @@ _RUN_OPTION_KEYS = frozenset((*_RUN_SAMPLING_KEYS, *_RUN_LOGPROB_KEYS))
 def set_default_backend(backend: ProgramBackend | None) -> None:
     """Programs run on `backend` unless given another. At interpreter exit the default backend
     is shut down, before the engines under it (their own exit hook was registered earlier)."""
-    global _default_backend, _exit_hook_registered
-    if backend is not None and not isinstance(backend, ProgramBackend):
-        raise TypeError(
-            f"set_default_backend takes a backend (radixlm.Runtime(), RuntimeEndpoint(url), OpenAI(...)), "
-            f"not {type(backend).__name__}"
-        )
-    _default_backend = backend
-    if backend is not None and not _exit_hook_registered:
-        atexit.register(_shutdown_default_backend)
-        _exit_hook_registered = True
-
-
-def _shutdown_default_backend() -> None:
-    backend = _default_backend
-    if backend is not None:
-        backend.shutdown()
+    global_config.default_backend = backend
 
 
 def get_default_backend() -> ProgramBackend | None:
-    return _default_backend
+    return global_config.default_backend
 
 
 def flush_cache(backend: ProgramBackend | None = None) -> bool:
-    backend = backend or _default_backend
+    backend = backend or global_config.default_backend
     return False if backend is None else backend.flush_cache()
 
 
 def get_server_info(backend: ProgramBackend | None = None) -> dict[str, Any]:
     """The backend's model and engine facts, as SGLang's `get_server_info`."""
-    backend = backend or _default_backend
+    backend = backend or global_config.default_backend
     if backend is None:
         raise ValueError("get_server_info: no backend given and no default set (set_default_backend)")
     info = getattr(backend, "get_server_info", None)
@@ -140,7 +123,7 @@ class Program:
     # ---- running ----------------------------------------------------------------------
 
     def _backend(self, backend: ProgramBackend | None) -> ProgramBackend:
-        backend = backend or _default_backend
+        backend = backend or global_config.default_backend
         if backend is None:
             raise ValueError("no backend: pass backend=... or call radixlm.set_default_backend(...)")
         return backend
@@ -211,6 +194,8 @@ class Program:
             ex.end()
         if not in_thread:
             ex.raise_error()
+        if global_config.verbosity >= 2 and ex.error_ is None:
+            print(state.text())
 
     def run_batch(
         self,
@@ -228,7 +213,7 @@ class Program:
         batch_kwargs = [self._batch_entry(b) for b in _batch_list(batch_kwargs)]
         backend = self._backend(backend)
         _split_options(options)  # validate before any work
-        if len(batch_kwargs) > 1:
+        if len(batch_kwargs) > 1 and global_config.enable_precache_with_tracing:
             self.precache(backend)
         threads = _num_threads(num_threads, len(batch_kwargs))
 

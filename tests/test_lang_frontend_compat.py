@@ -251,3 +251,43 @@ def test_get_server_info_in_process_and_refusals(rt, engine):
         sgl.image  # noqa: B018
     with pytest.raises(AttributeError, match="no_such_name"):
         sgl.no_such_name  # noqa: B018
+
+
+def test_global_config_settings_act_and_sglangs_runtime_constants_are_refused(rt, capsys):
+    import importlib.metadata
+
+    class Counting(sgl.Runtime):
+        prefixes = 0
+
+        def cache_prefix(self, ids):
+            Counting.prefixes += 1
+            return super().cache_prefix(ids)
+
+    @sgl.function
+    def qa(s, q):
+        s += "Answer each question in one word, as briefly as you can, and never explain. " * 2
+        s += "Q: " + q + "\nA:" + sgl.gen("a", max_tokens=2, temperature=0)
+
+    counting = Counting(engine=rt.engine)
+    cfg = sgl.global_config
+    try:
+        cfg.default_backend = counting  # what set_default_backend sets
+        assert sgl.get_default_backend() is counting
+        qa.run_batch([{"q": "a"}, {"q": "b"}])
+        assert Counting.prefixes == 1  # the traced constant prefix, cached first
+        cfg.enable_precache_with_tracing = False
+        qa.run_batch([{"q": "a"}, {"q": "b"}])
+        assert Counting.prefixes == 1
+        capsys.readouterr()
+        cfg.verbosity = 2
+        state = qa.run(q="c")
+        assert capsys.readouterr().out == state.text() + "\n"
+    finally:
+        cfg.verbosity, cfg.enable_precache_with_tracing, cfg.default_backend = 0, True, None
+    with pytest.raises(TypeError, match="takes a backend"):
+        cfg.default_backend = "http://localhost:30000"
+    with pytest.raises(AttributeError, match="retract_decode_steps is not a setting here"):
+        cfg.retract_decode_steps = 5
+    with pytest.raises(AttributeError, match="no setting 'verbose'"):
+        cfg.verbose = 2
+    assert sgl.__version__ == importlib.metadata.version("radixlm")
