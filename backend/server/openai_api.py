@@ -2,7 +2,8 @@
 logprobs, echo, streaming deltas with an optional usage chunk, response_format, tools and
 tool_choice via tools.py). Every choice is its own engine request, so any of them can be
 aborted alone; shapes follow the OpenAI API reference. The per-route pieces are in
-openai_completions.py and openai_chat.py, the shared response shapes in openai_shapes.py."""
+openai_completions.py and openai_chat.py, the shared response shapes in openai_shapes.py;
+/v1/responses (on the chat pieces) in openai_responses.py."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 
-from .openai_chat import ChatCtx, chat_seqs, chat_stream, chat_usage, collect_choice
+from . import openai_responses
+from .openai_chat import chat_stream, chat_usage, collect_choice, prepare_chat
 from .openai_completions import completion_choices, completion_events, completion_seqs, prompt_usage
 from .openai_shapes import Tok, usage
 from .protocol import ChatCompletionRequest, CompletionRequest, new_id, now
 from .runner import Runner, run_to_end
 from .streams import gather_all, sse_response, until_disconnect
-from .tools import chat_prompt_ids, plan_tools
 
 
 def _log_user(request: Request, user: str | None) -> None:
@@ -80,19 +81,13 @@ def register(app: FastAPI) -> None:
             "usage": usage(*prompt_usage(choices, req.n)),
         }
 
+    openai_responses.register(app, runner, tok, _log_user)
+
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
         _log_user(request, req.user)
         req.check_supported()
-        plan = plan_tools(req)
-        prompt_ids = chat_prompt_ids(tok.tokenizer, req, plan)
-        max_new = req.max_new_tokens()
-        if max_new is None:
-            max_new = runner.rest_of_context(len(prompt_ids))
-        ctx = ChatCtx(req, plan, prompt_ids, req.sampling_params(max_new), tok)
-        seqs = chat_seqs(ctx)
-        runner.check(seqs)
-        runner.reserve(seqs)
+        ctx, seqs = prepare_chat(runner, tok, req)
         rid, model = new_id("chatcmpl"), req.model or app.state.model_name
         if req.stream:
             return await sse_response(request, chat_stream(runner, ctx, seqs, rid, model))

@@ -12,7 +12,7 @@ from .openai_shapes import Tok, choice_rid, finish_reason, grammar_report, sampl
 from .protocol import ChatCompletionRequest, error_body, now
 from .runner import Runner, Seq, run_to_end
 from .streams import SSE_DONE, merge_streams, sse
-from .tools import TOOL_CALL_TAG, ToolPlan
+from .tools import TOOL_CALL_TAG, ToolPlan, chat_prompt_ids, plan_tools
 
 
 class Count(NamedTuple):
@@ -44,6 +44,21 @@ class ChatCtx:
     tok: Tok
 
 
+def prepare_chat(runner: Runner, tok: Tok, req: ChatCompletionRequest) -> tuple[ChatCtx, list[Seq]]:
+    """A chat request's context and engine sequences, checked and reserved on the runner (the
+    caller releases them). No max tokens: the rest of the context."""
+    plan = plan_tools(req)
+    prompt_ids = chat_prompt_ids(tok.tokenizer, req, plan)
+    max_new = req.max_new_tokens()
+    if max_new is None:
+        max_new = runner.rest_of_context(len(prompt_ids))
+    ctx = ChatCtx(req, plan, prompt_ids, req.sampling_params(max_new), tok)
+    seqs = chat_seqs(ctx)
+    runner.check(seqs)
+    runner.reserve(seqs)
+    return ctx, seqs
+
+
 def chat_seqs(ctx: ChatCtx) -> list[Seq]:
     req, plan = ctx.req, ctx.plan
     sp = dict(ctx.base_sp)
@@ -66,7 +81,7 @@ def chat_seqs(ctx: ChatCtx) -> list[Seq]:
     ]
 
 
-async def _choice_events(
+async def choice_events(
     runner: Runner, ctx: ChatCtx, seq: Seq, stream: bool
 ) -> AsyncGenerator[ChoiceEvent, None]:
     """Events of one chat choice (ChoiceEvent): deltas or the tool calls, then the finish."""
@@ -219,7 +234,7 @@ def chat_usage(ctx: ChatCtx, choices: list[ChatChoice]) -> dict[str, Any]:
 
 async def collect_choice(runner: Runner, ctx: ChatCtx, seq: Seq) -> ChatChoice:
     choice = ChatChoice(seq.index)
-    async for event in _choice_events(runner, ctx, seq, stream=False):
+    async for event in choice_events(runner, ctx, seq, stream=False):
         choice.add(event)
     return choice
 
@@ -240,7 +255,7 @@ async def chat_stream(
     propagates before anything is sent (sse_response makes it the HTTP status)."""
     head = {"id": rid, "object": "chat.completion.chunk", "created": now(), "model": model}
     choices = [ChatChoice(s.index) for s in seqs]
-    events = merge_streams([_choice_events(runner, ctx, s, True) for s in seqs])
+    events = merge_streams([choice_events(runner, ctx, s, True) for s in seqs])
     opts = ctx.req.stream_options
     continuous = opts is not None and opts.continuous_usage_stats
 

@@ -1,0 +1,400 @@
+"""/v1/responses, OpenAI's Responses API, on the chat route's machinery: the input items
+(messages, function calls and their outputs) and the instructions become chat messages,
+text.format the response_format, function tools the chat tools. The answer is the chat choice
+as Responses output items (a message with output_text, then function_call items), whole or as
+the Responses event stream. Stateless: nothing is stored, so previous_response_id is refused."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .openai_chat import ChatChoice, ChatCtx, ChoiceEvent, choice_events, collect_choice, prepare_chat
+from .openai_shapes import Tok
+from .protocol import ChatCompletionRequest, now
+from .runner import Runner, Seq
+from .streams import sse_response, until_disconnect
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ContentPart(_Strict):
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None  # an earlier response's output_text, sent back
+    logprobs: list[Any] | None = None
+
+
+class MessageItem(_Strict):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[ContentPart]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionCallItem(_Strict):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(_Strict):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[ContentPart]
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionTool(_Strict):
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolChoiceFunction(_Strict):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(_Strict):
+    format: TextFormat | None = None
+
+
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+
+
+class ResponsesRequest(_Strict):
+    model: str | None = None
+    input: str | list[Item]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False
+    text: TextConfig | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    truncation: Literal["disabled"] | None = None  # "auto" (drop turns to fit) is not done
+    store: bool | None = None  # accepted; nothing is stored
+    previous_response_id: str | None = None
+    include: list[str] | None = None
+    reasoning: dict[str, Any] | None = None
+    background: bool | None = None
+    service_tier: str | None = None  # accepted, no effect (as on chat)
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> ResponsesRequest:
+        if self.previous_response_id is not None:
+            raise ValueError(
+                "previous_response_id: radixlm stores no responses; send the whole conversation as input"
+            )
+        if self.include:
+            raise ValueError(f"include {self.include} is not supported")
+        if self.reasoning:
+            raise ValueError("reasoning is not supported (no reasoning models)")
+        if self.background:
+            raise ValueError("background responses are not supported (nothing is stored)")
+        if isinstance(self.input, list) and not self.input:
+            raise ValueError("input must not be empty")
+        return self
+
+    def chat_request(self) -> ChatCompletionRequest:
+        """The same request as /v1/chat/completions takes it."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": _messages(self),
+            "max_completion_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stream": self.stream,
+            "user": self.user,
+        }
+        if self.tools:
+            body["tools"] = [
+                {"type": "function", "function": t.model_dump(exclude={"type"})} for t in self.tools
+            ]
+        if isinstance(self.tool_choice, ToolChoiceFunction):
+            body["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
+        elif self.tool_choice is not None:
+            body["tool_choice"] = self.tool_choice
+        if self.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = self.parallel_tool_calls
+        fmt = self.text.format if self.text is not None else None
+        if fmt is not None and fmt.type == "json_schema":
+            schema = {"name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict}
+            body["response_format"] = {"type": "json_schema", "json_schema": schema}
+        elif fmt is not None:
+            body["response_format"] = {"type": fmt.type}
+        req: ChatCompletionRequest = ChatCompletionRequest.model_validate(
+            {k: v for k, v in body.items() if v is not None}
+        )
+        req.check_supported()
+        return req
+
+
+def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """Chat messages: the instructions as the system message, then each input item; consecutive
+    function calls make one assistant turn, as a chat model writes them."""
+    out: list[dict[str, Any]] = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    items: list[Item] = (
+        [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
+    )
+    for item in items:
+        if isinstance(item, MessageItem):
+            out.append({"role": item.role, "content": item.text()})
+        elif isinstance(item, FunctionCallItem):
+            call = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments},
+            }
+            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
+                out[-1]["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        else:
+            text = item.output if isinstance(item.output, str) else "".join(p.text for p in item.output)
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": text})
+    return out
+
+
+# ---------------------------------------------------------------- the answer
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": [part]}
+
+
+def _call_item(call: dict[str, Any], status: str, arguments: str | None = None) -> dict[str, Any]:
+    fn = call["function"]
+    args = fn["arguments"] if arguments is None else arguments
+    item_id = "fc_" + call["id"].removeprefix("call_")
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call["id"],
+        "name": fn["name"],
+        "arguments": args,
+        "status": status,
+    }
+
+
+def _item_status(choice: ChatChoice) -> str:
+    return "incomplete" if choice.finish == "length" and not choice.tool_calls else "completed"
+
+
+def _status(finish: str | None) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:
+    """(status, incomplete_details, error) for a choice's finish reason."""
+    if finish == "length":
+        return "incomplete", {"reason": "max_output_tokens"}, None
+    if finish in ("stop", "tool_calls"):
+        return "completed", None, None
+    return "failed", None, {"code": "server_error", "message": "the request was aborted before it finished"}
+
+
+class Shape:
+    """What every snapshot of one response shares: its id, model, and the request's settings."""
+
+    def __init__(self, req: ResponsesRequest, ctx: ChatCtx, model: str) -> None:
+        self.req, self.ctx, self.model = req, ctx, model
+        key = uuid.uuid4().hex  # OpenAI's id shapes: resp_..., msg_...
+        self.id, self.message_id, self.created = f"resp_{key}", f"msg_{key}", now()
+
+    def response(
+        self, status: str, output: list[dict[str, Any]], choice: ChatChoice | None = None
+    ) -> dict[str, Any]:
+        req = self.req
+        incomplete, error = None, None
+        if choice is not None:
+            status, incomplete, error = _status(choice.finish)
+        fmt = req.text.format if req.text is not None and req.text.format is not None else None
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "model": self.model,
+            "output": output,
+            "usage": self.usage(choice) if choice is not None else None,
+            "error": error,
+            "incomplete_details": incomplete,
+            "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens,
+            "temperature": req.temperature,
+            "top_p": req.top_p,
+            "tools": [t.model_dump(by_alias=True) for t in req.tools or []],
+            "tool_choice": (
+                req.tool_choice.model_dump() if isinstance(req.tool_choice, BaseModel) else req.tool_choice
+            )
+            or "auto",
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
+            "metadata": req.metadata or {},
+            "store": False,
+            "previous_response_id": None,
+            "truncation": "disabled",
+            "background": False,
+            "user": req.user,
+        }
+
+    def usage(self, choice: ChatChoice) -> dict[str, Any]:
+        prompt = len(self.ctx.prompt_ids)
+        return {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": choice.cached},
+            "output_tokens": choice.tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + choice.tokens,
+        }
+
+    def output(self, choice: ChatChoice) -> list[dict[str, Any]]:
+        """A message with the text (also an empty one, where no call was made), then the calls."""
+        calls = choice.tool_calls or []
+        head = (
+            [_message_item(self.message_id, choice.content, _item_status(choice))]
+            if choice.content or not calls
+            else []
+        )
+        return head + [_call_item(c, "completed") for c in calls]
+
+
+class _Events:
+    """One answer's Responses events, numbered, and its output items as they complete."""
+
+    def __init__(self, shape: Shape) -> None:
+        self.shape, self.numbers = shape, itertools.count()
+        self.choice, self.output = ChatChoice(0), list[dict[str, Any]]()
+        self.text_at: int | None = None  # the output index of the open message item
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        body = {"type": kind, "sequence_number": next(self.numbers), **fields}
+        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
+
+    def take(self, ev: ChoiceEvent) -> list[bytes]:
+        """The events for one of the chat choice's events."""
+        if ev[0] == "delta":
+            out = self._open_text() if self.text_at is None else []
+            self.choice.add(ev)
+            ids = {"item_id": self.shape.message_id, "output_index": self.text_at, "content_index": 0}
+            return [*out, self.event("response.output_text.delta", **ids, delta=ev[1], logprobs=[])]
+        out = self._close_text() if ev[0] == "tool_calls" else []  # text before the calls is complete
+        self.choice.add(ev)
+        if ev[0] == "finish":  # the text item ends as the answer did
+            return [*out, *self._close_text()]
+        for call in ev[1]:
+            out += self._call(call)
+        return out
+
+    def end(self) -> list[bytes]:
+        """The last events: an empty message where nothing was written (as the whole answer has),
+        then response.completed, .incomplete or .failed with the whole response."""
+        out = [*self._open_text(), *self._close_text()] if not self.output else []
+        final = self.shape.response("", self.output, self.choice)
+        return [*out, self.event(f"response.{final['status']}", response=final)]
+
+    def _open_text(self) -> list[bytes]:
+        self.text_at = at = len(self.output)
+        opened = _message_item(self.shape.message_id, "", "in_progress")
+        part = opened.pop("content")[0]
+        ids = {"item_id": self.shape.message_id, "output_index": at, "content_index": 0}
+        return [
+            self.event("response.output_item.added", output_index=at, item={**opened, "content": []}),
+            self.event("response.content_part.added", **ids, part=part),
+        ]
+
+    def _close_text(self) -> list[bytes]:
+        if self.text_at is None:
+            return []
+        at, self.text_at, text = self.text_at, None, self.choice.content
+        item = _message_item(self.shape.message_id, text, _item_status(self.choice))
+        self.output.append(item)
+        ids = {"item_id": self.shape.message_id, "output_index": at, "content_index": 0}
+        return [
+            self.event("response.output_text.done", **ids, text=text, logprobs=[]),
+            self.event("response.content_part.done", **ids, part=item["content"][0]),
+            self.event("response.output_item.done", output_index=at, item=item),
+        ]
+
+    def _call(self, call: dict[str, Any]) -> list[bytes]:
+        at, item = len(self.output), _call_item(call, "completed")
+        self.output.append(item)
+        ids = {"item_id": item["id"], "output_index": at}
+        return [
+            self.event(
+                "response.output_item.added", output_index=at, item=_call_item(call, "in_progress", "")
+            ),
+            self.event("response.function_call_arguments.delta", **ids, delta=item["arguments"]),
+            self.event(
+                "response.function_call_arguments.done", **ids, arguments=item["arguments"], name=item["name"]
+            ),
+            self.event("response.output_item.done", output_index=at, item=item),
+        ]
+
+
+async def response_events(runner: Runner, shape: Shape, seq: Seq) -> AsyncGenerator[bytes, None]:
+    """The Responses event stream. The first engine event is awaited before response.created,
+    so an error in starting the request propagates as the HTTP status (sse_response)."""
+    events = choice_events(runner, shape.ctx, seq, True)
+    stream = _Events(shape)
+    try:
+        ev = await anext(events, None)
+        yield stream.event("response.created", response=shape.response("in_progress", []))
+        yield stream.event("response.in_progress", response=shape.response("in_progress", []))
+        while ev is not None:
+            for out in stream.take(ev):
+                yield out
+            ev = await anext(events, None)
+        for out in stream.end():
+            yield out
+    except ValueError as exc:
+        yield stream.event("error", code="invalid_request_error", message=str(exc), param=None)
+    finally:
+        await events.aclose()
+        runner.release_all([seq])
+
+
+def register(app: FastAPI, runner: Runner, tok: Tok, log_user: Callable[[Request, str | None], None]) -> None:
+    @app.post("/v1/responses")
+    async def responses(req: ResponsesRequest, request: Request) -> Any:
+        log_user(request, req.user)
+        ctx, (seq,) = prepare_chat(runner, tok, req.chat_request())
+        shape = Shape(req, ctx, req.model or app.state.model_name)
+        if req.stream:
+            return await sse_response(request, response_events(runner, shape, seq))
+        try:
+            choice = await until_disconnect(request, collect_choice(runner, ctx, seq))
+        finally:
+            runner.release_all([seq])
+        return shape.response("", shape.output(choice), choice)

@@ -1,0 +1,148 @@
+"""/v1/responses through the official openai client on real uvicorn (127.0.0.1, the session
+engine). References: the same conversation on /v1/chat/completions (greedy text and token
+counts), the client's own stream accumulator (the events must rebuild the whole answer),
+jsonschema for text.format and tool arguments."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from radixlm.backend.server import ServerThread, create_app
+
+WEATHER_PARAMS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "parameters": WEATHER_PARAMS,
+}
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def client(engine) -> Iterator[openai.OpenAI]:
+    thread = ServerThread(create_app(engine), drain_timeout_s=2.0).start()
+    yield openai.OpenAI(base_url=f"{thread.url}/v1", api_key="x", max_retries=0)
+    thread.stop()
+
+
+def test_a_text_answer_is_the_chat_answer(client: openai.OpenAI) -> None:
+    r = client.responses.create(
+        model="m", instructions="Answer briefly.", input="Name a color.", max_output_tokens=8, temperature=0
+    )
+    chat = client.chat.completions.create(
+        model="m",
+        messages=[
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": "Name a color."},
+        ],
+        max_tokens=8,
+        temperature=0,
+    )
+    choice = chat.choices[0]
+    assert r.object == "response" and r.id.startswith("resp_") and r.output_text == choice.message.content
+    assert [item.type for item in r.output] == ["message"] and r.output[0].role == "assistant"
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.usage.output_tokens == chat.usage.completion_tokens
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    if choice.finish_reason == "length":
+        assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    else:
+        assert r.status == "completed" and r.incomplete_details is None
+
+
+@pytest.mark.parametrize("max_output_tokens", [16, 4])
+def test_the_event_stream_rebuilds_the_whole_answer(client: openai.OpenAI, max_output_tokens: int) -> None:
+    ask: dict[str, Any] = {
+        "model": "m",
+        "instructions": "Answer briefly.",
+        "input": "Name a color.",
+        "max_output_tokens": max_output_tokens,
+        "temperature": 0,
+    }
+    whole = client.responses.create(**ask)
+    assert whole.status == ("completed" if max_output_tokens == 16 else "incomplete")
+    with client.responses.stream(**ask) as stream:
+        events = list(stream)
+    kinds = [e.type for e in events]
+    assert (
+        kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == f"response.{whole.status}"
+    )
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    last = events[-1].response
+    assert deltas == last.output_text == whole.output_text and whole.output_text
+    assert last.usage.output_tokens == whole.usage.output_tokens
+    assert last.output[0].status == whole.output[0].status == whole.status  # the message ends as the answer
+    if whole.status == "completed":  # the client's own accumulator over the events
+        assert stream.get_final_response().output_text == whole.output_text
+
+
+def test_text_format_json_schema_constrains_the_answer(client: openai.OpenAI) -> None:
+    fmt = {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}
+    r = client.responses.create(
+        model="m", input="Invent a person.", text={"format": fmt}, max_output_tokens=48, temperature=0
+    )
+    assert r.status == "completed"
+    jsonschema.validate(json.loads(r.output_text), PERSON)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_function_call_and_its_output_go_round(client: openai.OpenAI, stream: bool) -> None:
+    ask: dict[str, Any] = {
+        "model": "m",
+        "input": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "max_output_tokens": 40,
+        "temperature": 0,
+    }
+    if stream:
+        with client.responses.stream(**ask) as s:
+            kinds = [e.type for e in s]
+            r = s.get_final_response()
+        assert "response.function_call_arguments.done" in kinds
+    else:
+        r = client.responses.create(**ask)
+    calls = [item for item in r.output if item.type == "function_call"]
+    assert r.status == "completed" and calls and calls[0].name == "get_weather"
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER_PARAMS)
+    back = [*ask["input"], *(item.model_dump(exclude_none=True) for item in r.output)]
+    back += [{"type": "function_call_output", "call_id": c.call_id, "output": "Sunny, 21 C"} for c in calls]
+    answer = client.responses.create(
+        model="m", input=back, tools=[WEATHER], max_output_tokens=6, temperature=0
+    )
+    assert answer.output[0].type == "message" and answer.usage.input_tokens > r.usage.input_tokens
+
+
+@pytest.mark.parametrize(
+    "extra,reason",
+    [
+        ({"previous_response_id": "resp_1"}, "stores no responses"),
+        ({"include": ["message.output_text.logprobs"]}, "is not supported"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "unknown tool"),
+        ({"frequency_penaltyy": 1}, "frequency_penaltyy"),
+    ],
+)
+def test_what_cannot_be_done_is_a_400_with_the_reason(
+    client: openai.OpenAI, extra: dict[str, Any], reason: str
+) -> None:
+    with pytest.raises(openai.BadRequestError, match=reason):
+        client.responses.create(model="m", input="Hi", max_output_tokens=2, extra_body=extra)
