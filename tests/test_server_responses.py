@@ -139,6 +139,10 @@ def test_a_function_call_and_its_output_go_round(client: openai.OpenAI, stream: 
         ({"truncation": "auto"}, "truncation"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "unknown tool"),
         ({"frequency_penaltyy": 1}, "frequency_penaltyy"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x"}}},
+            r"text\.format: .*needs json_schema\.schema",
+        ),
     ],
 )
 def test_what_cannot_be_done_is_a_400_with_the_reason(

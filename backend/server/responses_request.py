@@ -1,0 +1,202 @@
+"""The body of /v1/responses (OpenAI's Responses API) and its translation to a chat request:
+input items (messages, function calls and their outputs, an earlier response's output sent back)
+and the instructions become chat messages, text.format the response_format, function tools the
+chat tools. What this stateless server cannot do (previous_response_id, background, include) is
+refused with the reason; a chat field's validation error names this request's field."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .protocol import ChatCompletionRequest
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ContentPart(_Strict):
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None  # an earlier response's output_text, sent back
+    logprobs: list[Any] | None = None
+
+
+class MessageItem(_Strict):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[ContentPart]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionCallItem(_Strict):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(_Strict):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[ContentPart]
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionTool(_Strict):
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolChoiceFunction(_Strict):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(_Strict):
+    format: TextFormat | None = None
+
+
+Item = MessageItem | FunctionCallItem | FunctionCallOutputItem
+
+
+class ResponsesRequest(_Strict):
+    model: str | None = None
+    input: str | list[Item]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False
+    text: TextConfig | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    truncation: Literal["disabled"] | None = None  # "auto" (drop turns to fit) is not done
+    store: bool | None = None  # accepted; nothing is stored
+    previous_response_id: str | None = None
+    include: list[str] | None = None
+    reasoning: dict[str, Any] | None = None
+    background: bool | None = None
+    service_tier: str | None = None  # accepted, no effect (as on chat)
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+    @model_validator(mode="after")
+    def _unsupported(self) -> ResponsesRequest:
+        if self.previous_response_id is not None:
+            raise ValueError(
+                "previous_response_id: radixlm stores no responses; send the whole conversation as input"
+            )
+        if self.include:
+            raise ValueError(f"include {self.include} is not supported")
+        if self.reasoning:
+            raise ValueError("reasoning is not supported (no reasoning models)")
+        if self.background:
+            raise ValueError("background responses are not supported (nothing is stored)")
+        if isinstance(self.input, list) and not self.input:
+            raise ValueError("input must not be empty")
+        return self
+
+    def chat_request(self) -> ChatCompletionRequest:
+        """The same request as /v1/chat/completions takes it."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": _messages(self),
+            "max_completion_tokens": self.max_output_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stream": self.stream,
+            "user": self.user,
+        }
+        if self.tools:
+            body["tools"] = [
+                {"type": "function", "function": t.model_dump(exclude={"type"})} for t in self.tools
+            ]
+        if isinstance(self.tool_choice, ToolChoiceFunction):
+            body["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
+        elif self.tool_choice is not None:
+            body["tool_choice"] = self.tool_choice
+        if self.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = self.parallel_tool_calls
+        fmt = self.text.format if self.text is not None else None
+        if fmt is not None and fmt.type == "json_schema":
+            schema = {"name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict}
+            body["response_format"] = {"type": "json_schema", "json_schema": schema}
+        elif fmt is not None:
+            body["response_format"] = {"type": fmt.type}
+        try:
+            req: ChatCompletionRequest = ChatCompletionRequest.model_validate(
+                {k: v for k, v in body.items() if v is not None}
+            )
+        except ValidationError as exc:  # the 400 names this request's fields, not chat's
+            raise RequestValidationError(
+                [{**e, "loc": _responses_loc(e["loc"])} for e in exc.errors()]
+            ) from exc
+        req.check_supported()
+        return req
+
+
+_FIELD = {
+    "messages": ("input",),
+    "max_completion_tokens": ("max_output_tokens",),
+    "response_format": ("text", "format"),
+}
+
+
+def _responses_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A chat field's error location as this request names it."""
+    if not loc:
+        return loc
+    head = _FIELD.get(str(loc[0]), (loc[0],))
+    rest = [part for part in loc[1:] if not (loc[0] == "tools" and part == "function")]
+    return (*head, *rest)
+
+
+def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """Chat messages: the instructions as the system message, then each input item; consecutive
+    function calls make one assistant turn, as a chat model writes them."""
+    out: list[dict[str, Any]] = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    items: list[Item] = (
+        [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
+    )
+    for item in items:
+        if isinstance(item, MessageItem):
+            out.append({"role": item.role, "content": item.text()})
+        elif isinstance(item, FunctionCallItem):
+            call = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments},
+            }
+            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
+                out[-1]["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        else:
+            text = item.output if isinstance(item.output, str) else "".join(p.text for p in item.output)
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": text})
+    return out
