@@ -150,3 +150,9 @@ def test_what_cannot_be_done_is_a_400_with_the_reason(
 ) -> None:
     with pytest.raises(openai.BadRequestError, match=reason):
         client.responses.create(model="m", input="Hi", max_output_tokens=2, extra_body=extra)
+
+
+def test_a_stream_that_cannot_start_is_a_400_not_an_event(client: openai.OpenAI) -> None:
+    fmt = {"type": "json_schema", "name": "x", "schema": {"type": "string", "pattern": "(("}}
+    with pytest.raises(openai.BadRequestError, match="pattern"):
+        client.responses.create(model="m", input="Hi", text={"format": fmt}, max_output_tokens=4, stream=True)

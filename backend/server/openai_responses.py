@@ -62,13 +62,10 @@ class Shape:
         key = uuid.uuid4().hex  # OpenAI's id shapes: resp_..., msg_...
         self.id, self.message_id, self.created = f"resp_{key}", f"msg_{key}", now()
 
-    def response(
-        self, status: str, output: list[dict[str, Any]], choice: ChatChoice | None = None
-    ) -> dict[str, Any]:
+    def response(self, output: list[dict[str, Any]], choice: ChatChoice | None = None) -> dict[str, Any]:
+        """The response object: in progress without a choice, else as the choice finished."""
         req = self.req
-        incomplete, error = None, None
-        if choice is not None:
-            status, incomplete, error = _status(choice.finish)
+        status, incomplete, error = ("in_progress", None, None) if choice is None else _status(choice.finish)
         fmt = req.text.format if req.text is not None and req.text.format is not None else None
         return {
             "id": self.id,
@@ -151,7 +148,7 @@ class _Events:
         """The last events: an empty message where nothing was written (as the whole answer has),
         then response.completed, .incomplete or .failed with the whole response."""
         out = [*self._open_text(), *self._close_text()] if not self.output else []
-        final = self.shape.response("", self.output, self.choice)
+        final = self.shape.response(self.output, self.choice)
         return [*out, self.event(f"response.{final['status']}", response=final)]
 
     def _open_text(self) -> list[bytes]:
@@ -198,10 +195,12 @@ async def response_events(runner: Runner, shape: Shape, seq: Seq) -> AsyncGenera
     so an error in starting the request propagates as the HTTP status (sse_response)."""
     events = choice_events(runner, shape.ctx, seq, True)
     stream = _Events(shape)
+    started = False
     try:
         ev = await anext(events, None)
-        yield stream.event("response.created", response=shape.response("in_progress", []))
-        yield stream.event("response.in_progress", response=shape.response("in_progress", []))
+        started = True
+        yield stream.event("response.created", response=shape.response([]))
+        yield stream.event("response.in_progress", response=shape.response([]))
         while ev is not None:
             for out in stream.take(ev):
                 yield out
@@ -209,6 +208,8 @@ async def response_events(runner: Runner, shape: Shape, seq: Seq) -> AsyncGenera
         for out in stream.end():
             yield out
     except ValueError as exc:
+        if not started:
+            raise
         yield stream.event("error", code="invalid_request_error", message=str(exc), param=None)
     finally:
         await events.aclose()
@@ -227,4 +228,4 @@ def register(app: FastAPI, runner: Runner, tok: Tok, log_user: Callable[[Request
             choice = await until_disconnect(request, collect_choice(runner, ctx, seq))
         finally:
             runner.release_all([seq])
-        return shape.response("", shape.output(choice), choice)
+        return shape.response(shape.output(choice), choice)

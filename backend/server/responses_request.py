@@ -145,6 +145,7 @@ class ResponsesRequest(_Strict):
         fmt = self.text.format if self.text is not None else None
         if fmt is not None and fmt.type == "json_schema":
             schema = {"name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict}
+            schema["description"] = fmt.description
             body["response_format"] = {"type": "json_schema", "json_schema": schema}
         elif fmt is not None:
             body["response_format"] = {"type": fmt.type}
