@@ -152,6 +152,14 @@ def test_what_cannot_be_done_is_a_400_with_the_reason(
         client.responses.create(model="m", input="Hi", max_output_tokens=2, extra_body=extra)
 
 
+def test_explicit_nulls_mean_the_defaults(client: openai.OpenAI) -> None:
+    nulls: Any = None
+    r = client.responses.create(
+        model="m", input="Hi", max_output_tokens=2, stream=nulls, tools=nulls, temperature=nulls, text=nulls
+    )
+    assert r.object == "response" and r.usage.output_tokens <= 2
+
+
 def test_a_stream_that_cannot_start_is_a_400_not_an_event(client: openai.OpenAI) -> None:
     fmt = {"type": "json_schema", "name": "x", "schema": {"type": "string", "pattern": "(("}}
     with pytest.raises(openai.BadRequestError, match="pattern"):

@@ -88,7 +88,7 @@ class ResponsesRequest(_Strict):
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = None
     top_p: float | None = None
-    stream: bool = False
+    stream: bool | None = False  # null: the default, as the openai client sends an explicit None
     text: TextConfig | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
@@ -129,7 +129,7 @@ class ResponsesRequest(_Strict):
             "max_completion_tokens": self.max_output_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
-            "stream": self.stream,
+            "stream": bool(self.stream),
             "user": self.user,
         }
         if self.tools:
