@@ -152,6 +152,14 @@ def test_what_cannot_be_done_is_a_400_with_the_reason(
         client.responses.create(model="m", input="Hi", max_output_tokens=2, extra_body=extra)
 
 
+def test_stored_responses_are_a_404_with_the_reason(client: openai.OpenAI) -> None:
+    made = client.responses.create(model="m", input="Hi", max_output_tokens=2)
+    with pytest.raises(openai.NotFoundError, match="stores no responses"):
+        client.responses.retrieve(made.id)
+    with pytest.raises(openai.NotFoundError, match="stores no responses"):
+        client.responses.delete(made.id)
+
+
 def test_explicit_nulls_mean_the_defaults(client: openai.OpenAI) -> None:
     nulls: Any = None
     r = client.responses.create(

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from pydantic import BaseModel
 
 from .openai_chat import ChatChoice, ChatCtx, ChoiceEvent, choice_events, collect_choice, prepare_chat
@@ -217,6 +217,11 @@ async def response_events(runner: Runner, shape: Shape, seq: Seq) -> AsyncGenera
 
 
 def register(app: FastAPI, runner: Runner, tok: Tok, log_user: Callable[[Request, str | None], None]) -> None:
+    @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def stored(response_id: str) -> Any:
+        raise HTTPException(404, f"response {response_id!r} is not stored: radixlm stores no responses")
+
     @app.post("/v1/responses")
     async def responses(req: ResponsesRequest, request: Request) -> Any:
         log_user(request, req.user)
