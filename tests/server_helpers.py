@@ -7,7 +7,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -41,3 +44,17 @@ def launch_server(
             proc.kill()
             raise RuntimeError("server did not start")
         time.sleep(0.3)
+
+
+@contextmanager
+def openai_on_thread(engine: Any) -> Iterator[Any]:
+    """The official openai client against a real uvicorn thread serving `engine` on 127.0.0.1."""
+    import openai
+
+    from radixlm.backend.server import ServerThread, create_app
+
+    thread = ServerThread(create_app(engine), drain_timeout_s=2.0).start()
+    try:
+        yield openai.OpenAI(base_url=f"{thread.url}/v1", api_key="x", max_retries=0)
+    finally:
+        thread.stop()

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +127,9 @@ def test_front_serves_the_studio_from_a_replica_and_takes_its_cookie() -> None:
         assert client.get("/studio").status_code == 503  # the replica shows the key form itself
 
 
-def _half_stream_server() -> tuple[socket.socket, int]:
-    """An upstream that starts an event stream, sends one event and drops the connection."""
+def _loopback_peer(answer: Callable[[socket.socket], None]) -> socket.socket:
+    """A listening loopback socket whose thread hands each accepted connection to `answer`,
+    until the socket is closed."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(4)
@@ -139,13 +140,23 @@ def _half_stream_server() -> tuple[socket.socket, int]:
                 conn, _ = sock.accept()
             except OSError:
                 return
-            conn.recv(65536)
-            head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-            event = b'data: {"text": "a"}\n\n'
-            conn.sendall(head + b"%x\r\n" % len(event) + event + b"\r\n")
-            conn.close()
+            answer(conn)
 
     threading.Thread(target=serve, daemon=True).start()
+    return sock
+
+
+def _half_stream_server() -> tuple[socket.socket, int]:
+    """An upstream that starts an event stream, sends one event and drops the connection."""
+
+    def answer(conn: socket.socket) -> None:
+        conn.recv(65536)
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+        event = b'data: {"text": "a"}\n\n'
+        conn.sendall(head + b"%x\r\n" % len(event) + event + b"\r\n")
+        conn.close()
+
+    sock = _loopback_peer(answer)
     return sock, int(sock.getsockname()[1])
 
 
@@ -204,23 +215,14 @@ class _ResetAsItOpens(httpcore.AsyncNetworkBackend):
 
 def _resetting_peer(reset_next: threading.Event) -> socket.socket:
     """Accepts each connection and resets it (SO_LINGER 0) when `reset_next` is set."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(4)
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                return
-            reset_next.wait(10)
-            reset_next.clear()
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            conn.close()
+    def answer(conn: socket.socket) -> None:
+        reset_next.wait(10)
+        reset_next.clear()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
 
-    threading.Thread(target=serve, daemon=True).start()
-    return sock
+    return _loopback_peer(answer)
 
 
 def test_a_connection_reset_as_it_opens_is_a_transport_error_under_uvloop() -> None:

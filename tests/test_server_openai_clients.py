@@ -12,8 +12,8 @@ from typing import Any
 
 import openai
 import pytest
+from server_helpers import openai_on_thread
 
-from radixlm.backend.server import ServerThread, create_app
 from radixlm.backend.server.tools import TOOL_CALL_TAG
 
 WEATHER = {
@@ -41,9 +41,8 @@ CHAT = [{"role": "user", "content": "Name a color."}]
 
 @pytest.fixture(scope="module")
 def client(engine) -> Iterator[openai.OpenAI]:
-    thread = ServerThread(create_app(engine), drain_timeout_s=2.0).start()
-    yield openai.OpenAI(base_url=f"{thread.url}/v1", api_key="x", max_retries=0)
-    thread.stop()
+    with openai_on_thread(engine) as c:
+        yield c
 
 
 def test_explicit_nulls_mean_the_defaults(client: openai.OpenAI) -> None:

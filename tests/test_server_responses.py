@@ -12,8 +12,7 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-
-from radixlm.backend.server import ServerThread, create_app
+from server_helpers import openai_on_thread
 
 WEATHER_PARAMS = {
     "type": "object",
@@ -37,9 +36,8 @@ PERSON = {
 
 @pytest.fixture(scope="module")
 def client(engine) -> Iterator[openai.OpenAI]:
-    thread = ServerThread(create_app(engine), drain_timeout_s=2.0).start()
-    yield openai.OpenAI(base_url=f"{thread.url}/v1", api_key="x", max_retries=0)
-    thread.stop()
+    with openai_on_thread(engine) as c:
+        yield c
 
 
 def test_a_text_answer_is_the_chat_answer(client: openai.OpenAI) -> None:
