@@ -26,6 +26,7 @@ def checked(parse: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -
 
 # a count or size (its default stands for 'derived'), a timeout, a memory fraction, --port (0: any)
 positive_int = checked(int, lambda v: v >= 1, "a positive integer")
+non_negative_int = checked(int, lambda v: v >= 0, "an integer ≥ 0")  # a size whose 0 turns it off
 non_negative_float = checked(float, lambda v: v >= 0, "a number ≥ 0")  # NaN fails too
 positive_seconds = checked(float, lambda v: v > 0, "a positive number of seconds")  # NaN fails too
 fraction = checked(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]")

@@ -80,6 +80,7 @@ class Engine(EngineRequests):
         disable_jump_forward: bool | None = None,
         disable_cuda_graph: bool = False,
         cuda_graph_max_bs: int | None = None,
+        piecewise_cuda_graph_max_tokens: int | None = None,
         overlap_schedule: bool | None = None,
         disable_cascade: bool = False,
         quantization: str | None = None,
@@ -92,6 +93,9 @@ class Engine(EngineRequests):
     ) -> None:
         """overlap_schedule: process step t while step t+1 runs (None: on for CUDA, where it hides
         the host's per-step work; on CPU the forward runs on the host, so there is nothing to hide).
+        piecewise_cuda_graph_max_tokens: extend steps (prompts, mixed steps) of up to this many
+        tokens replay their layers' dense work from CUDA graphs, attention eager between them
+        (None: 1,024 on CUDA; 0: every extend step eager).
         disable_cascade: never use cascade attention for decode batches sharing a long prefix.
         quantization: for GGUF files, "gguf" keeps the weights as GGUF blocks, "dequantize" turns
         them into `dtype` at load, None/"auto" keeps them on the CPU and dequantizes on CUDA; for
@@ -115,6 +119,7 @@ class Engine(EngineRequests):
         )
         check_engine_options(
             device,
+            {"piecewise_cuda_graph_max_tokens": piecewise_cuda_graph_max_tokens},
             cuda_graph_max_bs=cuda_graph_max_bs,
             max_total_tokens=max_total_tokens,
             chunked_prefill_size=chunked_prefill_size,
@@ -150,6 +155,7 @@ class Engine(EngineRequests):
             quantization=quantization,
             tp=shards[0] if shards else None,
             kv_cache_dtype=kv_cache_dtype,
+            piecewise_max_tokens=piecewise_cuda_graph_max_tokens,
         )
         self._tp: TPDriver | None = None
         if shards and model_dir is not None:

@@ -189,12 +189,15 @@ def _check_lengths(ids: list[int], params: SamplingParams, config: ModelConfig, 
         raise ValueError(f"request needs {total} KV slots but the KV pool holds only {kv_capacity}")
 
 
-def check_engine_options(device: str | None, **sizes: int | None) -> None:
-    """The Engine's size options (None: derived from the machine) are positive integers, and a
-    CUDA device is one torch can see; ValueError naming the option otherwise."""
-    for name, value in sizes.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be a positive integer (or None for the default), got {value!r}")
+def check_engine_options(device: str | None, off_if_zero: dict[str, int | None], **sizes: int | None) -> None:
+    """The Engine's size options (None: derived from the machine) are positive integers, those of
+    off_if_zero non-negative ones (0 turns the feature off), and a CUDA device is one torch can
+    see; ValueError naming the option otherwise."""
+    for name, value in [*sizes.items(), *off_if_zero.items()]:
+        least = 0 if name in off_if_zero else 1
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            kind = "a non-negative integer (0: off, " if least == 0 else "a positive integer ("
+            raise ValueError(f"{name} must be {kind}or None for the default), got {value!r}")
     if device is not None and str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(
             f"device={device!r}, but torch sees no CUDA GPU (torch.cuda.is_available() is False)"

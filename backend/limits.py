@@ -39,3 +39,10 @@ def cuda_graph_max_bs(device: torch.device, max_running: int) -> int:
     mem = device_memory(device)
     cap = 1024 if mem >= CLASS_80GB else 256 if mem >= CLASS_40GB else 160
     return max(1, min(cap, max_running))
+
+
+def piecewise_max_tokens(device: torch.device) -> int:
+    """Largest extend step whose dense work replays from piecewise CUDA graphs: 1,024 tokens on a
+    GPU (past that an 8B model's matmuls take longer than an eager forward's launches, which then
+    hide behind them), none elsewhere."""
+    return 1024 if device.type == "cuda" else 0

@@ -20,6 +20,8 @@ from .kv_pool import KVPool, ReqToTokenTable, TokenSlotAllocator, resolve_kv_cac
 from .loader import iter_weights, quantization_method
 from .model_config import ModelConfig
 from .models.llama import LlamaForCausalLM, materialize
+from .piecewise_graphs import PiecewiseGraphs
+from .piecewise_graphs import try_create as try_create_piecewise
 from .quant_linear import fast_rows_limit
 from .tensor_parallel import TPShard, local_config, shard_weights
 from .weight_quant import ON_LOAD, quantize_linears
@@ -99,11 +101,14 @@ class ModelRunner:
         quantization: str | None = None,
         tp: TPShard | None = None,
         kv_cache_dtype: str | None = None,
+        piecewise_max_tokens: int | None = None,
     ) -> None:
         """tp: this rank's share of a tensor-parallel model (the default process group is the
         tensor-parallel group); its config, model and KV pool then hold this rank's heads.
         kv_cache_dtype: "auto"/None = the model dtype, "fp8_e4m3" = an fp8 pool (half the bytes
-        of bf16 per token, so the same memory holds twice the tokens)."""
+        of bf16 per token, so the same memory holds twice the tokens). piecewise_max_tokens: the
+        largest extend step run through piecewise CUDA graphs (None: limits.piecewise_max_tokens;
+        0: none)."""
         self.kv_cache_dtype = kv_cache_dtype or "auto"
         self.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, dtype)
         self.full_config = config
@@ -131,8 +136,12 @@ class ModelRunner:
         logger.info("KV pool: %d token slots (%s, %s)", kv_tokens, self.kv_dtype, device)
         self.graph_runner: CudaGraphRunner | None = None  # decode CUDA graphs (CUDA only)
         self._graph_args = (min(cuda_graph_max_bs, max_running_requests), cascade_graphs)
+        self.piecewise: PiecewiseGraphs | None = None  # extend steps' dense work (CUDA only)
         if device.type == "cuda" and not disable_cuda_graph:
             self.graph_runner = try_create(self.graph_target(), *self._graph_args)
+            if piecewise_max_tokens is None:
+                piecewise_max_tokens = limits.piecewise_max_tokens(device)
+            self.piecewise = try_create_piecewise(self.graph_target(), self.model, piecewise_max_tokens)
 
     def set_kv_scales(self, k_scales: torch.Tensor | float, v_scales: torch.Tensor | float) -> None:
         """An fp8 pool's per-layer, per-KV-head scales (KVPool.set_scales), e.g. from calibration;
@@ -293,4 +302,6 @@ class ModelRunner:
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             return self.graph_runner.replay(fb)
+        if self.piecewise is not None and self.piecewise.can_run(fb):
+            return self.piecewise.forward(fb)
         return self.model(fb)

@@ -126,6 +126,7 @@ def engine_defaults(engine: Any) -> dict[str, Any]:
         "cascade": cfg.enable_cascade,
         "kv_slots": engine.runner.allocator.size,
         "cuda_graph_max_bs": graphs.max_bs if graphs is not None else None,
+        "piecewise_max_tokens": pieces.max_tokens if (pieces := engine.runner.piecewise) is not None else 0,
     }
 
 

@@ -68,6 +68,14 @@ def test_engine_sizes_that_cannot_work_are_refused(option, value):
         Engine(**{option: value})
 
 
+@pytest.mark.parametrize("value", [-1, 2.5, True])
+def test_a_size_that_zero_turns_off_is_refused_below_zero(value):
+    with pytest.raises(
+        ValueError, match=r"piecewise_cuda_graph_max_tokens must be a non-negative integer \(0: off"
+    ):
+        Engine(piecewise_cuda_graph_max_tokens=value)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_a_cuda_device_without_a_gpu_is_refused():
     with pytest.raises(ValueError, match="torch sees no CUDA GPU"):

@@ -28,6 +28,7 @@ def check() -> dict:
     from radixlm.backend.quant_linear import CudaSegment, QuantLinear
     from radixlm.kernels import quant_gemv_configs as qc
     from radixlm.kernels import quant_gemv_int8x
+    from radixlm.kernels.rmsnorm import fused_add_rmsnorm
 
     rng = np.random.default_rng(0)
     cpu = torch.device("cpu")
@@ -73,7 +74,7 @@ def check() -> dict:
         qc.ONE_ROW.clear()
         qc.ONE_ROW.update(saved)
         quant_gemv_int8x.quantize_x_int8 = plain_round  # type: ignore[assignment]
-    y_ref, r_ref = llama.fused_add_rmsnorm(h, residual, norm.weight, 1e-5)
+    y_ref, r_ref = fused_add_rmsnorm(h, residual, norm.weight, 1e-5)
     dense = [layer.segments[0].blocks for layer in (mlp.gate_up_proj, mlp.down_proj)]
     from radixlm.kernels.quant_gemv import quant_matmul_ref
 

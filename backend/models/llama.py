@@ -17,8 +17,6 @@ from torch import nn
 from radixlm.kernels import cpu_decode
 from radixlm.kernels.gemv import gemv, use_gemv
 from radixlm.kernels.quant_gemv_int8x import Int8Row
-from radixlm.kernels.rmsnorm import fused_add_rmsnorm, rmsnorm_int8
-from radixlm.kernels.rmsnorm import rmsnorm as fused_rmsnorm
 from radixlm.kernels.silu_and_mul import silu_mul, silu_mul_int8
 
 from ..attention import TorchAttentionBackend
@@ -29,42 +27,8 @@ from ..quant_formats import QuantTensor
 from ..quant_linear import QuantLinear, install_quantized
 from ..tensor_parallel import StepSender, TPShard, embed_rows, gather_logits, reduce_partial
 from .cpu_layers import CpuDecodeLayers
+from .norm import RMSNorm, few_f32_rows
 from .rotary import RotaryEmbedding, rotate_and_store
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda:  # one Triton pass (radixlm.kernels.rmsnorm); CPU keeps the torch ops below
-            return fused_rmsnorm(x, self.weight, self.eps)
-        if x.dim() == 2 and _few_f32_rows(x, self.weight) and cpu_decode.available():
-            return cpu_decode.add_rmsnorm(x, None, self.weight, self.eps)[0]  # as the one-call loop
-        if x.dtype == self.weight.dtype == torch.float32:  # one op, not ten: decode is op-bound
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * xf).to(x.dtype)
-
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norm(x + residual), x + residual), the sum rounded to x's dtype first (as HF does)."""
-        if x.is_cuda:
-            return fused_add_rmsnorm(x, residual, self.weight, self.eps)
-        if _few_f32_rows(x, residual, self.weight) and cpu_decode.available():  # one C call, not ten ops
-            return cpu_decode.add_rmsnorm(x, residual, self.weight, self.eps)
-        residual = x + residual
-        return self.forward(residual), residual
-
-    def forward_int8(
-        self, x: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, Int8Row]:
-        """(norm(x (+ residual)), the residual stream, the norm rounded to int8) for one row on a
-        Triton device, in one launch."""
-        y, summed, rounded = rmsnorm_int8(x, residual, self.weight, self.eps)
-        return y, x if summed is None else summed, rounded
 
 
 def reads_int8(layer: nn.Linear | QuantLinear | Fp8Linear, x: torch.Tensor) -> bool:
@@ -92,13 +56,6 @@ def linear(
         return gemv(x, layer.weight, layer.bias)
     y: torch.Tensor = layer(x)
     return y
-
-
-def _few_f32_rows(*ts: torch.Tensor) -> bool:
-    """Whether ts[0] has rows for the CPU decode calls and all of ts are float32 and contiguous."""
-    return ts[0].shape[0] <= cpu_decode.MAX_ROWS and all(
-        t.dtype == torch.float32 and t.is_contiguous() for t in ts
-    )
 
 
 def native(layer: nn.Linear | QuantLinear | Fp8Linear, x: torch.Tensor) -> torch.Tensor:
@@ -132,12 +89,7 @@ class LlamaAttention(nn.Module):
             q, k = self.rope.rotate(positions, qk).split([self.num_heads, self.num_kv_heads], dim=1)
             v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
             return native(self.o_proj, fb.attn_backend.forward(q, k, v, self.layer_id, fb))
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self._heads(qkv)
         backend = fb.attn_backend
         if fb.is_decode and q.is_cuda and backend.accepts_stored_kv:
             pool = fb.kv_pool  # decode reads all K/V from the pool: rope writes k (and v) there itself
@@ -156,6 +108,26 @@ class LlamaAttention(nn.Module):
         q, k = self.rope(positions, q, k)
         return linear(self.o_proj, backend.forward(q, k, v, self.layer_id, fb))
 
+    def project(
+        self, positions: torch.Tensor, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The work before attention for several rows: (q, k rotated, v) [T, heads, D]."""
+        q, k, v = self._heads(linear(self.qkv_proj, x))
+        q, k = self.rope(positions, q, k)
+        return q, k, v
+
+    def _heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """qkv [T, (Hq + 2 Hkv) D] → q, k, v views [T, heads, D] (q and k normed where the
+        model has q/k norms)."""
+        t = qkv.shape[0]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
     def _fused_cpu(self, fb: ForwardBatch, qkv: torch.Tensor) -> bool:
         """One request's few new tokens (a decode token, or a verify step's token and drafts) on
         the CPU with a float32 pool the torch backend reads: rope, KV store and attention run as
@@ -165,7 +137,7 @@ class LlamaAttention(nn.Module):
             fb.batch_size == 1
             and not qkv.is_cuda
             and isinstance(fb.attn_backend, TorchAttentionBackend)
-            and _few_f32_rows(qkv, fb.kv_pool.k_buffers[self.layer_id], fb.kv_pool.v_buffers[self.layer_id])
+            and few_f32_rows(qkv, fb.kv_pool.k_buffers[self.layer_id], fb.kv_pool.v_buffers[self.layer_id])
             and cpu_decode.available()
         )
 
@@ -196,7 +168,7 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor, x_int8: Int8Row | None = None) -> torch.Tensor:
         if not x.is_cuda:  # bf16 from the packed matmul on: the down projection casts to it anyway
             gate_up = native(self.gate_up_proj, x)
-            if _few_f32_rows(gate_up) and cpu_decode.available():  # one C call, as the one-call loop
+            if few_f32_rows(gate_up) and cpu_decode.available():  # one C call, as the one-call loop
                 return native(self.down_proj, cpu_decode.silu_mul(gate_up))
             gate, up = gate_up.chunk(2, dim=-1)
             return native(self.down_proj, F.silu(gate) * up)
@@ -227,7 +199,23 @@ class LlamaDecoderLayer(nn.Module):
         """(this layer's output, the residual stream before it): the caller adds the two, fused
         into the next RMSNorm."""
         h, residual, h_int8 = _norm(self.input_layernorm, h, residual, self.self_attn.qkv_proj)
-        h = self._reduce(self.self_attn(positions, h, fb, h_int8))
+        return self._mlp_block(self._reduce(self.self_attn(positions, h, fb, h_int8)), residual)
+
+    def before_attention(
+        self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The dense work ahead of attention for several rows (the piecewise graphs' first half of
+        a layer): (q, k rotated, v, the residual stream)."""
+        h, residual, _ = _norm(self.input_layernorm, h, residual, self.self_attn.qkv_proj)
+        return (*self.self_attn.project(positions, h), residual)
+
+    def after_attention(
+        self, attn: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The dense work after attention: attn [T, Hq * D] → as forward returns."""
+        return self._mlp_block(self._reduce(linear(self.self_attn.o_proj, attn)), residual)
+
+    def _mlp_block(self, h: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h, residual, h_int8 = _norm(self.post_attention_layernorm, h, residual, self.mlp.gate_up_proj)
         return self._reduce(self.mlp(h, h_int8)), residual
 
@@ -290,7 +278,14 @@ class LlamaForCausalLM(nn.Module):
         """Logits (float32) for the rows fb.logits_indices of the step's tokens."""
         if self.tp_driver is not None:  # tensor parallel rank 0: the other ranks run this step too
             self.tp_driver.send_step(fb, logits=True)
-        logits = linear(self.lm_head, self._hidden_states(fb))
+        return self._logits(self._hidden_states(fb), fb)
+
+    def logits_after_layers(self, h: torch.Tensor, residual: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """forward's result from the last layer's output and residual stream (all T rows)."""
+        return self._logits(self._final_norm(h, residual, fb), fb)
+
+    def _logits(self, hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        logits = linear(self.lm_head, hidden)
         if self.tp is not None:
             return gather_logits(logits.float(), self.tp)
         return logits.float() if fb.logits_out is None else fb.logits_out.copy_(logits)
@@ -313,9 +308,12 @@ class LlamaForCausalLM(nn.Module):
             else:
                 for layer in self.model.layers:
                     h, residual = layer(fb.positions, h, residual, fb)
+        assert residual is not None
+        return self._final_norm(h, residual, fb)
+
+    def _final_norm(self, h: torch.Tensor, residual: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         rows = fb.logits_indices
-        h, _ = self.model.norm.add_forward(h[rows], residual[rows])  # type: ignore[index]
-        return h
+        return self.model.norm.add_forward(h[rows], residual[rows])[0]
 
     def _cpu_layers(self) -> CpuDecodeLayers | None:
         """The one-call layer loop for small CPU steps (models/cpu_layers.py: one request's few

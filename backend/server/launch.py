@@ -16,7 +16,7 @@ from typing import Any
 
 import uvicorn
 
-from ..arg_types import fraction, non_negative_float, port_number, positive_int
+from ..arg_types import fraction, non_negative_float, non_negative_int, port_number, positive_int
 from .app import drain
 from .runner import ServerLimits
 
@@ -178,6 +178,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="largest decode batch run as a CUDA graph (default: from GPU memory)",
     )
+    g.add_argument(
+        "--piecewise-cuda-graph-max-tokens",
+        type=non_negative_int,
+        default=None,
+        help="largest extend step whose layers' dense work replays from CUDA graphs (default: 1024 "
+        "on CUDA; 0: off)",
+    )
     g.add_argument("--disable-radix-cache", action="store_true")
     g.add_argument("--random-weights", action="store_true")
     g.add_argument("--model-shape", default=None, help="e.g. llama-3.1-8b (with --random-weights)")
@@ -251,6 +258,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "disable_cuda_graph",
         "disable_cascade",
         "cuda_graph_max_bs",
+        "piecewise_cuda_graph_max_tokens",
         "speculative_algorithm",
         "speculative_num_draft_tokens",
         "speculative_policy",
