@@ -1,9 +1,9 @@
 """CPU tests of backend/piecewise_graphs.py: token buckets, memory estimate, and the whole
 capture/replay flow on a tiny random model with test_cuda_graph's stand-in capture (replay re-runs
 the piece over the static buffers, which is what a CUDA graph does): extend and mixed steps through
-the pieces give the eager forward's logits and KV, padding rows write no KV slot, steps past the
-largest bucket stay eager, and a failed capture leaves extend steps eager. Real CUDA capture:
-test_piecewise_graphs_gpu.py."""
+the pieces give the eager forward's logits and KV (an fp8 pool's too), padding rows write no KV
+slot, steps past the largest bucket stay eager, and a failed capture leaves extend steps eager.
+Real CUDA capture: test_piecewise_graphs_gpu.py."""
 
 from __future__ import annotations
 
@@ -25,12 +25,17 @@ from radixlm.backend.piecewise_graphs import (
 
 # ---- helpers (also used by test_piecewise_graphs_gpu.py) ------------------------------------
 def piecewise_vs_eager(
-    runner: ModelRunner, pieces: PiecewiseGraphs, steps: list[tuple[int, int]], seed: int = 0
+    runner: ModelRunner,
+    pieces: PiecewiseGraphs,
+    steps: list[tuple[int, int]],
+    seed: int = 0,
+    kv_tolerance: float = 1e-3,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Requests of (cached, new) tokens: the cached ones prefilled eagerly, then one step of every
     request's new tokens (logits of each item's last token; all of a one-token item's) run once
     by the eager model and once, from the same KV, through the pieces. Asserts both wrote the same
-    K/V and nothing outside the step's slots. Returns (piecewise logits, eager logits, bucket)."""
+    K/V (within kv_tolerance, relative and absolute) and nothing outside the step's slots.
+    Returns (piecewise logits, eager logits, bucket)."""
     gen = torch.Generator().manual_seed(seed)
     vocab, dev = runner.config.vocab_size, runner.device
     rows, slots, prefill, items = [], [], [], []
@@ -63,9 +68,10 @@ def piecewise_vs_eager(
         (bucket,) = [t for t, n in pieces.bucket_hits.items() if n != hits.get(t, 0)]
         step_slots = set(loc.tolist())
         for buf, then, want in zip((*pool.k_buffers, *pool.v_buffers), before, after_eager):
+            buf, then, want = (x.float() for x in (buf, then, want))  # fp8 pools compare as floats
             moved = set(torch.nonzero((buf != then).flatten(1).any(1)).flatten().tolist())
             assert moved <= step_slots  # padding rows never reach the pool
-            torch.testing.assert_close(buf, want, rtol=1e-3, atol=1e-3)
+            torch.testing.assert_close(buf, want, rtol=kv_tolerance, atol=kv_tolerance)
         return got, eager, bucket
     finally:
         for row, s in zip(rows, slots):
@@ -147,6 +153,28 @@ def test_a_step_through_the_pieces_matches_the_eager_forward(runner, pieces, ste
     got, eager, bucket = piecewise_vs_eager(runner, pieces, steps)
     assert bucket == min(s for s in pieces.sizes if s >= sum(n for _, n in steps))
     assert got.shape == eager.shape == (len(steps), runner.config.vocab_size)
+    torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
+
+
+def test_an_fp8_pool_step_through_the_pieces_matches_the_eager_forward():
+    """The pieces hand attention k/v in the model dtype; the fp8 pool quantizes them on store."""
+    cfg = ModelConfig.from_hf_dict(TINY)
+    fp8 = ModelRunner(
+        cfg,
+        None,
+        torch.device("cpu"),
+        torch.float32,
+        512,
+        0.9,
+        16,
+        random_weights=True,
+        seed=3,
+        kv_cache_dtype="fp8_e4m3",
+    )
+    assert fp8.kv_pool.quantized
+    pw = PiecewiseGraphs(fp8.graph_target(), fp8.model, 64, eager_capture)
+    assert pw.capture_all()
+    got, eager, _ = piecewise_vs_eager(fp8, pw, [(12, 9), (0, 30), (5, 1)])
     torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
 
 
