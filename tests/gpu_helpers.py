@@ -1,12 +1,16 @@
 """GPU test helpers: memory fractions on top of what the process already holds, so one test's
 engine (a module fixture still alive, a leak under investigation) cannot starve the next; the
-sync-free and graph-replay check of a kernel call."""
+sync-free and graph-replay check of a kernel call; a skip, with its reason, for tests of the
+default model where only its tokenizer is on the machine (the GPU machine gets the weights only
+when they are carried)."""
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from pathlib import Path
 
+import pytest
 import torch
 
 
@@ -40,3 +44,15 @@ def assert_sync_free_graph_replay(run: Callable[[], torch.Tensor], q: torch.Tens
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, run())
+
+
+def skip_without_default_weights() -> None:
+    """Skip the calling test (or fixture) where the default model is a folder without weights."""
+    from radixlm.backend.loader import default_model_path
+
+    path = Path(default_model_path())
+    if path.is_dir() and not any(path.glob("*.safetensors")):
+        pytest.skip(
+            f"the default model at {path} has no weights here (carry its GGUF: "
+            "GGUF=1 bash benchmarks/h200/prepare.sh)"
+        )

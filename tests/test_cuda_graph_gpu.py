@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import mem_fraction
+from gpu_helpers import mem_fraction, skip_without_default_weights
 from test_cuda_graph import decode_batch, verify_rows_vs_extend
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -117,6 +117,7 @@ def _eager_run() -> dict:
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
+    skip_without_default_weights()
     info = _graph_run()  # its engine is garbage once this returns, so _engine() can reclaim it
     info.update(_eager_run())
     print("captured sizes:", info["sizes"], "bucket hits:", info["hits"], "step:", info["step"])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from engine_helpers import last_logits
-from gpu_helpers import mem_fraction
+from gpu_helpers import mem_fraction, skip_without_default_weights
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -20,6 +20,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 def gpu_engine():
     from radixlm.backend.engine import Engine
 
+    skip_without_default_weights()
     eng = Engine(device="cuda", dtype="bfloat16", mem_fraction_static=mem_fraction(0.3))
     yield eng
     eng.shutdown()

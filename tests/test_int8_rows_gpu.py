@@ -20,12 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 def test_int8x_engine_decodes_as_the_default_kind() -> None:
     from cpu_quant_quality import PROMPTS, agreement, greedy_reference
-    from gpu_helpers import mem_fraction
+    from gpu_helpers import mem_fraction, skip_without_default_weights
     from suite_quant import one_row_kind
 
     from radixlm.backend.engine import Engine
     from radixlm.backend.models.llama import reads_int8
 
+    skip_without_default_weights()
     prompts = PROMPTS[:4]
     ref = Engine(device="cuda", dtype="bfloat16", quantization="gguf", mem_fraction_static=mem_fraction(0.2))
     try:

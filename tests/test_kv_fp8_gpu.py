@@ -98,10 +98,11 @@ GREEDY = kv_fp8_checks.GREEDY
 def engines():
     """A bf16-KV and an fp8-KV engine on the default model (bf16), each given the same extra
     share of the GPU."""
-    from gpu_helpers import mem_fraction
+    from gpu_helpers import mem_fraction, skip_without_default_weights
 
     from radixlm.backend.engine import Engine
 
+    skip_without_default_weights()
     full = Engine(device="cuda", dtype="bfloat16", mem_fraction_static=mem_fraction(0.15))
     fp8 = Engine(
         device="cuda", dtype="bfloat16", kv_cache_dtype="fp8_e4m3", mem_fraction_static=mem_fraction(0.15)
