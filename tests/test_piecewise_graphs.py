@@ -156,6 +156,22 @@ def test_a_step_through_the_pieces_matches_the_eager_forward(runner, pieces, ste
     torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_random_steps_through_the_pieces_match_the_eager_forward(runner, pieces, seed):
+    """Random mixes of decode rows, fresh prompts and chunks behind cached prefixes, any size up to
+    the largest bucket, in any order."""
+    rng = torch.Generator().manual_seed(100 + seed)
+    steps: list[tuple[int, int]] = []
+    room = int(torch.randint(1, 101, (1,), generator=rng))
+    while room > 0 and len(steps) < 8:
+        new = min(room, int(torch.randint(1, 40, (1,), generator=rng)))
+        steps.append((int(torch.randint(0, 50, (1,), generator=rng)), new))
+        room -= new
+    got, eager, bucket = piecewise_vs_eager(runner, pieces, steps, seed=seed)
+    assert bucket == min(s for s in pieces.sizes if s >= sum(n for _, n in steps))
+    torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
+
+
 def test_an_fp8_pool_step_through_the_pieces_matches_the_eager_forward():
     """The pieces hand attention k/v in the model dtype; the fp8 pool quantizes them on store."""
     cfg = ModelConfig.from_hf_dict(TINY)
