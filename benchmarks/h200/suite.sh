@@ -3,8 +3,10 @@
 source benchmarks/h200/setup.sh
 export RADIXLM_DEFAULT_MODEL=$PWD/.smol_tok   # tokenizer only: the random shapes need no weights
 set -o pipefail
-if [ -n "${GPU_TESTS:-}" ]; then  # the GPU-only tests first (they skip on CPU machines)
-  timeout "${GPU_TESTS_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider tests/*_gpu.py 2>&1 | tail -n 30
+if [ -n "${GPU_TESTS:-}" ]; then  # the GPU-only tests first (they skip on CPU machines), a process
+  # per file: an engine a module keeps alive must not starve the next module's engines
+  timeout "${GPU_TESTS_LIMIT:-300}" bash -c 'for f in tests/*_gpu.py; do echo "== $f";
+    python3 -m pytest -q -p no:cacheprovider "$f" 2>&1 | grep -E "passed|failed|skipped|error|FAILED|ERROR" | tail -n 8; done'
 fi
 # an "nvidia-h200" call may land on an H100: name the result by the card that ran it, and compare
 # with that card's committed run (COMPARE=path to pick another, COMPARE= for none)
