@@ -1,7 +1,8 @@
 """/v1/responses, OpenAI's Responses API, on the chat route's machinery (the request's
 translation is in responses_request.py): the chat choice comes back as Responses output items (a
 message with output_text, then function_call items) with Responses usage and status, whole or as
-the Responses event stream. Stateless: nothing is stored."""
+the Responses event stream. A finished response is stored (unless the request says store: false)
+for GET, DELETE and the next request's previous_response_id (response_store.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from pydantic import BaseModel
 from .openai_chat import ChatChoice, ChatCtx, ChoiceEvent, choice_events, collect_choice, prepare_chat
 from .openai_shapes import Tok
 from .protocol import now
-from .responses_request import ResponsesRequest
+from .response_store import ResponseStore
+from .responses_request import Item, ResponsesRequest
 from .runner import Runner, Seq
 from .streams import sse_response, until_disconnect
 
@@ -57,8 +59,10 @@ def _status(finish: str | None) -> tuple[str, dict[str, Any] | None, dict[str, A
 class Shape:
     """What every snapshot of one response shares: its id, model, and the request's settings."""
 
-    def __init__(self, req: ResponsesRequest, ctx: ChatCtx, model: str) -> None:
-        self.req, self.ctx, self.model = req, ctx, model
+    def __init__(
+        self, req: ResponsesRequest, ctx: ChatCtx, model: str, earlier: tuple[Item, ...] = ()
+    ) -> None:
+        self.req, self.ctx, self.model, self.earlier = req, ctx, model, earlier
         key = uuid.uuid4().hex  # OpenAI's id shapes: resp_..., msg_...
         self.id, self.message_id, self.created = f"resp_{key}", f"msg_{key}", now()
 
@@ -89,8 +93,8 @@ class Shape:
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
             "metadata": req.metadata or {},
-            "store": False,
-            "previous_response_id": None,
+            "store": req.store is not False,
+            "previous_response_id": req.previous_response_id,
             "truncation": "disabled",
             "background": False,
             "user": req.user,
@@ -144,12 +148,12 @@ class _Events:
             out += self._call(call)
         return out
 
-    def end(self) -> list[bytes]:
+    def end(self) -> tuple[list[bytes], dict[str, Any]]:
         """The last events: an empty message where nothing was written (as the whole answer has),
-        then response.completed, .incomplete or .failed with the whole response."""
+        then response.completed, .incomplete or .failed with the whole response; and that response."""
         out = [*self._open_text(), *self._close_text()] if not self.output else []
         final = self.shape.response(self.output, self.choice)
-        return [*out, self.event(f"response.{final['status']}", response=final)]
+        return [*out, self.event(f"response.{final['status']}", response=final)], final
 
     def _open_text(self) -> list[bytes]:
         self.text_at = at = len(self.output)
@@ -190,9 +194,12 @@ class _Events:
         ]
 
 
-async def response_events(runner: Runner, shape: Shape, seq: Seq) -> AsyncGenerator[bytes, None]:
+async def response_events(
+    runner: Runner, shape: Shape, seq: Seq, store: ResponseStore
+) -> AsyncGenerator[bytes, None]:
     """The Responses event stream. The first engine event is awaited before response.created,
-    so an error in starting the request propagates as the HTTP status (sse_response)."""
+    so an error in starting the request propagates as the HTTP status (sse_response); the
+    response is stored once its last event is written."""
     events = choice_events(runner, shape.ctx, seq, True)
     stream = _Events(shape)
     started = False
@@ -205,8 +212,10 @@ async def response_events(runner: Runner, shape: Shape, seq: Seq) -> AsyncGenera
             for out in stream.take(ev):
                 yield out
             ev = await anext(events, None)
-        for out in stream.end():
+        events_out, final = stream.end()
+        for out in events_out:
             yield out
+        keep(store, shape, final)
     except ValueError as exc:
         if not started:
             raise
@@ -216,21 +225,52 @@ async def response_events(runner: Runner, shape: Shape, seq: Seq) -> AsyncGenera
         runner.release_all([seq])
 
 
+def keep(store: ResponseStore, shape: Shape, final: dict[str, Any]) -> None:
+    if shape.req.store is not False:
+        store.put(final, shape.earlier, shape.req.items())
+
+
 def register(app: FastAPI, runner: Runner, tok: Tok, log_user: Callable[[Request, str | None], None]) -> None:
-    @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
+    store = app.state.response_store = ResponseStore()
+
+    def stored(response_id: str) -> Any:
+        found = store.get(response_id)
+        if found is None:
+            raise HTTPException(404, f"Response with id {response_id!r} not found.")
+        return found
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve(response_id: str) -> Any:
+        return stored(response_id).response
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete(response_id: str) -> Any:
+        stored(response_id)
+        store.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
     @app.post("/v1/responses/{response_id}/cancel")
-    async def stored(response_id: str) -> Any:
-        raise HTTPException(404, f"response {response_id!r} is not stored: radixlm stores no responses")
+    async def cancel(response_id: str) -> Any:
+        stored(response_id)
+        raise HTTPException(400, "only background responses can be cancelled, and this server runs none")
 
     @app.post("/v1/responses")
     async def responses(req: ResponsesRequest, request: Request) -> Any:
         log_user(request, req.user)
-        ctx, (seq,) = prepare_chat(runner, tok, req.chat_request())
-        shape = Shape(req, ctx, req.model or app.state.model_name)
+        earlier: tuple[Item, ...] = ()
+        if req.previous_response_id is not None:
+            prev = store.get(req.previous_response_id)
+            if prev is None:
+                raise HTTPException(400, f"Previous response with id {req.previous_response_id!r} not found.")
+            earlier = prev.conversation
+        ctx, (seq,) = prepare_chat(runner, tok, req.chat_request(earlier))
+        shape = Shape(req, ctx, req.model or app.state.model_name, earlier)
         if req.stream:
-            return await sse_response(request, response_events(runner, shape, seq))
+            return await sse_response(request, response_events(runner, shape, seq, store))
         try:
             choice = await until_disconnect(request, collect_choice(runner, ctx, seq))
         finally:
             runner.release_all([seq])
-        return shape.response(shape.output(choice), choice)
+        final = shape.response(shape.output(choice), choice)
+        keep(store, shape, final)
+        return final

@@ -1,11 +1,14 @@
 """The body of /v1/responses (OpenAI's Responses API) and its translation to a chat request:
-input items (messages, function calls and their outputs, an earlier response's output sent back)
-and the instructions become chat messages, text.format the response_format, function tools the
-chat tools. What this stateless server cannot do (previous_response_id, background, include) is
-refused with the reason; a chat field's validation error names this request's field."""
+the earlier turns of a previous_response_id chain, then the input items (messages, function calls
+and their outputs, an earlier response's output sent back), with the instructions first, become
+chat messages; text.format the response_format, function tools the chat tools; SGLang's sampling
+extras (as sglang-router sends them) pass through. What this server cannot do (background,
+include, reasoning) is refused with the reason; a chat field's validation error names this
+request's field."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from fastapi.exceptions import RequestValidationError
@@ -96,7 +99,7 @@ class ResponsesRequest(_Strict):
     metadata: dict[str, str] | None = None
     user: str | None = None
     truncation: Literal["disabled"] | None = None  # "auto" (drop turns to fit) is not done
-    store: bool | None = None  # accepted; nothing is stored
+    store: bool | None = None  # None: stored, as OpenAI's default
     previous_response_id: str | None = None
     include: list[str] | None = None
     reasoning: dict[str, Any] | None = None
@@ -104,13 +107,14 @@ class ResponsesRequest(_Strict):
     service_tier: str | None = None  # accepted, no effect (as on chat)
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    # SGLang's extras; sglang-router sends each of them, at its neutral value by default
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    priority: int | None = None  # scheduling order only: requests are served first come, first served
 
     @model_validator(mode="after")
     def _unsupported(self) -> ResponsesRequest:
-        if self.previous_response_id is not None:
-            raise ValueError(
-                "previous_response_id: radixlm stores no responses; send the whole conversation as input"
-            )
         if self.include:
             raise ValueError(f"include {self.include} is not supported")
         if self.reasoning:
@@ -121,14 +125,21 @@ class ResponsesRequest(_Strict):
             raise ValueError("input must not be empty")
         return self
 
-    def chat_request(self) -> ChatCompletionRequest:
-        """The same request as /v1/chat/completions takes it."""
+    def items(self) -> list[Item]:
+        """The input as items (a string input is one user message)."""
+        return [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+
+    def chat_request(self, earlier: Sequence[Item] = ()) -> ChatCompletionRequest:
+        """The same request as /v1/chat/completions takes it, after the earlier turns of its chain."""
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": _messages(self),
+            "messages": _messages(self.instructions, [*earlier, *self.items()]),
             "max_completion_tokens": self.max_output_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
             "stream": bool(self.stream),
             "user": self.user,
         }
@@ -177,13 +188,10 @@ def _responses_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     return (*head, *rest)
 
 
-def _messages(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """Chat messages: the instructions as the system message, then each input item; consecutive
+def _messages(instructions: str | None, items: list[Item]) -> list[dict[str, Any]]:
+    """Chat messages: the instructions as the system message, then each item; consecutive
     function calls make one assistant turn, as a chat model writes them."""
-    out: list[dict[str, Any]] = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    items: list[Item] = (
-        [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
-    )
+    out: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     for item in items:
         if isinstance(item, MessageItem):
             out.append({"role": item.role, "content": item.text()})
