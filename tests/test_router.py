@@ -264,6 +264,33 @@ def test_worker_endpoints_answer_through_the_front(dp: DP) -> None:
     assert httpx.post(dp.url + "/v1/chat/completions", json=chat, timeout=60).status_code == 200
 
 
+def test_a_responses_chain_continues_through_the_front(dp: DP) -> None:
+    """sglang-router forwards /v1/responses with SGLang's sampling extras; each turn of a
+    previous_response_id chain reaches the replica storing the turn before, wherever the router
+    would send it."""
+    import openai
+
+    client = openai.OpenAI(base_url=dp.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    previous: str | None = None
+    input_tokens: list[int] = []
+    for turn in range(4):
+        r = client.responses.create(
+            model="any",
+            input=f"Turn {turn}: name a color.",
+            max_output_tokens=4,
+            temperature=0,
+            previous_response_id=previous,
+        )
+        assert r.previous_response_id == previous
+        input_tokens.append(r.usage.input_tokens)  # type: ignore[union-attr]
+        previous = r.id
+    assert input_tokens == sorted(input_tokens) and len(set(input_tokens)) == 4  # each turn carries the last
+    assert client.responses.retrieve(previous).id == previous
+    client.responses.delete(previous)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(previous)
+
+
 def test_shared_prefix_traffic_stays_on_one_replica(dp: DP) -> None:
     before = {r: dp.stats(r) for r in dp.replicas}
     n = 6

@@ -6,6 +6,9 @@ next one where a dead replica refuses or its pooled connection fails).
 Bodies stream through unbuffered (event streams event by event: a client never reads half an
 event); a client that goes away closes the upstream request.
 
+A stored response lives in the replica that made it: GET, DELETE and cancel of /v1/responses/{id}
+and a new response naming it as previous_response_id go to that replica (asked in turn).
+
 A streamed native /generate request whose replica dies mid-way (the upstream breaks, or ends,
 before the final event) is continued through the router on a live replica: dp_replay.py builds
 the continuation (prompt ids + the output ids already sent, the token budget lowered) and
@@ -30,6 +33,8 @@ from starlette.routing import Route
 
 from . import dp_replay, studio
 
+# Stored responses live in the replica that made them: requests naming one go to that replica.
+RESPONSES_PATH = "/v1/responses"
 # Paths sglang-router does not proxy; program runs among them need one replica per run.
 PROGRAM_PREFIX = "/programs"
 # The studio page, its assets and its metrics: served by any replica, which also shows the key
@@ -74,6 +79,10 @@ class FrontRouting:
         if path == PROGRAM_PREFIX or path in REPLICA_PATHS or _is_studio(path):
             return [*self._rotation()], False
         return [None], False
+
+    def replicas(self) -> list[int]:
+        """Every replica, the first one rotating."""
+        return self._rotation()
 
     def url(self, target: int | None) -> str:
         return self.router_url if target is None else self.replica_urls[target]
@@ -128,6 +137,20 @@ def create_front(
 
         return resume
 
+    async def response_owner(response_id: str, headers: dict[str, str]) -> int | None:
+        """The replica that stores a response (each keeps its own), or None: then the request
+        goes where it would have, which answers that the response is not found."""
+        for target in routing.replicas():
+            try:
+                found = await client.get(
+                    f"{routing.url(target)}{RESPONSES_PATH}/{response_id}", headers=headers
+                )
+            except httpx.TransportError:  # a dead replica stores nothing any longer
+                continue
+            if found.status_code == 200:
+                return target
+        return None
+
     async def proxy(request: Request) -> Response:
         path = request.url.path
         public = path == "/health" or _is_studio(path)
@@ -137,6 +160,9 @@ def create_front(
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         body = await request.body()
+        stored = stored_response_id(request.method, request.url.path, body)
+        if stored is not None and (owner := await response_owner(stored, headers)) is not None:
+            targets = [owner]
         replay = dp_replay.plan(request.method, request.url.path, body) if targets == [None] else None
         for target in targets:
             upstream = client.build_request(
@@ -216,6 +242,20 @@ async def _relay(resp: httpx.Response, routing: FrontRouting, replica: int | Non
         await dp_replay.close_quietly(resp)  # also when the client left: the upstream request is cancelled
         if replica is not None:
             routing.running[replica] -= 1
+
+
+def stored_response_id(method: str, path: str, body: bytes) -> str | None:
+    """The stored response a request names: the id in /v1/responses/{id}[/...], or a new
+    response's previous_response_id."""
+    if path.startswith(RESPONSES_PATH + "/"):
+        return path[len(RESPONSES_PATH) + 1 :].split("/")[0] or None
+    if method != "POST" or path != RESPONSES_PATH:
+        return None
+    try:
+        previous = json.loads(body).get("previous_response_id")
+    except (ValueError, AttributeError):  # not a JSON object: the replica's 400 says why
+        return None
+    return previous if isinstance(previous, str) and previous else None
 
 
 def _is_studio(path: str) -> bool:
