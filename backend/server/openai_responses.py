@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from .openai_chat import ChatChoice, ChatCtx, ChoiceEvent, choice_events, collect_choice, prepare_chat
 from .openai_shapes import Tok
 from .protocol import now
-from .response_store import ResponseStore
+from .response_store import ResponseStore, StoredResponse
 from .responses_request import Item, ResponsesRequest
 from .runner import Runner, Seq
 from .streams import sse_response, until_disconnect
@@ -226,6 +226,7 @@ async def response_events(
 
 
 def keep(store: ResponseStore, shape: Shape, final: dict[str, Any]) -> None:
+    """Store a finished response unless its request said store: false."""
     if shape.req.store is not False:
         store.put(final, shape.earlier, shape.req.items())
 
@@ -233,7 +234,7 @@ def keep(store: ResponseStore, shape: Shape, final: dict[str, Any]) -> None:
 def register(app: FastAPI, runner: Runner, tok: Tok, log_user: Callable[[Request, str | None], None]) -> None:
     store = app.state.response_store = ResponseStore()
 
-    def stored(response_id: str) -> Any:
+    def stored(response_id: str) -> StoredResponse:
         found = store.get(response_id)
         if found is None:
             raise HTTPException(404, f"Response with id {response_id!r} not found.")
