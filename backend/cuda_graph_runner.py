@@ -48,6 +48,7 @@ __all__ = [
     "bucket_for",
     "capture_batch_sizes",
     "fit_max_bs",
+    "release_graph_memory",
     "sync_host_lists",
     "try_create",
 ]
@@ -269,12 +270,7 @@ class CudaGraphRunner:
         if self.pad_row is not None:
             self.target.req_table.free(self.pad_row)
             self.pad_row = None
-        if self.target.device.type == "cuda":
-            try:
-                torch.cuda.synchronize(self.target.device)
-                torch.cuda.empty_cache()
-            except Exception:  # a broken context must not turn a fallback into a crash
-                logger.exception("cleanup after a failed CUDA graph capture")
+        release_graph_memory(self.target.device)
 
     def cascade_fits(self, bs: int, shared_groups: int, max_members: int) -> bool:
         """Whether a cascade decode batch of this shape would replay a graph (host ints only)."""
@@ -330,6 +326,18 @@ class CudaGraphRunner:
             out = graph.out[:bs].clone() if every_row else graph.out[fb.logits_indices]
         self.bucket_hits[gbs] += 1
         return out
+
+
+def release_graph_memory(device: torch.device) -> None:
+    """After dropping graphs: wait for the device and hand their pool back. A broken context must
+    not turn a fallback into a crash, so an error is only logged."""
+    if device.type != "cuda":
+        return
+    try:
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+    except Exception:
+        logger.exception("cleanup after a failed CUDA graph capture")
 
 
 def try_create(target: GraphTarget, max_bs: int, cascade: bool = False) -> CudaGraphRunner | None:

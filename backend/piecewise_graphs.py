@@ -16,7 +16,15 @@ from dataclasses import dataclass
 
 import torch
 
-from .cuda_graph_runner import CaptureFn, CudaGraphCapture, GraphTarget, Replay, bucket_for, fit_max_bs
+from .cuda_graph_runner import (
+    CaptureFn,
+    CudaGraphCapture,
+    GraphTarget,
+    Replay,
+    bucket_for,
+    fit_max_bs,
+    release_graph_memory,
+)
 from .forward_batch import ForwardBatch
 from .models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
@@ -127,12 +135,7 @@ class PiecewiseGraphs:
     def disable(self) -> None:
         self.enabled = False
         self.graphs.clear()
-        if self.buf.ids.is_cuda:
-            try:
-                torch.cuda.synchronize(self.buf.ids.device)
-                torch.cuda.empty_cache()
-            except Exception:  # a broken context must not turn a fallback into a crash
-                logger.exception("cleanup after a failed piecewise CUDA graph capture")
+        release_graph_memory(self.buf.ids.device)
 
     def _piece(self, i: int, t: int) -> torch.Tensor:
         """Piece i over the first t rows of the static buffers (what a graph records)."""
