@@ -56,6 +56,7 @@ class Result:
     e2e: float = 0.0
     itl: list[float] = field(default_factory=list)
     error: str = ""
+    sent_s: float = 0.0  # when it was sent, seconds after the run's first send
 
 
 # ---------------------------------------------------------------- workloads
@@ -179,15 +180,22 @@ async def run_arrivals(
 ) -> dict[str, Any]:
     """Send items[i], then wait gaps[i] seconds; summarize once every stream has ended."""
     async with client_session(base_url, headers) as session:
-        tasks = []
+        tasks, sent = [], []
         start = time.perf_counter()
         for item, gap in zip(items, gaps):
+            sent.append(time.perf_counter() - start)
             tasks.append(asyncio.create_task(send(session, item)))
             if gap:
                 await asyncio.sleep(gap)
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
-    return summarize(list(results), duration, rate)
+    return summarize(with_send_times(list(results), sent), duration, rate)
+
+
+def with_send_times(results: list[Result], sent: list[float]) -> list[Result]:
+    for res, at in zip(results, sent):
+        res.sent_s = at
+    return results
 
 
 async def run_rate(
@@ -232,7 +240,26 @@ def summarize(results: list[Result], duration: float, rate: float) -> dict[str, 
         "ttft": _stats([r.ttft for r in ok]),
         "itl": _stats([x for r in ok for x in r.itl]),
         "e2e": _stats([r.e2e for r in ok]),
+        "slowest_ttft": slowest_ttft(ok),
     }
+
+
+def slowest_ttft(ok: list[Result], n: int = 5) -> list[dict[str, float]]:
+    """The n longest first-token waits, each with its send time and how many requests were in
+    flight when it was sent: a tail that clusters in time is a stall, one spread out a burst."""
+
+    def in_flight(at: float) -> int:
+        return sum(1 for r in ok if r.sent_s < at < r.sent_s + r.e2e)
+
+    return [
+        {
+            "sent_s": r.sent_s,
+            "ttft_ms": r.ttft * 1000,
+            "input_len": r.input_len,
+            "in_flight": in_flight(r.sent_s),
+        }
+        for r in sorted(ok, key=lambda r: r.ttft, reverse=True)[:n]
+    ]
 
 
 # ---------------------------------------------------------------- server and environment

@@ -57,14 +57,15 @@ async def _engine_request(engine: Engine, item: serving.Item) -> serving.Result:
 async def _engine_rate(
     engine: Engine, items: list[serving.Item], gaps: list[float], rate: float
 ) -> dict[str, Any]:
-    tasks = []
+    tasks, sent = [], []
     start = time.perf_counter()
     for item, gap in zip(items, gaps):
+        sent.append(time.perf_counter() - start)
         tasks.append(asyncio.create_task(_engine_request(engine, item)))
         if gap:
             await asyncio.sleep(gap)
     results = await asyncio.gather(*tasks)
-    return serving.summarize(list(results), time.perf_counter() - start, rate)
+    return serving.summarize(serving.with_send_times(list(results), sent), time.perf_counter() - start, rate)
 
 
 async def _server_rate(url: str, items: list[serving.Item], gaps: list[float], rate: float) -> dict[str, Any]:

@@ -159,3 +159,19 @@ def test_one_row_experiments_run_only_when_named_and_restore_the_choice() -> Non
     with suite_quant.one_row_kind("int8x"):
         assert choose_config(row, Shape()).kind == "int8x"
     assert choose_config(row, Shape()) == default and default.kind != "int8x"
+
+
+def test_the_ttft_tail_names_when_each_slow_request_was_sent() -> None:
+    """A serving run's slowest first tokens come with their send times and the requests in flight
+    then, so a stall (slow requests close in time) reads apart from a burst (many in flight)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import serving
+
+    results = [serving.Result(ok=True, ttft=0.01, e2e=1.0) for _ in range(8)]
+    results[5].ttft, results[6].ttft = 0.3, 0.2
+    results = serving.with_send_times(results, [0.1 * i for i in range(8)])
+    tail = serving.summarize(results, 2.0, 16.0)["slowest_ttft"]
+    assert [round(t["ttft_ms"]) for t in tail[:3]] == [300, 200, 10]
+    assert [t["sent_s"] for t in tail[:2]] == pytest.approx([0.5, 0.6])
+    assert tail[0]["in_flight"] == 5  # the five sent before it, each still streaming at 0.5 s
+    assert len(tail) == 5
