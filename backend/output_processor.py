@@ -80,6 +80,8 @@ class OutputProcessor:
         req.output_ids.append(tok)
         record_token(req, tok)
         self.stats.generated_tokens += 1
+        if len(req.output_ids) == 1:
+            self.stats.observe_first_token(time.perf_counter() - req.created)
         step_ids = [tok]
         if req.grammar is not None:  # accept; jump-forward may append forced tokens (backend/constrained.py)
             step_ids = req.grammar.accept_and_jump(req, tok, self.stats)

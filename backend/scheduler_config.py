@@ -56,6 +56,14 @@ class SchedulerConfig:
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
 
+# upper edges of the engine's first-token histogram in ms (the server's latency histograms use them too)
+FIRST_TOKEN_EDGES_MS = (5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 60000, 120000)
+
+
+def first_token_key(edge_ms: int) -> str:
+    return f"first_token_within_{edge_ms}ms"
+
+
 @dataclass
 class SchedulerStats:
     cached_prompt_tokens: int = 0
@@ -73,3 +81,16 @@ class SchedulerStats:
             setattr(self, name, 0)
         self.num_retractions = self.forward_passes = self.num_finished = self.num_aborted = 0
         self.extra.clear()
+
+    def observe_first_token(self, seconds: float) -> None:
+        """A request's first output token, `seconds` after the engine took the request: counted
+        in cumulative buckets (`first_token_within_<ms>ms`), with `first_token_count` and
+        `first_token_sum_us`, so a delta of two readings is the histogram of the requests between
+        them."""
+        extra = self.extra
+        extra["first_token_count"] = extra.get("first_token_count", 0) + 1
+        extra["first_token_sum_us"] = extra.get("first_token_sum_us", 0) + int(seconds * 1e6)
+        for edge in FIRST_TOKEN_EDGES_MS:
+            if seconds * 1000 <= edge:
+                key = first_token_key(edge)
+                extra[key] = extra.get(key, 0) + 1

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import serving  # noqa: E402
 
 from radixlm.backend.engine import Engine  # noqa: E402
+from radixlm.backend.scheduler_config import FIRST_TOKEN_EDGES_MS, first_token_key  # noqa: E402
 
 ITEM_VOCAB = 32000  # token ids drawn below this on both sides (every supported model's vocab is larger)
 
@@ -85,6 +86,23 @@ def stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]
     return {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, int)}
 
 
+def engine_first_token(delta: dict[str, int]) -> dict[str, Any]:
+    """The engine's own first-token times over a run, from its histogram's delta: how many, the
+    mean, and the bucket edges (ms) the median and the 99th percentile fall within. Beside the
+    client's TTFT, it tells the engine's share of a tail from the hops around it."""
+    n = delta.get("first_token_count", 0)
+
+    def within(q: float) -> int | None:
+        return next((e for e in FIRST_TOKEN_EDGES_MS if delta.get(first_token_key(e), 0) >= q * n), None)
+
+    return {
+        "count": n,
+        "mean_ms": delta.get("first_token_sum_us", 0) / 1e3 / n if n else None,
+        "p50_within_ms": within(0.5) if n else None,
+        "p99_within_ms": within(0.99) if n else None,
+    }
+
+
 def _runs(size: dict[str, Any]) -> list[tuple[str, float, list[serving.Item], list[float]]]:
     """(label, rate, items, gaps) for each rate: fresh prompts per rate (no cross-run cache hits)."""
     out = []
@@ -101,7 +119,8 @@ def engine_side(engine: Engine, size: dict[str, Any]) -> dict[str, Any]:
         engine.flush_cache()
         before = engine.get_stats()
         out[label] = asyncio.run(_engine_rate(engine, items, gaps, rate))
-        out[label]["engine_stats_delta"] = stats_delta(before, engine.get_stats())
+        delta = out[label]["engine_stats_delta"] = stats_delta(before, engine.get_stats())
+        out[label]["engine_first_token"] = engine_first_token(delta)
     return out
 
 
@@ -133,7 +152,8 @@ def server_side(size: dict[str, Any], engine_kwargs: dict[str, Any]) -> dict[str
             before = _server_stats(url)
             out[label] = asyncio.run(_server_rate(url, items, gaps, rate))
             after = _server_stats(url)
-            out[label]["engine_stats_delta"] = stats_delta(before, after)
+            delta = out[label]["engine_stats_delta"] = stats_delta(before, after)
+            out[label]["engine_first_token"] = engine_first_token(delta)
     finally:
         proc.terminate()
         proc.wait(120)

@@ -602,6 +602,12 @@ def test_metrics_parse(server: Server) -> None:
         >= before["radixlm_e2e_request_latency_seconds_count"] + 2
     )
     assert m["radixlm_generation_tokens_total"] == before["radixlm_generation_tokens_total"] + 8
+    # the engine's own first-token histogram: both requests, streamed or not, within the server's TTFT
+    engine_count = "radixlm_engine_time_to_first_token_seconds_count"
+    assert m[engine_count] == before.get(engine_count, 0) + 2
+    assert m["radixlm_engine_time_to_first_token_seconds_sum"] > before.get(
+        "radixlm_engine_time_to_first_token_seconds_sum", 0
+    )
     assert m["radixlm_prompt_tokens_total"] > before["radixlm_prompt_tokens_total"]
     assert m["radixlm_cached_prompt_tokens_total"] > before["radixlm_cached_prompt_tokens_total"]
     assert 0 < m["radixlm_radix_hit_rate"] < 1

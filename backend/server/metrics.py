@@ -8,10 +8,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0, 120.0)
+from ..scheduler_config import FIRST_TOKEN_EDGES_MS, first_token_key
+
+_LATENCY_BUCKETS = tuple(edge / 1000 for edge in FIRST_TOKEN_EDGES_MS)
 _ITL_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 # (stats key, metric name, help) for engine counters and gauges.
@@ -51,6 +53,8 @@ class _EngineCollector(Collector):
             yield GaugeMetricFamily(
                 "radixlm_kv_usage", "Fraction of KV slots in use", value=1.0 - float(free or 0) / float(total)
             )
+        if "first_token_count" in stats:
+            yield _engine_first_token(stats)
         cached = float(stats.get("cached_prompt_tokens", 0))
         computed = float(stats.get("computed_prompt_tokens", 0))
         yield CounterMetricFamily(
@@ -66,6 +70,20 @@ class _EngineCollector(Collector):
             "Engine requests admitted by the server and program runs, not finished",
             value=float(self._get_pending()),
         )
+
+
+def _engine_first_token(stats: dict[str, Any]) -> Metric:
+    """The engine's own first-token times (from taking a request to its first token), beside the
+    server's TTFT, which adds the HTTP and process hops on either side."""
+    buckets = [
+        (str(edge / 1000), float(stats.get(first_token_key(edge), 0))) for edge in FIRST_TOKEN_EDGES_MS
+    ]
+    return HistogramMetricFamily(
+        "radixlm_engine_time_to_first_token_seconds",
+        "Time from the engine taking a request to its first output token",
+        buckets=[*buckets, ("+Inf", float(stats["first_token_count"]))],
+        sum_value=stats.get("first_token_sum_us", 0) / 1e6,
+    )
 
 
 class ServerMetrics:
