@@ -15,7 +15,7 @@ from radixlm.kernels.cascade_attention import cascade_decode_attention
 from radixlm.kernels.decode_attention import decode_attention, decode_attention_ref
 from radixlm.kernels.extend_attention import extend_attention, extend_attention_ref
 from radixlm.kernels.kv_store import kv_store, kv_store_ref
-from radixlm.kernels.merge_state import merge_state, merge_state_ref
+from radixlm.kernels.merge_state import merge_splits, merge_splits_ref, merge_state, merge_state_ref
 from radixlm.kernels.quant_gemv_int8x import Int8Row, quantize_x_int8
 from radixlm.kernels.rmsnorm import (
     fused_add_rmsnorm,
@@ -262,6 +262,29 @@ def check_int8_rows(device: str, dtype: torch.dtype, hidden: int, inter: int) ->
     ]
 
 
+def check_merge_splits(device: str, dtype: torch.dtype) -> list[Record]:
+    """merge_splits at head counts that fill no head block evenly (12, 20, 3), with one split (a
+    block of heads per program) and several, a row with every split empty and one with some."""
+    recs = []
+    for heads, splits in ((12, 1), (20, 1), (3, 1), (12, 5), (20, 17)):
+        mid_o = torch.randn(3, heads, splits, 32, device=device)
+        mid_lse = torch.randn(3, heads, splits, device=device) * 4
+        mid_lse[0, heads - 1] = float("-inf")
+        mid_lse[1, 0, : max(1, splits - 1)] = float("-inf")
+        out = torch.empty(3, heads, 32, dtype=dtype, device=device)
+        lse = torch.empty(3, heads, device=device)
+        merge_splits(mid_o, mid_lse, out, lse)
+        o_ref, lse_ref = merge_splits_ref(mid_o, mid_lse)
+        finite = torch.isfinite(lse_ref)
+        same_inf = bool((lse[~finite] == lse_ref[~finite]).all())
+        tag = f"merge_splits {DTYPE_NAME[dtype]} heads={heads} splits={splits}"
+        recs += [
+            (f"{tag} out", rel_err(out, torch.nan_to_num(o_ref)), BOUND[dtype]),
+            (f"{tag} lse", rel_err(lse[finite], lse_ref[finite]) + (0.0 if same_inf else math.inf), 1e-5),
+        ]
+    return recs
+
+
 def check_pointwise(device: str, dtype: torch.dtype, rows: int = 7, hidden: int = 96) -> list[Record]:
     """RMSNorm (+ residual), SiLU-and-mul, merge_state, KV store."""
     bound = BOUND[dtype]
@@ -290,6 +313,7 @@ def check_pointwise(device: str, dtype: torch.dtype, rows: int = 7, hidden: int 
         ("merge_state out", rel_err(o, o_ref), 1e-5),
         ("merge_state lse", rel_err(lse[finite], lse_ref[finite]) + (0.0 if same_inf else math.inf), 1e-5),
     ]
+    recs += check_merge_splits(device, dtype)
     kb = torch.randn(40, 3, 16, dtype=dtype, device=device)
     vb = torch.randn(40, 3, 16, dtype=dtype, device=device)
     kb2, vb2 = kb.clone(), vb.clone()
