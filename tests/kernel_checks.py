@@ -263,8 +263,8 @@ def check_int8_rows(device: str, dtype: torch.dtype, hidden: int, inter: int) ->
 
 
 def check_merge_splits(device: str, dtype: torch.dtype) -> list[Record]:
-    """merge_splits at head counts that fill no head block evenly (12, 20, 3), with one split (a
-    block of heads per program) and several, a row with every split empty and one with some."""
+    """merge_splits at head counts that are not powers of two (12, 20, 3), with one split and with
+    several, a row with every split empty and one with some."""
     recs = []
     for heads, splits in ((12, 1), (20, 1), (3, 1), (12, 5), (20, 17)):
         mid_o = torch.randn(3, heads, splits, 32, device=device)
