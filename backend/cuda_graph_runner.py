@@ -48,9 +48,11 @@ __all__ = [
     "bucket_for",
     "capture_batch_sizes",
     "fit_max_bs",
+    "fit_to_free_memory",
     "release_graph_memory",
     "sync_host_lists",
     "try_create",
+    "warn_capture_failed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -101,6 +103,15 @@ def fit_max_bs(
     if room <= 0 or bytes_per_row <= 0:
         return 0
     return max(0, min(requested, room // (bytes_per_row * ROW_SAFETY)))
+
+
+def fit_to_free_memory(device: torch.device, requested: int, bytes_per_unit: int, what: str) -> int:
+    """fit_max_bs against the device's free memory now, logging a cut ("<what> N -> M")."""
+    free, _ = torch.cuda.mem_get_info(device)
+    fitted = fit_max_bs(requested, bytes_per_unit, free)
+    if fitted < requested:
+        logger.warning("%s %d -> %d to fit in %d free bytes", what, requested, fitted, free)
+    return fitted
 
 
 class CudaGraphCapture:
@@ -222,14 +233,7 @@ class CudaGraphRunner:
                         if gbs in kind.sizes:
                             self._try_capture_cascade(kind, gbs)
         except Exception as e:  # OOM, an op that cannot be captured, a kernel that syncs
-            # the message, not the exception: a kept log record would keep its traceback's frames,
-            # and with them this runner and the model, alive after the engine shuts down
-            logger.warning(
-                "CUDA graph capture failed at batch size %d (%s: %s); decoding eagerly",
-                gbs,
-                type(e).__name__,
-                str(e),
-            )
+            warn_capture_failed("CUDA graph", f"batch size {gbs}", "decoding eagerly", e)
             self.disable()
             return False
         self.enabled = True
@@ -241,13 +245,11 @@ class CudaGraphRunner:
         try:
             kind.graphs[gbs] = self._capture_cascade(kind.inputs, gbs)
         except Exception as e:
-            logger.warning(
-                "cascade CUDA graph capture (%d groups) failed at batch size %d (%s: %s); such "
-                "cascade decode steps run eagerly",
-                kind.inputs.shape.groups,
-                gbs,
-                type(e).__name__,
-                str(e),
+            warn_capture_failed(
+                f"cascade CUDA graph ({kind.inputs.shape.groups} groups)",
+                f"batch size {gbs}",
+                "such cascade decode steps run eagerly",
+                e,
             )
             self.cascade.remove(kind)
 
@@ -328,6 +330,12 @@ class CudaGraphRunner:
         return out
 
 
+def warn_capture_failed(what: str, where: str, fallback: str, e: Exception) -> None:
+    """Log a failed capture by its message, not the exception: a kept log record would keep its
+    traceback's frames, and with them the runner and the model, alive after the engine shuts down."""
+    logger.warning("%s capture failed at %s (%s: %s); %s", what, where, type(e).__name__, str(e), fallback)
+
+
 def release_graph_memory(device: torch.device) -> None:
     """After dropping graphs: wait for the device and hand their pool back. A broken context must
     not turn a fallback into a crash, so an error is only logged."""
@@ -348,12 +356,7 @@ def try_create(target: GraphTarget, max_bs: int, cascade: bool = False) -> CudaG
         return None
     try:
         per_row = activation_bytes_per_row(target.config, target.dtype, choose_num_splits(1, 1, 1 << 30))
-        free, _ = torch.cuda.mem_get_info(target.device)
-        fitted = fit_max_bs(max_bs, per_row, free)
-        if fitted < max_bs:
-            logger.warning(
-                "CUDA graphs: max batch size %d -> %d to fit in %d free bytes", max_bs, fitted, free
-            )
+        fitted = fit_to_free_memory(target.device, max_bs, per_row, "CUDA graphs: max batch size")
         if fitted < 1:
             return None
         graphs = CudaGraphRunner(target, fitted, CudaGraphCapture(target.device), cascade)

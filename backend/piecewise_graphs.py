@@ -22,8 +22,9 @@ from .cuda_graph_runner import (
     GraphTarget,
     Replay,
     bucket_for,
-    fit_max_bs,
+    fit_to_free_memory,
     release_graph_memory,
+    warn_capture_failed,
 )
 from .forward_batch import ForwardBatch
 from .models.llama import LlamaDecoderLayer, LlamaForCausalLM
@@ -120,12 +121,7 @@ class PiecewiseGraphs:
                         for i in range(len(self.layers) + 1)
                     ]
         except Exception as e:  # OOM, an op that cannot be captured, a kernel that syncs
-            logger.warning(
-                "piecewise CUDA graph capture failed at %d tokens (%s: %s); extend steps run eagerly",
-                tokens,
-                type(e).__name__,
-                str(e),
-            )
+            warn_capture_failed("piecewise CUDA graph", f"{tokens} tokens", "extend steps run eagerly", e)
             self.disable()
             return False
         self.enabled = True
@@ -200,12 +196,7 @@ def try_create(target: GraphTarget, model: LlamaForCausalLM, max_tokens: int) ->
         return None
     try:
         per_token = activation_bytes_per_token(layers[0], target.config.hidden_size, target.dtype)
-        free, _ = torch.cuda.mem_get_info(target.device)
-        fitted = fit_max_bs(max_tokens, per_token, free)
-        if fitted < max_tokens:
-            logger.warning(
-                "piecewise CUDA graphs: max tokens %d -> %d to fit in %d free bytes", max_tokens, fitted, free
-            )
+        fitted = fit_to_free_memory(target.device, max_tokens, per_token, "piecewise CUDA graphs: max tokens")
         if fitted < 16:
             return None
         graphs = PiecewiseGraphs(target, model, fitted, CudaGraphCapture(target.device))

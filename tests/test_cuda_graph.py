@@ -19,12 +19,14 @@ import torch
 from radixlm.backend import model_runner as model_runner_module
 from radixlm.backend.cascade_groups import make_cascade_plan
 from radixlm.backend.cuda_graph_runner import (
+    CAPTURE_RESERVE_BYTES,
     CudaGraphRunner,
     StaticDecodeInputs,
     activation_bytes_per_row,
     bucket_for,
     capture_batch_sizes,
     fit_max_bs,
+    fit_to_free_memory,
 )
 from radixlm.backend.forward_batch import ForwardBatch
 from radixlm.backend.model_config import ModelConfig
@@ -136,6 +138,16 @@ def test_fit_max_bs():
     assert fit_max_bs(160, 1000, 10_000 + 500, reserve_bytes=500) == 5
     assert fit_max_bs(160, 1000, 1999, reserve_bytes=0) == 0
     assert fit_max_bs(160, 1000, 100, reserve_bytes=500) == 0
+
+
+def test_fit_to_free_memory_logs_a_cut(monkeypatch, caplog):
+    free = CAPTURE_RESERVE_BYTES + 10 * 2 * 1000  # room for ten doubled units
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, 2 * free))
+    dev = torch.device("cuda")
+    assert fit_to_free_memory(dev, 8, 1000, "graphs: max things") == 8
+    assert "graphs: max things" not in caplog.text
+    assert fit_to_free_memory(dev, 64, 1000, "graphs: max things") == 10
+    assert f"graphs: max things 64 -> 10 to fit in {free} free bytes" in caplog.text
 
 
 def test_activation_estimate_covers_the_logits():
