@@ -25,6 +25,7 @@ from .request_queues import RequestQueues
 from .sampler import Sampler
 from .schedule_policy import SchedulePolicy
 from .scheduler_config import SchedulerConfig, SchedulerStats
+from .slow_phase_dump import SlowPhaseDump
 from .speculative import Speculator
 from .step_output import LaunchedStep, LogprobRows, StepPlan, to_host
 
@@ -49,6 +50,7 @@ class Scheduler:
         )
         self.outputs = OutputProcessor(self.queues, self.kv, cfg, self.stats, self.spec)
         self.inflight: LaunchedStep | None = None  # launched, not yet processed (overlap only)
+        self.slow_phase = SlowPhaseDump.from_env()
 
     # ---- what the engine reads ----------------------------------------------------------
     @property
@@ -103,21 +105,27 @@ class Scheduler:
         if self.inflight is not None and self.spec.wants_settled(self.inflight.gen):
             self._process_step(self._take_inflight())  # drafts extend its tokens: known first
         t0 = time.perf_counter()
+        self.slow_phase.arm()
         try:
             plan = self.schedule()
         except Exception as e:  # a planning bug would otherwise fail the same way every step, forever
             self.fail_all(f"internal error while scheduling: {type(e).__name__}: {e}")
             raise
+        finally:
+            self.slow_phase.disarm()
         t1 = time.perf_counter()
         self._add_time("host_schedule_us", t1 - t0)
         launched = None
         if plan is not None:
+            self.slow_phase.arm()
             try:
                 launched = self.launch(plan)
                 self._add_time("host_launch_us", time.perf_counter() - t1)
             except Exception as e:
                 self.fail_plan(plan, f"internal error: {type(e).__name__}: {e}")
                 raise
+            finally:
+                self.slow_phase.disarm()
         previous = self._take_inflight()
         verifying = launched is not None and launched.verdicts is not None
         if self.cfg.overlap and not verifying:  # a verify step is processed at once, never overlapped
