@@ -60,44 +60,51 @@ def own_report(version: str, tar: Path) -> ModuleType:
     return module
 
 
-def side_by_side(ratios: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per ratio both versions report: each round's value and new / old of the round means, in
-    the better direction (above 1: the new version is better)."""
+def side_by_side(
+    ratios: dict[str, list[dict[str, Any]]], versions: tuple[str, str] = VERSIONS
+) -> dict[str, dict[str, Any]]:
+    """Per ratio both versions (old, new) report: each round's value and new / old of the round
+    means, in the better direction (above 1: the new version is better)."""
+    first, second = versions
     out: dict[str, dict[str, Any]] = {}
-    for key in ratios["new"][0] if ratios["new"] else {}:
-        values = {v: [r[key]["value"] for r in ratios[v] if key in r] for v in VERSIONS}
-        if not values["old"] or not values["new"]:
+    for key in ratios[second][0] if ratios[second] else {}:
+        values = {v: [r[key]["value"] for r in ratios[v] if key in r] for v in versions}
+        if not values[first] or not values[second]:
             continue
-        old, new = (sum(values[v]) / len(values[v]) for v in VERSIONS)
-        higher = ratios["new"][0][key]["higher_is_better"]
+        old, new = (sum(values[v]) / len(values[v]) for v in versions)
+        higher = ratios[second][0][key]["higher_is_better"]
         better = (new / old if higher else old / new) if old and new else None
-        out[key] = {**values, "new_vs_old": better, "what": ratios["new"][0][key]["what"]}
+        out[key] = {**values, "new_vs_old": better, "what": ratios[second][0][key]["what"]}
     return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dirs", nargs="+", type=Path)
-    p.add_argument("--packs", type=Path, default=Path(".ab"), help="folder of old.tar and new.tar")
+    p.add_argument("--packs", type=Path, default=Path(".ab"), help="folder of the versions' tars")
+    p.add_argument(
+        "--versions", nargs=2, default=list(VERSIONS), metavar=("OLD", "NEW"), help="names run with VERSIONS="
+    )
     p.add_argument("--tolerance", type=float, default=0.03, help="flag a ratio worse by more than this")
     p.add_argument("--out", type=Path, default=None, help="write the comparison as JSON here")
     args = p.parse_args()
+    versions = (args.versions[0], args.versions[1])
     ratios: dict[str, list[dict[str, Any]]] = {}
-    for v in VERSIONS:
+    for v in versions:
         files = [f for d in args.dirs for f in sorted(d.glob(f"ab_{v}_*.json"))]  # calls in the order given
         report = own_report(v, args.packs / f"{v}.tar")
         ratios[v] = [report.ratios(r) for r in merge_rounds([json.loads(f.read_text()) for f in files])]
-    rows = side_by_side(ratios)
+    rows = side_by_side(ratios, versions)
     worse = 0
     for key, row in rows.items():
         rel = row["new_vs_old"]
         flag = rel is not None and rel < 1 - args.tolerance
         worse += flag
-        shown = " / ".join(", ".join(f"{x:.4g}" for x in row[v]) for v in VERSIONS)
+        shown = " / ".join(", ".join(f"{x:.4g}" for x in row[v]) for v in versions)
         print(
             f"{key:24s} old / new: {shown:40s} new vs old {rel or float('nan'):.3f}{'  WORSE' if flag else ''}"
         )
-    reported = {key for v in VERSIONS for r in ratios[v] for key in r}
+    reported = {key for v in versions for r in ratios[v] for key in r}
     if reported - set(rows):  # a worker failed on one side: say so, never a silent pass
         print("not compared (a version lacks them):", ", ".join(sorted(reported - set(rows))))
     if args.out:

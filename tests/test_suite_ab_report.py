@@ -38,3 +38,5 @@ def test_side_by_side_takes_each_ratios_better_direction() -> None:
     assert set(rows) == {"speed", "ttft"}
     assert rows["speed"]["new_vs_old"] == 0.75 and rows["speed"]["new"] == [1.0, 2.0]
     assert rows["ttft"]["new_vs_old"] == 2.0  # lower is better: half the TTFT is twice as good
+    named = side_by_side({"main": old, "direct": new}, ("main", "direct"))
+    assert named["speed"]["new_vs_old"] == 0.75 and named["speed"]["direct"] == [1.0, 2.0]
