@@ -17,7 +17,8 @@ if [ "${1:-}" = pack ]; then
 fi
 ROOT=$PWD
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RADIXLM_DEFAULT_MODEL=$ROOT/.smol_tok
-for v in ${VERSIONS:-old new}; do  # each version installed into its own folder
+for v in ${VERSIONS:-old new}; do  # each version installed into its own folder (INSTALLED=1: done)
+  [ -n "${INSTALLED:-}" ] && break
   W=/tmp/ab_$v; rm -rf "$W"; mkdir -p "$W/src"; tar -xf ".ab/$v.tar" -C "$W/src"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$W/site" "$ROOT"/.whl/*.whl || exit 1
   (cd "$W/src" && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$W/site" .) || exit 1
