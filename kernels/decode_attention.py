@@ -33,6 +33,8 @@ def _decode_partial_kernel(
     KvStart,
     MidO,
     MidLse,
+    Out,
+    OutLse,
     sm_scale,
     num_splits,
     num_q_heads,
@@ -45,6 +47,8 @@ def _decode_partial_kernel(
     stride_vt,
     stride_vh,
     stride_rr,
+    stride_ob,
+    stride_oh,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -54,6 +58,8 @@ def _decode_partial_kernel(
     DOT_PREC: tl.constexpr,
     WIDEN_F16: tl.constexpr,
     V_IN_REGISTERS: tl.constexpr,
+    DIRECT: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
 ):
     b = tl.program_id(0)
     hb = tl.program_id(1)
@@ -104,9 +110,16 @@ def _decode_partial_kernel(
         m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
 
     out, lse = finish_state(m_i, l_i, acc)
-    base = (b * num_q_heads + heads) * split_stride + split_offset + split
-    tl.store(MidO + base[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask_h[:, None] & mask_d[None, :])
-    tl.store(MidLse + base, lse, mask=mask_h)
+    mask_hd = mask_h[:, None] & mask_d[None, :]
+    if DIRECT:  # one split: the state is the answer, stored where a merge would have put it
+        out_at = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(out_at, out.to(Out.dtype.element_ty), mask=mask_hd)
+        if WRITE_LSE:
+            tl.store(OutLse + b * num_q_heads + heads, lse, mask=mask_h)
+    else:
+        base = (b * num_q_heads + heads) * split_stride + split_offset + split
+        tl.store(MidO + base[:, None] * HEAD_DIM + offs_d[None, :], out, mask=mask_hd)
+        tl.store(MidLse + base, lse, mask=mask_h)
 
 
 @overload
@@ -204,8 +217,6 @@ def decode_attention(
         num_splits = choose_decode_splits(
             bsz, hkv, max_len if max_len is not None else 4096, sms, k_buffer.dtype
         )
-    mid_o = torch.empty((bsz, hq, num_splits, d), dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty((bsz, hq, num_splits), dtype=torch.float32, device=q.device)
     out = out if out is not None else torch.empty_like(q)
     lse = torch.empty((bsz, hq), dtype=torch.float32, device=q.device) if return_lse else None
     if bsz == 0:
@@ -213,6 +224,9 @@ def decode_attention(
             assert lse is not None
             return out, lse
         return out
+    one = num_splits == 1  # the state needs no merge: the kernel writes out (and lse) itself
+    mid_o = out if one else q.new_empty((bsz, hq, num_splits, d), dtype=torch.float32)
+    mid_lse = lse if one and lse is not None else q.new_empty((bsz, hq, num_splits), dtype=torch.float32)
     decode_partial(
         fold_k_scale(q, k_scale),
         k_buffer,
@@ -229,8 +243,11 @@ def decode_attention(
         block_n,
         num_warps,
         num_stages,
+        out=out if one else None,
+        out_lse=lse if one else None,
     )
-    merge_splits(mid_o, mid_lse, out, lse)
+    if not one:
+        merge_splits(mid_o, mid_lse, out, lse)
     apply_v_scale(out, v_scale)
     if return_lse:
         assert lse is not None
@@ -254,14 +271,21 @@ def decode_partial(
     block_n: int = 64,
     num_warps: int = 4,
     num_stages: int = 3,
+    out: torch.Tensor | None = None,
+    out_lse: torch.Tensor | None = None,
 ) -> None:
     """Stage 1 only: write num_splits partial states per (request, head) into mid_o [B, Hq, S, D]
-    / mid_lse [B, Hq, S] at split indices split_offset.. (S may hold other partial states)."""
+    / mid_lse [B, Hq, S] at split indices split_offset.. (S may hold other partial states).
+    With out [B, Hq, D] (num_splits 1, so no merge is needed): the final output goes there, in
+    out's dtype, and the lse into out_lse [B, Hq] when given; mid_o / mid_lse are not written."""
     bsz, hq, d = q.shape
     hkv = k_buffer.shape[1]
     group = hq // hkv
     block_h = max(16, min(64, next_pow2(group)))
     hb_per_kv = triton.cdiv(group, block_h)
+    if out is not None and num_splits != 1:
+        raise ValueError(f"a direct output needs one split, not {num_splits}")
+    direct = out if out is not None else mid_o
     _decode_partial_kernel[(bsz, hkv * hb_per_kv, num_splits)](
         q,
         k_buffer,
@@ -272,10 +296,12 @@ def decode_partial(
         kv_start if kv_start is not None else seq_lens,
         mid_o,
         mid_lse,
+        direct,
+        out_lse if out_lse is not None else mid_lse,
         sm_scale,
         num_splits,
         hq,
-        mid_o.shape[2],
+        1 if out is not None else mid_o.shape[2],
         split_offset,
         q.stride(0),
         q.stride(1),
@@ -284,6 +310,8 @@ def decode_partial(
         v_buffer.stride(0),
         v_buffer.stride(1),
         req_to_token.stride(0),
+        direct.stride(0),
+        direct.stride(1),
         GROUP=group,
         HEAD_DIM=d,
         BLOCK_H=block_h,
@@ -293,6 +321,8 @@ def decode_partial(
         DOT_PREC=dot_precision(q.dtype),
         WIDEN_F16=widen_f16(q, k_buffer),
         V_IN_REGISTERS=widen_v_in_registers(q, v_buffer),
+        DIRECT=out is not None,
+        WRITE_LSE=out_lse is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )
