@@ -99,8 +99,11 @@ def _attention_variants(runner: ModelRunner, row: int, cascade: bool) -> None:
     q = torch.randn(bs, c.num_heads, c.head_dim, dtype=runner.dtype, device=dev)
     rows = torch.full((bs,), row, dtype=torch.int64, device=dev)
     seq = torch.full((bs,), length, dtype=torch.int64, device=dev)
+    k_scale, v_scale = runner.kv_pool.scales(0)  # the decode kernel applies them inside: its variant
     for s in SPLIT_COUNTS[:2]:  # plain decode never exceeds 64 splits
-        decode_attention(q, k_buf, v_buf, runner.req_table.table, rows, seq, num_splits=s)
+        decode_attention(
+            q, k_buf, v_buf, runner.req_table.table, rows, seq, num_splits=s, k_scale=k_scale, v_scale=v_scale
+        )
     if not cascade:
         return
     plan = make_cascade_plan([bs], [length // 2], [length] * bs, dev)

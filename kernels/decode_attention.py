@@ -18,7 +18,7 @@ import torch
 from ._attn_common import finish_state, online_update, widen_e4m3_f16
 from ._triton import dot_precision, interpreting, mma, next_pow2, tl, triton, use_triton
 from .decode_splits import choose_decode_splits, decode_block_n
-from .kv_quant import apply_v_scale, dequantize_kv, fold_k_scale
+from .kv_quant import dequantize_kv
 from .merge_state import merge_splits as merge_splits  # re-exported: split-K decode's second stage
 
 
@@ -35,6 +35,8 @@ def _decode_partial_kernel(
     MidLse,
     Out,
     OutLse,
+    KScale,
+    VScale,
     sm_scale,
     num_splits,
     num_q_heads,
@@ -60,6 +62,8 @@ def _decode_partial_kernel(
     V_IN_REGISTERS: tl.constexpr,
     DIRECT: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    HAS_K_SCALE: tl.constexpr,
+    HAS_V_SCALE: tl.constexpr,
 ):
     b = tl.program_id(0)
     hb = tl.program_id(1)
@@ -87,6 +91,8 @@ def _decode_partial_kernel(
     )
     row_ptr = ReqToToken + tl.load(ReqIdx + b) * stride_rr
     qk_scale = sm_scale * 1.4426950408889634
+    if HAS_K_SCALE:  # q·(k8·s) == (q·k8)·s: one KV head per program, so one scalar
+        qk_scale = qk_scale * tl.load(KScale + kvh)
     if WIDEN_F16:  # scores come out scaled; q shrinks by the softmax scale, far from float16's limit
         q = (q.to(tl.float32) * qk_scale).to(tl.float16)
         qk_scale = 1.0
@@ -110,6 +116,8 @@ def _decode_partial_kernel(
         m_i, l_i, acc = online_update(qk, m_i, l_i, acc, v, DOT_PREC)
 
     out, lse = finish_state(m_i, l_i, acc)
+    if HAS_V_SCALE:  # the softmax weights sum to one: scaling V's rows scales the output
+        out = out * tl.load(VScale + kvh)
     mask_hd = mask_h[:, None] & mask_d[None, :]
     if DIRECT:  # one split: the state is the answer, stored where a merge would have put it
         out_at = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
@@ -228,7 +236,7 @@ def decode_attention(
     mid_o = out if one else q.new_empty((bsz, hq, num_splits, d), dtype=torch.float32)
     mid_lse = lse if one and lse is not None else q.new_empty((bsz, hq, num_splits), dtype=torch.float32)
     decode_partial(
-        fold_k_scale(q, k_scale),
+        q,
         k_buffer,
         v_buffer,
         req_to_token,
@@ -245,10 +253,11 @@ def decode_attention(
         num_stages,
         out=out if one else None,
         out_lse=lse if one else None,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
     if not one:
         merge_splits(mid_o, mid_lse, out, lse)
-    apply_v_scale(out, v_scale)
     if return_lse:
         assert lse is not None
         return out, lse
@@ -273,11 +282,14 @@ def decode_partial(
     num_stages: int = 3,
     out: torch.Tensor | None = None,
     out_lse: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """Stage 1 only: write num_splits partial states per (request, head) into mid_o [B, Hq, S, D]
     / mid_lse [B, Hq, S] at split indices split_offset.. (S may hold other partial states).
     With out [B, Hq, D] (num_splits 1, so no merge is needed): the final output goes there, in
-    out's dtype, and the lse into out_lse [B, Hq] when given; mid_o / mid_lse are not written."""
+    out's dtype, and the lse into out_lse [B, Hq] when given; mid_o / mid_lse are not written.
+    k_scale / v_scale [Hkv] fp32 (an fp8 pool's): applied inside, to the scores and the states."""
     bsz, hq, d = q.shape
     hkv = k_buffer.shape[1]
     group = hq // hkv
@@ -298,6 +310,8 @@ def decode_partial(
         mid_lse,
         direct,
         out_lse if out_lse is not None else mid_lse,
+        k_scale if k_scale is not None else mid_lse,
+        v_scale if v_scale is not None else mid_lse,
         sm_scale,
         num_splits,
         hq,
@@ -323,6 +337,8 @@ def decode_partial(
         V_IN_REGISTERS=widen_v_in_registers(q, v_buffer),
         DIRECT=out is not None,
         WRITE_LSE=out_lse is not None,
+        HAS_K_SCALE=k_scale is not None,
+        HAS_V_SCALE=v_scale is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )
