@@ -18,7 +18,16 @@ def sass_opcodes(v_in_registers: bool) -> Counter[str]:
     D 128), the default fp8 tile (128 keys, 4 warps, 3 stages)."""
     from radixlm.kernels.decode_attention import _decode_partial_kernel as fn
 
-    pointers = {"Q": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv", "MidO": "*fp32", "MidLse": "*fp32"}
+    pointers = {
+        "Q": "*bf16",
+        "K": "*fp8e4nv",
+        "V": "*fp8e4nv",
+        "MidO": "*fp32",
+        "MidLse": "*fp32",
+        "Out": "*bf16",
+    }
+    for name in ("OutLse", "KScale", "VScale"):
+        pointers[name] = "*fp32"
     for name in ("ReqToToken", "ReqIdx", "SeqLens", "KvStart"):
         pointers[name] = "*i64"
     constexprs = dict(
@@ -31,6 +40,10 @@ def sass_opcodes(v_in_registers: bool) -> Counter[str]:
         DOT_PREC="tf32",
         WIDEN_F16=True,
         V_IN_REGISTERS=v_in_registers,
+        DIRECT=False,
+        WRITE_LSE=False,
+        HAS_K_SCALE=False,
+        HAS_V_SCALE=False,
     )
     strides = tuple(name for name in fn.arg_names if name.startswith("stride"))
     sass = compile_sm90(
