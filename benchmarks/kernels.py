@@ -372,6 +372,7 @@ def main(out_dir: str, sweep: bool, only: list[str]) -> None:
         current_defaults(res)
     summarize(res)
     name = "kernels_h200" + ("_" + "_".join(only) if only else "")
+    Path(out_dir).mkdir(parents=True, exist_ok=True)  # a run's minutes are not lost to a missing folder
     with open(f"{out_dir}/{name}.json", "w") as fh:
         json.dump(res, fh, indent=1)
     try:
