@@ -25,7 +25,7 @@ from .request_queues import RequestQueues
 from .sampler import Sampler
 from .schedule_policy import SchedulePolicy
 from .scheduler_config import SchedulerConfig, SchedulerStats
-from .slow_phase_dump import SlowPhaseDump
+from .slow_phase_watch import SlowPhaseWatch
 from .speculative import Speculator
 from .step_output import LaunchedStep, LogprobRows, StepPlan, to_host
 
@@ -50,7 +50,7 @@ class Scheduler:
         )
         self.outputs = OutputProcessor(self.queues, self.kv, cfg, self.stats, self.spec)
         self.inflight: LaunchedStep | None = None  # launched, not yet processed (overlap only)
-        self.slow_phase = SlowPhaseDump.from_env()
+        self.slow_phase = SlowPhaseWatch.from_env()
 
     # ---- what the engine reads ----------------------------------------------------------
     @property
