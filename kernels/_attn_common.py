@@ -35,7 +35,7 @@ def widen_e4m3_f16(x):
     """fp8 e4m3 → float16, exact, four values per 32-bit register through two packed
     conversions. Not marked pure, so the compiler keeps it where it stands: it will not sink the
     widening past a layout change into the tensor cores' operand layout (see
-    decode_attention.widen_v_in_registers)."""
+    kv_quant.widen_v_in_registers)."""
     return tl.inline_asm_elementwise(
         "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
         "=r,=r,r",

@@ -1,9 +1,10 @@
 """Paged decode attention (one new token per request) over the KV pool, split-K flash-decoding
 with GQA grouping: one program serves all query heads of a KV head, so each K/V row is read once
-and QK^T / PV run on tensor cores; partial (out, lse) per KV split, then a merge kernel. An fp8
-pool is read as is, its rows widened to float16 in the kernel (the dots then run in float16, q
-scaled into it; on CUDA, V is widened in registers: widen_v_in_registers); its K scale is folded
-into q, its V scale into the output (kv_quant.py).
+and QK^T / PV run on tensor cores; partial (out, lse) per KV split, then a merge kernel (with one
+split the partial kernel writes the output itself). An fp8 pool is read as is, its rows widened to
+float16 in the kernel (the dots then run in float16, q scaled into it; on CUDA, V is widened in
+registers: kv_quant.widen_v_in_registers); its K and V scales, one per KV head, are applied
+inside the kernel, to the scores and to the output.
 Promises: `decode_attention` equals `decode_attention_ref` (softmax over each request's slots
 kv_start..seq_len-1 read through req_to_token, page size 1, K/V dequantized) and never syncs
 with the host."""
@@ -16,9 +17,9 @@ from typing import Literal, overload
 import torch
 
 from ._attn_common import finish_state, online_update, widen_e4m3_f16
-from ._triton import dot_precision, interpreting, mma, next_pow2, tl, triton, use_triton
+from ._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
 from .decode_splits import choose_decode_splits, decode_block_n
-from .kv_quant import dequantize_kv
+from .kv_quant import dequantize_kv, widen_f16, widen_v_in_registers
 from .merge_state import merge_splits as merge_splits  # re-exported: split-K decode's second stage
 
 
@@ -342,23 +343,6 @@ def decode_partial(
         num_warps=num_warps,
         num_stages=num_stages,
     )
-
-
-def widen_f16(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
-    """Whether an fp8 pool's rows are widened to float16 (with q scaled and cast to it) rather
-    than to q's bfloat16: e4m3 pairs widen to float16 in one packed conversion, to bfloat16 only
-    through float32, and that conversion bounds the fp8 decode kernel. Every e4m3 value is exact in
-    float16."""
-    return k_buffer.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
-
-
-def widen_v_in_registers(q: torch.Tensor, v_buffer: torch.Tensor) -> bool:
-    """Whether an fp8 pool's V tile is widened to float16 in registers, then staged for the
-    tensor cores as float16. Left to itself, Triton widens V after reading it from shared memory
-    in the tensor cores' operand layout; V's reduction axis (keys) is its strided one, so that
-    read goes one byte at a time (128 byte loads per thread per 128-key tile at D 128). CUDA only:
-    the widening is inline PTX."""
-    return widen_f16(q, v_buffer) and q.is_cuda and not interpreting()
 
 
 def _check_heads(hq: int, hkv: int, d: int, k_buffer: torch.Tensor) -> None:

@@ -1,11 +1,14 @@
 """FP8 (e4m3) KV-cache numerics shared by every pool writer and reader: the storage dtype, the
 rule stored = clamp(x / scale, ±448) cast to e4m3 (one fp32 scale per KV head), dequantization,
 and the scale folding the attention kernels rely on (K scale into q, V scale into the output), so
-a kernel only converts the fp8 rows it loads to q's dtype. Plain torch, no host sync."""
+a kernel only converts the fp8 rows it loads to q's dtype, and which widening a kernel reading an
+fp8 pool compiles. Plain torch, no host sync."""
 
 from __future__ import annotations
 
 import torch
+
+from ._triton import interpreting
 
 FP8_KV_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
@@ -49,3 +52,20 @@ def apply_v_scale(out: torch.Tensor, v_scale: torch.Tensor | None) -> torch.Tens
     if v_scale is not None:
         out.mul_(per_query_head(v_scale.float(), out.shape[1])[:, None])  # fp32 math, one rounding
     return out
+
+
+def widen_f16(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
+    """Whether an fp8 pool's rows are widened to float16 (with q scaled and cast to it) rather
+    than to q's bfloat16: e4m3 pairs widen to float16 in one packed conversion, to bfloat16 only
+    through float32, and that conversion bounds the fp8 decode kernel. Every e4m3 value is exact in
+    float16."""
+    return k_buffer.dtype == torch.float8_e4m3fn and q.dtype == torch.bfloat16
+
+
+def widen_v_in_registers(q: torch.Tensor, v_buffer: torch.Tensor) -> bool:
+    """Whether an fp8 pool's V tile is widened to float16 in registers, then staged for the
+    tensor cores as float16. Left to itself, Triton widens V after reading it from shared memory
+    in the tensor cores' operand layout; V's reduction axis (keys) is its strided one, so that
+    read goes one byte at a time (128 byte loads per thread per 128-key tile at D 128). CUDA only:
+    the widening is inline PTX."""
+    return widen_f16(q, v_buffer) and q.is_cuda and not interpreting()

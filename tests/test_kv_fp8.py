@@ -301,7 +301,7 @@ def test_fp8_decode_splits_fill_the_last_wave(batch: int, max_len: int) -> None:
 
 
 def test_v_widened_in_registers_only_on_cuda_fp8() -> None:
-    from radixlm.kernels.decode_attention import widen_v_in_registers
+    from radixlm.kernels.kv_quant import widen_v_in_registers
 
     q = torch.zeros(1, 4, 8, dtype=torch.bfloat16)
     assert not widen_v_in_registers(q, torch.zeros(2, 1, 8, dtype=torch.float8_e4m3fn))  # CPU: interpreter
