@@ -1,8 +1,8 @@
 """FP8 (e4m3) KV-cache numerics shared by every pool writer and reader: the storage dtype, the
 rule stored = clamp(x / scale, ±448) cast to e4m3 (one fp32 scale per KV head), dequantization,
-and the scale folding the attention kernels rely on (K scale into q, V scale into the output), so
-a kernel only converts the fp8 rows it loads to q's dtype, and which widening a kernel reading an
-fp8 pool compiles. Plain torch, no host sync."""
+the scale folding for the kernels that do not apply the scales themselves (K scale into q, V scale
+into the output), so such a kernel only converts the fp8 rows it loads to q's dtype, and which
+widening a kernel reading an fp8 pool compiles. Plain torch, no host sync."""
 
 from __future__ import annotations
 
