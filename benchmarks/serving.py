@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,16 +181,24 @@ async def run_arrivals(
 ) -> dict[str, Any]:
     """Send items[i], then wait gaps[i] seconds; summarize once every stream has ended."""
     async with client_session(base_url, headers) as session:
-        tasks, sent = [], []
-        start = time.perf_counter()
-        for item, gap in zip(items, gaps):
-            sent.append(time.perf_counter() - start)
-            tasks.append(asyncio.create_task(send(session, item)))
-            if gap:
-                await asyncio.sleep(gap)
-        results = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - start
-    return summarize(with_send_times(list(results), sent), duration, rate)
+        results, duration = await arrive(items, gaps, lambda item: send(session, item))
+    return summarize(results, duration, rate)
+
+
+async def arrive(
+    items: list[Item], gaps: list[float], send_one: Callable[[Item], Awaitable[Result]]
+) -> tuple[list[Result], float]:
+    """send_one(items[i]), then wait gaps[i] seconds: every result, with its send time, and the
+    seconds from the first send until the last one ended."""
+    tasks, sent = [], []
+    start = time.perf_counter()
+    for item, gap in zip(items, gaps):
+        sent.append(time.perf_counter() - start)
+        tasks.append(asyncio.create_task(send_one(item)))
+        if gap:
+            await asyncio.sleep(gap)
+    results = await asyncio.gather(*tasks)
+    return with_send_times(list(results), sent), time.perf_counter() - start
 
 
 def with_send_times(results: list[Result], sent: list[float]) -> list[Result]:

@@ -58,15 +58,8 @@ async def _engine_request(engine: Engine, item: serving.Item) -> serving.Result:
 async def _engine_rate(
     engine: Engine, items: list[serving.Item], gaps: list[float], rate: float
 ) -> dict[str, Any]:
-    tasks, sent = [], []
-    start = time.perf_counter()
-    for item, gap in zip(items, gaps):
-        sent.append(time.perf_counter() - start)
-        tasks.append(asyncio.create_task(_engine_request(engine, item)))
-        if gap:
-            await asyncio.sleep(gap)
-    results = await asyncio.gather(*tasks)
-    return serving.summarize(serving.with_send_times(list(results), sent), time.perf_counter() - start, rate)
+    results, duration = await serving.arrive(items, gaps, lambda item: _engine_request(engine, item))
+    return serving.summarize(results, duration, rate)
 
 
 async def _server_rate(url: str, items: list[serving.Item], gaps: list[float], rate: float) -> dict[str, Any]:
