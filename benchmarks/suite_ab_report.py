@@ -25,25 +25,24 @@ VERSIONS = ("old", "new")
 
 
 def merge_rounds(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One version's suite results (in run order) as rounds: round 1 holds each worker's first
-    result; round k replaces, in round 1, the steps of each worker's k-th result (a repeat with
-    --engine-steps replaces only the steps it ran). Failed workers (no steps) count nowhere."""
-    per_worker: dict[str, list[dict[str, Any]]] = {}
+    """One version's suite results (in run order) as rounds, paired by step: round k holds each
+    (worker, step)'s k-th measurement, or its first where that step ran fewer times. So steps
+    split over calls pair run by run (the k-th `serving` with the k-th `server`), and a repeat
+    with --engine-steps adds rounds only to the steps it ran. Failed workers count nowhere."""
+    per_step: dict[tuple[str, str], list[Any]] = {}
     for result in results:
         for name, worker in result["workers"].items():
-            steps = {k: v for k, v in worker.items() if not k.startswith("_")}
-            if steps:
-                per_worker.setdefault(name, []).append(steps)
-    if not per_worker:
+            for step, value in worker.items():
+                if not step.startswith("_"):
+                    per_step.setdefault((name, step), []).append(value)
+    if not per_step:
         return []
-    base = {**results[0], "workers": {name: runs[0] for name, runs in per_worker.items()}}
-    rounds = [base]
-    for k in range(1, max(len(runs) for runs in per_worker.values())):
-        merged = copy.deepcopy(base)
-        for name, runs in per_worker.items():
-            if k < len(runs):
-                merged["workers"][name].update(runs[k])
-        rounds.append(merged)
+    rounds = []
+    for k in range(max(len(runs) for runs in per_step.values())):
+        workers: dict[str, dict[str, Any]] = {}
+        for (name, step), runs in per_step.items():
+            workers.setdefault(name, {})[step] = copy.deepcopy(runs[k] if k < len(runs) else runs[0])
+        rounds.append({**results[0], "workers": workers})
     return rounds
 
 
@@ -63,18 +62,21 @@ def own_report(version: str, tar: Path) -> ModuleType:
 def side_by_side(
     ratios: dict[str, list[dict[str, Any]]], versions: tuple[str, str] = VERSIONS
 ) -> dict[str, dict[str, Any]]:
-    """Per ratio both versions (old, new) report: each round's value and new / old of the round
-    means, in the better direction (above 1: the new version is better)."""
+    """Per ratio both versions (old, new) report: each distinct round value and new / old of
+    their means, in the better direction (above 1: the new version is better). A value equal to
+    an earlier round's reuses the same measurements (a round that re-ran other steps only), so it
+    counts once."""
     first, second = versions
     out: dict[str, dict[str, Any]] = {}
-    for key in ratios[second][0] if ratios[second] else {}:
-        values = {v: [r[key]["value"] for r in ratios[v] if key in r] for v in versions}
+    keys = dict.fromkeys(key for r in ratios[second] for key in r)
+    for key in keys:
+        values = {v: list(dict.fromkeys(r[key]["value"] for r in ratios[v] if key in r)) for v in versions}
         if not values[first] or not values[second]:
             continue
         old, new = (sum(values[v]) / len(values[v]) for v in versions)
-        higher = ratios[second][0][key]["higher_is_better"]
-        better = (new / old if higher else old / new) if old and new else None
-        out[key] = {**values, "new_vs_old": better, "what": ratios[second][0][key]["what"]}
+        row = next(r[key] for r in ratios[second] if key in r)
+        better = (new / old if row["higher_is_better"] else old / new) if old and new else None
+        out[key] = {**values, "new_vs_old": better, "what": row["what"]}
     return out
 
 
