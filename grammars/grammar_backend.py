@@ -27,7 +27,6 @@ from .schema_exact import xgrammar_exact
 from .schema_policy import (
     PreparedSchema,
     checkable,
-    closed_policy,
     drop_from,
     generation_policy,
     one_of_pointers,
@@ -226,7 +225,6 @@ class GrammarBackend:
                     generation,
                     prepared.dropped,
                     coerce_one_of=coerce,
-                    fallback=closed_policy(prepared.schema),
                     full=prepared.full,
                     checked=prepared.checked,
                     generation_grammar=None if prepared.checked else self._exact_xgrammar(generation),

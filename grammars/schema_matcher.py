@@ -70,13 +70,11 @@ class SchemaGrammar:
         generation: Any,
         dropped: list[str],
         coerce_one_of: bool = False,
-        fallback: Any = None,
         full: Any = None,
         checked: list[str] | None = None,
         generation_grammar: XGrammarCompiled | None = None,
     ) -> None:
-        """fallback: a narrower generation schema, compiled only when both others are refused;
-        generation_grammar: the generation schema already compiled (used instead of llguidance's)."""
+        """generation_grammar: the generation schema already compiled (used instead of llguidance's)."""
         self.compiler = compiler
         self.schema = schema
         self.full = schema if full is None else full
@@ -100,11 +98,6 @@ class SchemaGrammar:
                 preferred = compiler.compile("json_schema", gen_text, dropped, coerce_one_of)
             except ValueError:
                 preferred = language  # e.g. an integer whose bounds lie beyond 16 digits
-        if preferred is None and fallback is not None:
-            try:
-                preferred = compiler.compile("json_schema", json.dumps(fallback), dropped, coerce_one_of)
-            except ValueError:
-                preferred = None
         if preferred is None:
             raise error or ValueError("invalid grammar")
         self.mask_engine = preferred.engine  # which engine fills the masks while generation follows

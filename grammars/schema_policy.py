@@ -4,7 +4,7 @@ jsonschema can check it, else refused (strict) or dropped and named (non-strict)
 Promises: prepare() returns the grammar's schema (every remaining assertion the grammar enforces), the
 full schema the value checks hold, and the JSON pointers of what is checked and what was dropped
 (strict mode never drops, it raises ValueError); generation_policy() narrows a prepared schema to what
-generation should write, never widening it."""
+generation should write (bounded integers, closed objects), never widening it."""
 
 from __future__ import annotations
 
@@ -156,25 +156,17 @@ def compiles(pattern: str) -> bool:
 
 def generation_policy(schema: Any) -> Any:
     """A copy of a prepared schema that accepts a subset of its instances, the ones generation should
-    write: an unbounded integer gets 16 digits at most, so a sampler cannot run on digits forever.
-    Objects stay as the schema says (undeclared properties where it allows them): closing them would
-    refuse valid documents in the mask."""
+    write: an unbounded integer gets 16 digits at most, so a sampler cannot run on digits forever;
+    an object that lists its properties and says nothing about others gets additionalProperties
+    false, as xgrammar's strict mode (SGLang's and vLLM's default) and OpenAI's structured outputs
+    write it: a model is not led into inventing keys until its token limit. Objects combined with
+    others (allOf/anyOf/oneOf) stay open, where closing one member could refuse what another allows.
+    Acceptance is the schema's own: a forced document with undeclared properties is still read."""
     out = copy.deepcopy(schema)
+    composed = _composed(out)
     for node, _ in list(walk(out)):
         if node.get("type") == "integer":
             _bound_integer(node)
-    return out
-
-
-def closed_policy(schema: Any) -> Any:
-    """The generation policy with objects closed: an object that lists its properties and says
-    nothing about others gets additionalProperties false (not inside allOf/anyOf/oneOf, where closing
-    one member could refuse what another allows). A fallback mask for schemas whose open grammar
-    llguidance refuses (e.g. minProperties beside optional properties, a oneOf it can prove exclusive
-    only once nested objects are closed); text beyond it is read as JSON and checked at EOS."""
-    out = generation_policy(schema)
-    composed = _composed(out)
-    for node, _ in list(walk(out)):
         if _closable(node) and id(node) not in composed:
             node["additionalProperties"] = False
     return out

@@ -82,10 +82,14 @@ def test_inside_the_subset_with_annotations() -> None:
 def test_the_subset_gets_xgrammar_masks_and_keeps_any_order_acceptance(backend: GrammarBackend) -> None:
     g = backend.compile("json_schema", EMPLOYEE)
     assert g.mask_engine == "xgrammar"
-    assert (
-        backend.compile("json_schema", _without(EMPLOYEE, additionalProperties=None)).mask_engine
-        == "llguidance"
-    )
+    open_employee = backend.compile("json_schema", _without(EMPLOYEE, additionalProperties=None))
+    assert open_employee.mask_engine == "xgrammar"  # generation closes it; acceptance stays open
+    extra = open_employee.new_matcher()
+    assert extra.accept_string('{"name": "a", "age": 3, "role": "admin", "team": "x"}')
+    assert extra.accept_token(backend.stop_token_ids[0]) and extra.is_terminated()
+    closed = backend.compile("json_schema", EMPLOYEE).new_matcher()
+    closed_extra = '{"name": "a", "age": 3, "role": "admin", "team": "x"}'
+    assert not (closed.accept_string(closed_extra) and closed.accept_token(backend.stop_token_ids[0]))
     m = g.new_matcher()
     reordered = {"role": "admin", "age": 3, "name": "a"}  # valid, outside the declared order
     assert m.accept_string(json.dumps(reordered, separators=(", ", ": ")))
