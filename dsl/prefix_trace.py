@@ -25,19 +25,33 @@ class PrefixTracer(Executor):
 
     def __init__(self, backend: ProgramBackend, program_name: str) -> None:
         super().__init__(backend, {}, {}, {}, program_name=program_name, inline=True)
+        self.stopped = False
+
+    def stop(self) -> StopTrace:
+        """Mark the prefix as ended and return the exception that unwinds the body. The body may
+        still append while it unwinds (a `with s.user():` block adds the role's closing text)
+        or after catching the exception: no real run has that text at this point."""
+        self.stopped = True
+        return StopTrace()
 
     def submit(self, expr: Any, site: CallSite | None = None) -> None:
+        if self.stopped:
+            return
         expr = to_expr(expr)
         self._init_events(expr)
-        self._execute(expr)  # an error goes to the traced body, which ends the trace
+        try:
+            self._execute(expr)  # an error goes to the traced body, which ends the trace
+        except BaseException:
+            self.stopped = True
+            raise
 
     def _execute(self, expr: Expr) -> None:
         if isinstance(expr, (Gen, Select)):
-            raise StopTrace
+            raise self.stop()
         super()._execute(expr)
 
     def fork(self, size: int, site: CallSite | None) -> tuple[list[Executor], Any]:
-        raise StopTrace
+        raise self.stop()
 
     def end(self) -> None:
         self._ended = True
@@ -47,18 +61,19 @@ class Placeholder(Expr):
     """Stands for a program argument while tracing. `"Q: " + arg` still builds an ExprList
     (so the constant before it is traced); appending or any other use ends the trace."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, tracer: PrefixTracer) -> None:
         self._name = name
+        self._tracer = tracer
 
     def _stop(self, *args: Any, **kwargs: Any) -> Any:
-        raise StopTrace
+        raise self._tracer.stop()
 
     __str__ = __format__ = __getitem__ = __iter__ = __len__ = _stop
     __eq__ = __lt__ = __gt__ = __le__ = __ge__ = __bool__ = __int__ = __float__ = __contains__ = _stop
     __call__ = __mul__ = __rmul__ = __mod__ = __hash__ = _stop
 
     def __getattr__(self, name: str) -> Any:
-        raise StopTrace
+        raise self._tracer.stop()
 
 
 def trace_prefix(
@@ -67,7 +82,7 @@ def trace_prefix(
     """The text `func` (a program body) appends before it first needs an argument not in
     `bound` or the model."""
     ex = PrefixTracer(backend, name)
-    args = {n: bound.get(n, Placeholder(n)) for n in arg_names}
+    args = {n: bound.get(n, Placeholder(n, ex)) for n in arg_names}
     try:
         func(ProgramState(ex), **args)
     except StopTrace:

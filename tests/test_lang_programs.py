@@ -93,6 +93,21 @@ def test_tracing_finds_and_precaches_the_constant_prefix(rt, tok):
     assert rt.get_stats()["kv_cached_slots"] - before >= n - 1
 
 
+@sgl.function
+def role_qa(s, question):
+    s += sgl.system("Answer in one short sentence.")
+    with s.user():
+        s += "Question: " + question
+    s += sgl.assistant(sgl.gen("answer", max_tokens=1))
+
+
+def test_a_traced_prefix_inside_a_role_block_is_where_every_run_starts(rt):
+    prefix = role_qa.trace_prefix(rt)
+    assert prefix.endswith("Question: ")  # not the role's closing text, added as the trace unwinds
+    for question in ("Why is the sky blue?", "Hi"):
+        assert role_qa.run(question, backend=rt, **GREEDY).text().startswith(prefix)
+
+
 def test_generator_style_and_bind(rt):
     bound = qa.bind(question="What color is coal?")
     st = bound.run(backend=rt, max_new_tokens=2, **GREEDY)
