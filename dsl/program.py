@@ -41,7 +41,7 @@ PRECACHE_MIN_TOKENS = 32
 # sampling_params) except those that belong to a single request (n, its constraint).
 _RUN_SAMPLING_KEYS = tuple(k for k in SAMPLING_KEYS if k not in ("n", *CONSTRAINT_KEYS, "json_schema_strict"))
 _RUN_LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
-_RUN_OPTION_KEYS = frozenset((*_RUN_SAMPLING_KEYS, *_RUN_LOGPROB_KEYS))
+_RUN_OPTION_KEYS = frozenset((*_RUN_SAMPLING_KEYS, *_RUN_LOGPROB_KEYS, "n"))
 
 
 def set_default_backend(backend: ProgramBackend | None) -> None:
@@ -71,7 +71,12 @@ def get_server_info(backend: ProgramBackend | None = None) -> dict[str, Any]:
 
 
 def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    unknown = set(options) - set(_RUN_SAMPLING_KEYS) - set(_RUN_LOGPROB_KEYS)
+    # SGLang's run and run_batch take n=1 (one sample per gen); more changes what a gen returns
+    if options.get("n") not in (None, 1):
+        raise ValueError(
+            f"run(n={options['n']!r}) is not supported: fork the state (s.fork(n)) and gen in each"
+        )
+    unknown = set(options) - set(_RUN_SAMPLING_KEYS) - set(_RUN_LOGPROB_KEYS) - {"n"}
     if unknown:
         raise ValueError(f"unknown run option(s): {sorted(unknown)}")
     sampling = {k: options[k] for k in _RUN_SAMPLING_KEYS if options.get(k) is not None}
@@ -153,10 +158,17 @@ class Program:
         max_new_tokens: int | None = None,
         stream: bool = False,
         backend: ProgramBackend | None = None,
+        use_thread: bool = True,
         **options: Any,
     ) -> ProgramState:
         """Run once. Sampling options (temperature, stop, ...) are defaults for every gen, over
-        those given to @function(...); max_new_tokens None: @function's, else DEFAULT_MAX_NEW_TOKENS."""
+        those given to @function(...); max_new_tokens None: @function's, else DEFAULT_MAX_NEW_TOKENS.
+        use_thread (SGLang's: whether the state runs its expressions on a thread of its own) is
+        accepted and changes nothing: the text and variables are the same either way, and here a
+        non-streamed run's own state always runs them in the calling thread, a streamed run's
+        state and every fork on worker threads."""
+        if not isinstance(use_thread, bool):
+            raise ValueError(f"use_thread must be True or False, got {use_thread!r}")
         kwargs = self._arguments(args, options)
         ex = self._executor(
             self._backend(backend), kwargs, {"max_new_tokens": max_new_tokens, **options}, stream
