@@ -6,6 +6,8 @@ tokenizes (/tokenize, /detokenize, /apply_chat_template): the client needs no mo
 from __future__ import annotations
 
 import json
+import os
+import ssl
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,14 +71,34 @@ class RemoteTokenizer:
 ABORT_TIMEOUT_S = 5.0
 
 
+def tls_verify(verify: Any) -> bool | ssl.SSLContext:
+    """requests' `verify` for httpx: None or True checks the server's certificate against the
+    default CAs, False does not check, a path names a CA bundle file or folder."""
+    if verify is None or isinstance(verify, (bool, ssl.SSLContext)):
+        return True if verify is None else verify
+    if isinstance(verify, (str, os.PathLike)):
+        path = os.fspath(verify)
+        if os.path.isdir(path):
+            return ssl.create_default_context(capath=path)
+        if os.path.isfile(path):
+            return ssl.create_default_context(cafile=path)
+        raise ValueError(f"verify: no CA bundle file or folder at {path!r}")
+    raise ValueError(f"verify must be None, a bool, a CA bundle path or an SSLContext, got {verify!r}")
+
+
 class RuntimeEndpoint(TokenBackend):
-    """`RuntimeEndpoint("http://127.0.0.1:30000", api_key=None)`. Tokenization and the chat
-    template run on the server; `tokenizer=` / `tokenizer_path=` use a local tokenizer instead."""
+    """`RuntimeEndpoint("http://127.0.0.1:30000", api_key=None, verify=None)`. Tokenization and the
+    chat template run on the server; `tokenizer=` / `tokenizer_path=` use a local tokenizer instead.
+    `verify` is requests' (see tls_verify). SGLang's `chat_template_name` picks one of its frontend's
+    named templates; radixlm has none (roles render with the model's own template), so a name is
+    refused rather than ignored."""
 
     def __init__(
         self,
         base_url: str,
         api_key: str | None = None,
+        verify: Any = None,
+        chat_template_name: str | None = None,
         *,
         tokenizer: Any = None,
         tokenizer_path: str | None = None,
@@ -86,9 +108,17 @@ class RuntimeEndpoint(TokenBackend):
 
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+        if chat_template_name is not None:
+            raise ValueError(
+                f"RuntimeEndpoint(chat_template_name={chat_template_name!r}): radixlm has no named chat "
+                "templates; programs use the model's own template (the server's, or that of tokenizer= / "
+                "tokenizer_path=): leave chat_template_name out"
+            )
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        self._client = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, verify=tls_verify(verify)
+        )
         self.model_info = self._get("/get_model_info")
         if tokenizer is None and tokenizer_path is not None:
             from radixlm.backend.tokenizer import load_tokenizer
@@ -177,6 +207,10 @@ class RuntimeEndpoint(TokenBackend):
 
     def get_server_info(self) -> dict[str, Any]:
         return self._get("/get_server_info")
+
+    def get_model_name(self) -> str:
+        """The served model's path, from /get_model_info (as SGLang's)."""
+        return str(self.model_info["model_path"])
 
     def flush_cache(self) -> bool:
         resp = self._client.post("/flush_cache")

@@ -1,13 +1,24 @@
-"""SGLang frontend signatures a ported program calls: run's use_thread and n. On the session's
-shared engine (CPU, default model)."""
+"""SGLang frontend signatures a ported program calls: run's use_thread and n, RuntimeEndpoint's
+verify, chat_template_name and get_model_name. On the session's shared engine (CPU, default
+model); the TLS case serves the real app over HTTPS with a throwaway self-signed certificate."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
+import uvicorn
 
 import radixlm as sgl
+from radixlm.backend.server import create_app
+from radixlm.backend.server.launch import bind_socket
 
 GREEDY = {"temperature": 0}
 
@@ -41,3 +52,61 @@ def test_run_and_run_batch_take_n_1_and_refuse_more(rt):
         hello.run(backend=rt, n=2)
     with pytest.raises(ValueError, match=r"run\(n=3\) is not supported: fork"):
         hello.run_batch([{}], backend=rt, n=3)
+
+
+def test_runtime_endpoint_refuses_a_chat_template_name_it_cannot_honour():
+    with pytest.raises(ValueError, match="radixlm has no named chat templates"):
+        sgl.RuntimeEndpoint("http://127.0.0.1:9", chat_template_name="chatml")  # refused before any request
+
+
+@pytest.fixture(scope="module")
+def https_url(engine, tmp_path_factory) -> Iterator[tuple[str, Path]]:
+    """The real app over HTTPS on 127.0.0.1, with a self-signed certificate for that address."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a test certificate")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    cas = folder / "cas"  # a CA folder as OpenSSL reads one: each certificate under its subject hash
+    cas.mkdir()
+    subject_hash = subprocess.run(
+        ["openssl", "x509", "-hash", "-noout", "-in", str(cert)], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    shutil.copy(cert, cas / f"{subject_hash}.0")
+    config = uvicorn.Config(
+        create_app(engine), ssl_certfile=str(cert), ssl_keyfile=str(key), log_level="warning", lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    sock = bind_socket()
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the HTTPS server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"https://127.0.0.1:{sock.getsockname()[1]}", cert
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def test_runtime_endpoint_verify_is_requests_verify(https_url, engine):
+    url, cert = https_url
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        sgl.RuntimeEndpoint(url, tokenizer=engine.tokenizer)  # verify=None: the default CAs
+    for verify in (False, str(cert), cert.parent / "cas"):
+        ep = sgl.RuntimeEndpoint(url, None, verify, tokenizer=engine.tokenizer)  # SGLang's positions
+        try:
+            assert ep.get_model_name() == str(engine.model_path)
+        finally:
+            ep.shutdown()
+    with pytest.raises(ValueError, match="no CA bundle file or folder"):
+        sgl.RuntimeEndpoint(url, verify=str(cert) + ".missing")
