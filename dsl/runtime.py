@@ -3,7 +3,7 @@ ids; forks pin the shared prefix's KV in the engine (prefilled once, locked unti
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from radixlm.backend_base import TokenBackend
@@ -13,9 +13,12 @@ from radixlm.interpreter import Executor
 class Runtime(TokenBackend):
     """`Runtime(model_path=None, **engine_options)` starts an Engine in this process;
     `Runtime(engine=existing_engine)` wraps one you already have. As SGLang's `sgl.Runtime`:
-    `launch_server=True` also serves the engine over HTTP on 127.0.0.1 (`.url`, `port=`), and
-    `.generate(...)` calls the engine directly. shutdown() stops the server and the engine if this
-    Runtime started it (a wrapped engine stays up)."""
+    `launch_server=True` also serves the engine over HTTP on 127.0.0.1 (`.url`, `port=`,
+    `.endpoint`), and `.generate(...)` / `.async_generate(...)` call the engine directly.
+    `launch_timeout` bounds the wait for the launched server to answer (seconds; the engine loads
+    in this process before it, unbounded). `trust_remote_code` is accepted and changes nothing:
+    models run on radixlm's own model code, never on code from the model's files. shutdown()
+    stops the server and the engine if this Runtime started it (a wrapped engine stays up)."""
 
     supports_pin = True
 
@@ -26,8 +29,18 @@ class Runtime(TokenBackend):
         engine: Any = None,
         launch_server: bool = False,
         port: int = 0,
+        launch_timeout: float | None = None,
+        trust_remote_code: bool = False,
         **engine_options: Any,
     ) -> None:
+        if launch_timeout is not None and (
+            isinstance(launch_timeout, bool)
+            or not isinstance(launch_timeout, (int, float))
+            or launch_timeout <= 0
+        ):
+            raise ValueError(f"launch_timeout must be a number of seconds > 0, got {launch_timeout!r}")
+        if not isinstance(trust_remote_code, bool):
+            raise ValueError(f"trust_remote_code must be True or False, got {trust_remote_code!r}")
         self._owns_engine = engine is None
         if engine is None:
             from radixlm.backend.engine import Engine
@@ -40,15 +53,40 @@ class Runtime(TokenBackend):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self._server: Any = None
+        self._endpoint: Any = None
         if launch_server:
             from radixlm.backend.server import ServerThread, create_app
 
-            self._server = ServerThread(create_app(engine), port=port).start()
+            server = ServerThread(create_app(engine), port=port)
+            try:
+                self._server = (
+                    server.start() if launch_timeout is None else server.start(float(launch_timeout))
+                )
+            except BaseException:
+                server.stop()  # a server that did not start in time must not start serving later
+                if self._owns_engine:
+                    engine.shutdown()
+                raise
 
     @property
     def url(self) -> str | None:
         """The HTTP server's base URL (launch_server=True), else None."""
         return self._server.url if self._server is not None else None
+
+    @property
+    def endpoint(self) -> Any:
+        """As SGLang's: a RuntimeEndpoint to the launched server (this Runtime's tokenizer, so no
+        tokenizing over HTTP). Without a server there is none: this Runtime runs programs itself."""
+        if self._server is None:
+            raise AttributeError(
+                "Runtime.endpoint: this Runtime launched no server (Runtime(launch_server=True) does); "
+                "it is a program backend itself: set_default_backend(runtime)"
+            )
+        if self._endpoint is None:
+            from radixlm.endpoint import RuntimeEndpoint
+
+            self._endpoint = RuntimeEndpoint(self._server.url, tokenizer=self.tokenizer)
+        return self._endpoint
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """SGLang's Runtime.generate(prompt, sampling_params, ...): the engine's generate. The
@@ -56,6 +94,19 @@ class Runtime(TokenBackend):
         if args and isinstance(args[0], Executor):
             return super().generate(*args, **kwargs)
         return self.engine.generate(*args, **kwargs)
+
+    async def async_generate(
+        self, prompt: str, sampling_params: dict[str, Any] | None = None
+    ) -> AsyncIterator[str]:
+        """SGLang's Runtime.async_generate: one streamed generation, its text chunk by chunk.
+        Closing the generator before the end (aclose) aborts the request."""
+        stream = await self.engine.async_generate(prompt, sampling_params, stream=True)
+        try:
+            async for chunk in stream:
+                if chunk["text"]:
+                    yield chunk["text"]
+        finally:
+            await stream.aclose()
 
     def _request(
         self,
@@ -102,6 +153,9 @@ class Runtime(TokenBackend):
         }
 
     def shutdown(self) -> None:
+        if self._endpoint is not None:
+            self._endpoint.shutdown()
+            self._endpoint = None
         if self._server is not None:
             self._server.stop()
             self._server = None

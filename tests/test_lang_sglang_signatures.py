@@ -1,6 +1,7 @@
-"""SGLang frontend signatures a ported program calls: run's use_thread and n, RuntimeEndpoint's
-verify, chat_template_name and get_model_name. On the session's shared engine (CPU, default
-model); the TLS case serves the real app over HTTPS with a throwaway self-signed certificate."""
+"""SGLang frontend signatures a ported program calls: run's use_thread and n, Runtime's
+launch_timeout, trust_remote_code, endpoint and async_generate, RuntimeEndpoint's verify,
+chat_template_name and get_model_name. On the session's shared engine (CPU, default model); the
+TLS case serves the real app over HTTPS with a throwaway self-signed certificate."""
 
 from __future__ import annotations
 
@@ -52,6 +53,64 @@ def test_run_and_run_batch_take_n_1_and_refuse_more(rt):
         hello.run(backend=rt, n=2)
     with pytest.raises(ValueError, match=r"run\(n=3\) is not supported: fork"):
         hello.run_batch([{}], backend=rt, n=3)
+
+
+def test_runtime_takes_trust_remote_code_and_refuses_what_is_not_a_bool(engine):
+    assert sgl.Runtime(engine=engine, trust_remote_code=True).engine is engine
+    with pytest.raises(ValueError, match="trust_remote_code must be True or False"):
+        sgl.Runtime(engine=engine, trust_remote_code="yes")
+
+
+def test_launch_timeout_bounds_the_servers_start(engine):
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="server failed to start"):
+        sgl.Runtime(engine=engine, launch_server=True, launch_timeout=1e-9)
+    assert time.monotonic() - started < 30  # the default wait is 30 s
+    with pytest.raises(ValueError, match="launch_timeout must be a number of seconds > 0"):
+        sgl.Runtime(engine=engine, launch_timeout=0)
+    rt = sgl.Runtime(engine=engine, launch_server=True, launch_timeout=60.0)
+    try:
+        assert httpx.get(rt.url + "/health", timeout=30).status_code == 200
+    finally:
+        rt.shutdown()
+    assert engine.generate("Hi", {"max_new_tokens": 1})["meta_info"]["completion_tokens"] == 1
+
+
+def test_runtime_endpoint_is_the_launched_servers(engine, rt):
+    with pytest.raises(AttributeError, match="launched no server"):
+        rt.endpoint  # noqa: B018
+    served = sgl.Runtime(engine=engine, launch_server=True)
+    try:
+        ep = served.endpoint
+        assert isinstance(ep, sgl.RuntimeEndpoint) and ep is served.endpoint
+        assert ep.base_url == served.url
+        assert ep.get_model_name() == str(engine.model_path)
+        assert hello.run(backend=ep, **GREEDY).text() == hello.run(backend=rt, **GREEDY).text()
+    finally:
+        served.shutdown()
+
+
+def test_runtime_async_generate_streams_the_text(rt, engine):
+    async def chunks() -> list[str]:
+        return [
+            c async for c in rt.async_generate("The capital of France is", {"max_new_tokens": 5, **GREEDY})
+        ]
+
+    got = asyncio.run(chunks())
+    ref = engine.generate("The capital of France is", {"max_new_tokens": 5, **GREEDY})["text"]
+    assert all(isinstance(c, str) and c for c in got) and "".join(got) == ref
+
+    async def first_then_close() -> str:
+        stream = rt.async_generate("Once upon a time", {"max_new_tokens": 4000, "ignore_eos": True})
+        first = await anext(stream)
+        await stream.aclose()
+        return first
+
+    assert asyncio.run(first_then_close())
+    deadline = time.monotonic() + 30
+    while engine.get_stats()["num_running"]:  # closing the stream aborted its request
+        assert time.monotonic() < deadline, "the closed stream's request kept running"
+        time.sleep(0.05)
 
 
 def test_runtime_endpoint_refuses_a_chat_template_name_it_cannot_honour():
