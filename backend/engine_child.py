@@ -1,7 +1,8 @@
 """The engine process's side of EngineProcess: builds the Engine, answers the parent's messages
 (generate, abort, calls, shutdown) and sends results back batched, one pipe message per batch.
 Promises: a request is acknowledged (its ids) or refused (the exception) before any wait on it
-ends; the process exits when the parent's end of the pipe closes."""
+ends; the process exits when the parent says so or its end of the pipe closes (the parent
+exited, even killed), never on SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
@@ -57,7 +58,10 @@ class Outbox:
 
 
 def child_main(conn: Connection, engine_kwargs: dict[str, Any]) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us, after draining its requests
+    # the parent stops us, after draining its requests: a signal to the whole process group
+    # (Ctrl-C, systemd's stop, `timeout`) must not end the engine under requests it still runs
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         from .engine import Engine
 

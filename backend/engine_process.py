@@ -2,18 +2,23 @@
 (generate, async_generate, abort_request, flush_cache, get_stats, pin/unpin_prefix, shutdown).
 The scheduler then never competes for a GIL with the HTTP event loop. Results cross the pipe in
 one message per batch of chunks. Promises: bad input raises ValueError in the caller exactly as
-in-process; every request gets its final chunk or an error; the child never outlives the parent.
+in-process; every request gets its final chunk or an error (EngineDied where the child exited on
+its own); the child never outlives the parent, and only the parent stops it (it ignores SIGINT and
+SIGTERM, so a signal to the whole process group leaves the parent to drain and then stop it).
 Messages are Python objects this server built itself, serialized by multiprocessing between its
 own two processes; no bytes from a client are ever deserialized as objects."""
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import logging
 import multiprocessing as mp
 import queue
+import signal
 import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future
 from typing import Any, cast
@@ -27,6 +32,23 @@ from .spawned import died_while_starting
 from .tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
+_live: weakref.WeakSet[EngineProcess] = weakref.WeakSet()
+_exit_hook_registered = False
+
+
+class EngineDied(RuntimeError):
+    """The engine process exited while this process still needed it (killed, crashed): the
+    requests it was running end with this, and so does every later call."""
+
+
+def _stop_live_children() -> None:
+    """At interpreter exit, before multiprocessing's own exit hook: that one would SIGTERM the
+    child (which ignores it) and then wait for it forever."""
+    for ep in list(_live):
+        try:
+            ep.shutdown()
+        except Exception:  # one engine's failure must not keep the others running
+            logger.exception("engine process shutdown at exit failed")
 
 
 class _Waiter:
@@ -40,7 +62,8 @@ class _Waiter:
         self.ack: Future[Any] = Future()
         self.lock = threading.Lock()
         self.abandoned = False  # the caller went away before the ack: abort its requests on arrival
-        self.failed: str | None = None  # the engine process is gone: every queue ends with an abort
+        # the engine process is gone: every queue ends with this (an abort chunk, or EngineDied)
+        self.failed: dict[str, Any] | EngineDied | None = None
 
     def queue(self, k: int) -> Any:
         with self.lock:
@@ -48,18 +71,18 @@ class _Waiter:
             if q is None:
                 q = self.queues[k] = asyncio.Queue() if self.loop is not None else queue.Queue()
                 if self.failed is not None:
-                    q.put_nowait(_aborted(self.failed))
+                    q.put_nowait(self.failed)
             return q
 
-    def fail(self, why: str) -> None:
-        """End every request of this call with an abort chunk, also those not yet waited on."""
+    def fail(self, last: dict[str, Any] | EngineDied) -> None:
+        """End every request of this call with `last`, also those not yet waited on."""
         with self.lock:
-            self.failed = why
+            self.failed = last
             ks = list(self.queues)
         for k in ks:
-            self.deliver(k, _aborted(why))
+            self.deliver(k, last)
 
-    def deliver(self, k: int, item: dict[str, Any]) -> None:
+    def deliver(self, k: int, item: dict[str, Any] | EngineDied) -> None:
         q = self.queue(k)
         if self.box is not None:
             self.box.post(q, item)
@@ -79,6 +102,7 @@ class EngineProcess:
         )
         self._proc.start()
         child_conn.close()
+        _register_exit_hook()  # now, after multiprocessing registered its own: ours runs first
         if not self._conn.poll(start_timeout_s):
             self._proc.kill()
             raise RuntimeError(f"the engine process did not start within {start_timeout_s:.0f} s")
@@ -99,12 +123,18 @@ class EngineProcess:
         self._waiters: dict[int, _Waiter] = {}
         self._send_lock = threading.Lock()
         self._closed = False
+        self._stopping = False  # shutdown() began: the child's exit is expected
+        # why the child exited on its own; None while it runs or once it was shut down
+        self.exit_reason: str | None = None
+        _live.add(self)
         self._reader = threading.Thread(target=self._read, name="radixlm-engine-reader", daemon=True)
         self._reader.start()
 
     # ---- the pipe ------------------------------------------------------------------------
     def _send(self, msg: tuple[object, ...]) -> None:
         if self._closed:
+            if self.exit_reason is not None:
+                raise EngineDied(self.exit_reason)
             raise RuntimeError("engine is shut down")
         with self._send_lock:
             self._conn.send(msg)
@@ -116,7 +146,15 @@ class EngineProcess:
                     self._dispatch(msg)
         except (EOFError, OSError):
             pass
-        self._fail_all("the engine process exited")
+        if self._stopping:
+            self._fail_all("engine is shut down")
+            return
+        self.exit_reason = "the engine process exited unexpectedly"
+        self._closed = True  # from here calls raise EngineDied instead of writing to a dead pipe
+        self._proc.join(5)
+        self.exit_reason += f" ({_exit_status(self._proc.exitcode)})"
+        logger.error("%s", self.exit_reason)
+        self._fail_all(self.exit_reason)
 
     def _dispatch(self, msg: tuple[Any, ...]) -> None:  # as the child's Outbox sent it, unpickled
         kind, call_id = msg[0], msg[1]
@@ -139,11 +177,14 @@ class EngineProcess:
             waiter.ack.set_result(msg[2])
 
     def _fail_all(self, why: str) -> None:
+        """End every waiting call: with EngineDied after an exit of the child's own, else (a
+        shutdown) with an abort chunk per request."""
         self._closed = True
+        died = self.exit_reason is not None
         for call_id, waiter in list(self._waiters.items()):
             if not waiter.ack.done():
-                waiter.ack.set_exception(RuntimeError(why))
-            waiter.fail(why)
+                waiter.ack.set_exception(EngineDied(why) if died else RuntimeError(why))
+            waiter.fail(EngineDied(why) if died else _aborted(why))
             self._waiters.pop(call_id, None)
 
     def _start(self, loop: asyncio.AbstractEventLoop | None, kwargs: dict[str, Any]) -> tuple[int, _Waiter]:
@@ -180,15 +221,17 @@ class EngineProcess:
         rids, single = waiter.ack.result()  # raises the child's ValueError as is
         if stream:
             return self._stream_sync(call_id, waiter, rids[0])
-        outs = [waiter.queue(k).get() for k in range(len(rids))]
-        self._waiters.pop(call_id, None)
+        try:
+            outs = [_chunk(waiter.queue(k).get()) for k in range(len(rids))]
+        finally:
+            self._waiters.pop(call_id, None)
         return outs[0] if single else outs
 
     def _stream_sync(self, call_id: int, waiter: _Waiter, rid: str) -> Iterator[dict[str, Any]]:
         done = False
         try:
             while not done:
-                chunk = waiter.queue(0).get()
+                chunk = _chunk(waiter.queue(0).get())
                 done = chunk["meta_info"].get("finish_reason") is not None
                 yield chunk
         finally:
@@ -219,7 +262,7 @@ class EngineProcess:
         if stream:
             return self._stream_async(call_id, waiter, rids[0])
         try:
-            outs = [await waiter.queue(k).get() for k in range(len(rids))]
+            outs = [_chunk(await waiter.queue(k).get()) for k in range(len(rids))]
         except asyncio.CancelledError:
             for rid in rids:
                 self.abort_request(rid)
@@ -233,7 +276,7 @@ class EngineProcess:
         q = waiter.queue(0)
         try:
             while not done:
-                chunk = coalesce_chunks(await q.get(), q)
+                chunk = coalesce_chunks(_chunk(await q.get()), q)
                 done = chunk["meta_info"].get("finish_reason") is not None
                 yield chunk
         finally:
@@ -263,8 +306,12 @@ class EngineProcess:
         self._call("unpin_prefix", handle)
 
     def shutdown(self) -> None:
-        if self._closed:
+        """Stop the child (it finishes nothing: abort or drain first) and wait for it, also
+        after it exited on its own, so it is never left a zombie."""
+        if self._stopping:
             return
+        self._stopping = True
+        _live.discard(self)
         try:
             self._send(("shutdown",))
         except (OSError, RuntimeError):
@@ -273,13 +320,37 @@ class EngineProcess:
         self._proc.join(60)
         if self._proc.is_alive():
             self._proc.kill()
-        self._fail_all("engine is shut down")
+            self._proc.join(10)
+        self._fail_all(self.exit_reason or "engine is shut down")
 
     def __enter__(self) -> EngineProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _register_exit_hook() -> None:
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        _exit_hook_registered = True
+        atexit.register(_stop_live_children)
+
+
+def _chunk(item: dict[str, Any] | EngineDied) -> dict[str, Any]:
+    """A request's next chunk, raising where its queue says the engine process died."""
+    if isinstance(item, EngineDied):
+        raise EngineDied(str(item))
+    return item
+
+
+def _exit_status(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exit code {code}"
 
 
 def _aborted(why: str) -> dict[str, Any]:

@@ -56,13 +56,14 @@ class LoopMailbox:
 def coalesce_chunks(chunk: dict[str, Any], q: asyncio.Queue[Any]) -> dict[str, Any]:
     """chunk plus the chunks of the same request waiting right behind it in q, as one (text and
     ids concatenated, the last meta_info), so a consumer that fell behind catches up in one event
-    instead of many. Chunks carrying logprobs are never merged."""
+    instead of many. Chunks carrying logprobs are never merged, and an item that is no chunk
+    (the error a failed request ends with) stays in q for the consumer to take."""
     if _has_logprobs(chunk):
         return chunk
     merged: dict[str, Any] | None = None
     while not q.empty() and chunk["meta_info"].get("finish_reason") is None:
         nxt = q._queue[0]  # type: ignore[attr-defined]  # peek: stop before a chunk we must not merge
-        if _has_logprobs(nxt) or nxt.get("index") != chunk.get("index"):
+        if not isinstance(nxt, dict) or _has_logprobs(nxt) or nxt.get("index") != chunk.get("index"):
             break
         q.get_nowait()
         if merged is None:

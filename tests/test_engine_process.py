@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from radixlm.backend.engine_process import EngineProcess
+from radixlm.backend.engine_process import EngineDied, EngineProcess
 
 GREEDY = {"max_new_tokens": 6, "temperature": 0}
 
@@ -72,19 +72,24 @@ def test_pin_prefix_round_trip(proc) -> None:
 
 
 def test_engine_process_death_ends_every_waiter() -> None:
-    """The child killed mid-batch: the blocked caller gets an abort result for every request of
-    the batch (also those it had not started waiting on), and later calls are refused."""
+    """The child killed mid-batch: the blocked caller gets EngineDied (not an empty result that
+    looks like an abort), also for the requests it had not started waiting on; later calls raise
+    it too, and exit_reason says how the child went."""
     import threading
 
     ep = EngineProcess(max_total_tokens=2048)
     try:
         threading.Timer(2.0, ep._proc.kill).start()
-        outs = ep.generate(["a b c", "d e f"], {"max_new_tokens": 2000, "ignore_eos": True})
-        assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort", "abort"]
-        with pytest.raises(RuntimeError):
+        with pytest.raises(EngineDied, match="killed by SIGKILL"):
+            ep.generate(["a b c", "d e f"], {"max_new_tokens": 2000, "ignore_eos": True})
+        with pytest.raises(EngineDied):
             ep.generate("x", GREEDY)
+        with pytest.raises(EngineDied):
+            ep.get_stats()
+        assert ep.exit_reason is not None and "SIGKILL" in ep.exit_reason
     finally:
         ep.shutdown()
+    assert ep._proc.exitcode is not None  # reaped, not left a zombie
 
 
 @pytest.mark.parametrize(
