@@ -22,14 +22,17 @@ def free_port() -> int:
 
 
 def launch_server(
-    args: list[str], log: Path, port: int | None = None, timeout_s: float = 180
+    args: list[str], log: Path, port: int | None = None, timeout_s: float = 180, new_session: bool = False
 ) -> tuple[subprocess.Popen, str]:
     """Start the server on 127.0.0.1 with `args`; return (process, base URL) once /health answers
-    200. Raises with the log's tail if the process exits first, and kills it past `timeout_s`."""
+    200. Raises with the log's tail if the process exits first, and kills it past `timeout_s`.
+    `new_session`: the server leads its own process group (to signal the group, as systemd does)."""
     port = free_port() if port is None else port
     cmd = [sys.executable, "-m", "radixlm.launch_server", "--host", "127.0.0.1", "--port", str(port), *args]
     with open(log, "w") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log_file, stderr=subprocess.STDOUT, text=True, start_new_session=new_session
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while True:

@@ -1,7 +1,8 @@
 """FastAPI app factory: one engine per app. Owns cross-cutting HTTP policy (API key, or the
 studio's session cookie, on every route but /health; body-size limit; error shapes: 400 bad
 JSON, value or field (as SGLang and vLLM answer what FastAPI would make a 422), 401, 413, 503 +
-Retry-After) and the native SGLang-style routes;
+Retry-After, 503 once the engine process died, 500 for anything unexpected, all in OpenAI's error
+shape) and the native SGLang-style routes;
 OpenAI, program, trace and studio routes are mounted from their own modules."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..engine_process import EngineDied
 from . import docs, embeddings_api, info, native, openai_api, studio, trace_api
 from . import programs as programs_api
 from .access_log import AccessLogMiddleware
@@ -88,7 +90,11 @@ def create_app(
 
 def _shutdown_engine(engine: Any) -> None:
     """Empty the prefix cache and log the KV pool's free count (all slots, unless a request
-    still holds KV), then shut the engine down, whatever the flush met."""
+    still holds KV), then shut the engine down, whatever the flush met. An engine process that
+    died has nothing left to flush."""
+    if getattr(engine, "exit_reason", None) is not None:
+        engine.shutdown()
+        return
     try:
         flushed = engine.flush_cache()
         stats = engine.get_stats()
@@ -201,6 +207,15 @@ def _install_error_handlers(app: FastAPI, limits: ServerLimits, metrics: ServerM
                 headers={"Retry-After": str(limits.retry_after_s)},
             )
         )
+
+    @app.exception_handler(EngineDied)
+    async def _engine_died(_: Request, exc: EngineDied) -> JSONResponse:
+        return counted(_error(503, f"{exc}; the server is shutting down", "server_error"))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette still re-raises exc after this answer, so the log keeps its traceback
+        return counted(_error(500, f"internal server error: {type(exc).__name__}: {exc}", "server_error"))
 
     @app.exception_handler(ClientGone)
     async def _gone(_: Request, exc: ClientGone) -> JSONResponse:

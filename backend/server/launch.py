@@ -1,7 +1,8 @@
 """Starting and stopping a server: engine/server command-line options, the uvicorn server with
 graceful shutdown (stop accepting; on SIGTERM drain running requests up to a timeout, on SIGINT
 not at all; then abort the rest so every stream ends with finish_reason abort, and say so in the
-log), and a background-thread launcher."""
+log; when the engine process dies, stop at once and tell the caller: `engine_exit`), and a
+background-thread launcher."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ logger = logging.getLogger("radixlm.server")
 class RadixServer(uvicorn.Server):
     """uvicorn.Server whose shutdown drains the engine's requests before closing connections:
     up to drain_timeout_s after SIGTERM (an orchestrator's stop), none after SIGINT (Ctrl-C), and
-    no longer once a second signal comes."""
+    no longer once a second signal comes. It also stops by itself once the engine process has
+    died (engine_exit says why): a server that can only answer 503 must not look alive."""
 
     def __init__(self, config: uvicorn.Config, runner: Any, drain_timeout_s: float) -> None:
         super().__init__(config)
@@ -34,6 +36,15 @@ class RadixServer(uvicorn.Server):
         self.drain_timeout_s = drain_timeout_s
         self.exit_signal: int | None = None
         self.signals = 0
+        self.engine_exit: str | None = None
+
+    async def on_tick(self, counter: int) -> bool:
+        should_exit = await super().on_tick(counter)
+        if self.engine_exit is None:
+            self.engine_exit = self.runner.engine_exit()
+            if self.engine_exit is not None:
+                logger.error("%s; stopping the server", self.engine_exit)
+        return should_exit or self.engine_exit is not None
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self.exit_signal is None:
@@ -44,9 +55,13 @@ class RadixServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
             server.close()  # stop accepting before draining
-        timeout = 0.0 if self.exit_signal == signal.SIGINT else self.drain_timeout_s
+        # nothing can finish without the engine: its requests have ended with an error already
+        stop_now = self.exit_signal == signal.SIGINT or self.engine_exit is not None
+        timeout = 0.0 if stop_now else self.drain_timeout_s
         busy = self.runner.busy()
         name = signal.Signals(self.exit_signal).name if self.exit_signal else "stop"
+        if self.engine_exit is not None:
+            name = "engine process gone"
         if busy and timeout > 0:
             logger.warning(
                 "%s: %d request(s) in flight; letting them finish for up to %.0f s (--drain-timeout), "

@@ -24,6 +24,7 @@ from .streams import (
     merge_streams,
     sse,
     sse_response,
+    stream_error,
     until_disconnect,
 )
 
@@ -147,10 +148,11 @@ async def _stream_events(
             started = True
             acc[i].add(chunk)
             yield acc[i].event()
-    except ValueError as exc:
+    except Exception as exc:  # noqa: BLE001 - the stream ends with it as an error event
         if not started:
             raise
-        yield sse(error_body(str(exc), 400))
+        status, message = stream_error(exc)
+        yield sse(error_body(message, status))
     finally:
         runner.release_all(seqs)
     yield SSE_DONE
@@ -184,6 +186,9 @@ def register(app: FastAPI) -> None:
 
     @app.get("/health")
     async def health() -> Response:
+        reason = runner.engine_exit()
+        if reason is not None:
+            return JSONResponse(error_body(f"{reason}; the server is shutting down", 503), status_code=503)
         if not runner.accepting:
             return JSONResponse(error_body("shutting down", 503), status_code=503)
         return JSONResponse({"status": "ok"})

@@ -11,7 +11,7 @@ from typing import Any, Literal, NamedTuple
 from .openai_shapes import Tok, choice_rid, finish_reason, grammar_report, sample_params, usage
 from .protocol import ChatCompletionRequest, error_body, now
 from .runner import Runner, Seq, run_to_end
-from .streams import SSE_DONE, merge_streams, sse
+from .streams import SSE_DONE, merge_streams, sse, stream_error
 from .tools import TOOL_CALL_TAG, ToolPlan, chat_prompt_ids, plan_tools
 
 
@@ -276,10 +276,11 @@ async def chat_stream(
                 yield chunk(choices[i], choices[i].add(event))
         if opts and opts.include_usage:
             yield sse({**head, "choices": [], "usage": chat_usage(ctx, choices)})
-    except ValueError as exc:
+    except Exception as exc:  # noqa: BLE001 - the stream ends with it as an error event
         if not started:
             raise
-        yield sse(error_body(str(exc), 400))
+        status, message = stream_error(exc)
+        yield sse(error_body(message, status))
     finally:
         await events.aclose()
         runner.release_all(seqs)

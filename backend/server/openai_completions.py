@@ -11,7 +11,7 @@ from typing import Any
 from .openai_shapes import Tok, choice_rid, finish_reason, grammar_report, sample_params, usage
 from .protocol import CompletionRequest, error_body, now
 from .runner import Runner, Seq
-from .streams import SSE_DONE, merge_streams, sse
+from .streams import SSE_DONE, merge_streams, sse, stream_error
 
 
 def completion_seqs(req: CompletionRequest) -> list[Seq]:
@@ -117,10 +117,11 @@ async def completion_events(
                     yield sse({**head, "choices": [fragment]})
         if req.stream_options and req.stream_options.include_usage:
             yield sse({**head, "choices": [], "usage": usage(*prompt_usage(choices, req.n))})
-    except ValueError as exc:
+    except Exception as exc:  # noqa: BLE001 - the stream ends with it as an error event
         if not started:
             raise
-        yield sse(error_body(str(exc), 400))
+        status, message = stream_error(exc)
+        yield sse(error_body(message, status))
     finally:
         runner.release_all(seqs)
     yield SSE_DONE

@@ -21,7 +21,7 @@ from .protocol import now
 from .response_store import ResponseStore, StoredResponse
 from .responses_request import Item, ResponsesRequest
 from .runner import Runner, Seq
-from .streams import sse_response, until_disconnect
+from .streams import sse_response, stream_error, until_disconnect
 
 
 def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
@@ -216,10 +216,12 @@ async def response_events(
         for out in events_out:
             yield out
         keep(store, shape, final)
-    except ValueError as exc:
+    except Exception as exc:  # noqa: BLE001 - the stream ends with it as an error event
         if not started:
             raise
-        yield stream.event("error", code="invalid_request_error", message=str(exc), param=None)
+        status, message = stream_error(exc)
+        code = "invalid_request_error" if status == 400 else "server_error"
+        yield stream.event("error", code=code, message=message, param=None)
     finally:
         await events.aclose()
         runner.release_all([seq])

@@ -12,6 +12,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine_process import EngineDied
 from ..sampling_params import DEFAULT_MAX_NEW_TOKENS
 from .metrics import ServerMetrics
 
@@ -72,17 +73,32 @@ class Runner:
         rest = max(self.context_len - prompt_tokens, 1)
         return min(rest, self.limits.max_new_tokens) if self.limits.max_new_tokens else rest
 
+    def engine_exit(self) -> str | None:
+        """Why the engine's process exited on its own (an EngineProcess killed or crashed), or
+        None while it runs; the in-process Engine has no process of its own to lose."""
+        reason = getattr(self.engine, "exit_reason", None)
+        return reason if isinstance(reason, str) else None
+
     # ------------------------------------------------------------ admission
 
     def check(self, seqs: list[Seq]) -> None:
-        """Validate limits for a whole HTTP request; raise ValueError or Overloaded."""
+        """Validate limits for a whole HTTP request; raise ValueError, EngineDied or Overloaded."""
         if len(seqs) > self.limits.max_samples_per_request:
             raise ValueError(
                 f"request asks for {len(seqs)} sequences (prompts × n); "
                 f"the limit is {self.limits.max_samples_per_request}"
             )
+        if len(seqs) > self.limits.max_pending_requests:  # a 503 would invite retries that never pass
+            raise ValueError(
+                f"request asks for {len(seqs)} sequences (prompts × n), more than the "
+                f"{self.limits.max_pending_requests} the server admits at once "
+                "(--max-pending-requests): it can never be admitted"
+            )
         for seq in seqs:
             self._check_seq(seq)
+        reason = self.engine_exit()
+        if reason is not None:
+            raise EngineDied(reason)
         if not self.accepting:
             raise Overloaded("server is shutting down")
         if self._reserved + len(seqs) > self.limits.max_pending_requests:

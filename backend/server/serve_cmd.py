@@ -1,6 +1,7 @@
 """The `radixlm serve` command (also `python -m radixlm.launch_server`): its options, each with help
 and its default shown; the model as a positional argument or --model-path; logging set up before
-anything slow; a busy port reported before the model loads; the server run until SIGINT/SIGTERM.
+anything slow; a busy port reported before the model loads; the server run until SIGINT/SIGTERM,
+or until its engine process dies (then it exits with status 1).
 With --dp N, N replicas behind sglang-router on the same port instead (dp.py)."""
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ OPTION_HELP = {
     "max_body_bytes": "largest request body accepted (413 above)",
     "max_prompt_tokens": "longest prompt accepted (default: the context length - 1)",
     "max_new_tokens_limit": "largest max_tokens accepted (default: the context length)",
-    "max_pending_requests": "engine requests admitted at once; more get 503 + Retry-After",
+    "max_pending_requests": "engine requests admitted at once; more get 503 + Retry-After (a request "
+    "that alone asks for more: 400)",
     "drain_timeout": "on SIGTERM, seconds to let running requests finish before aborting them "
     "(SIGINT / Ctrl-C aborts them at once)",
     "log_level": "debug, info, warning or error (info logs one line per request)",
@@ -177,4 +179,6 @@ def serve(args: argparse.Namespace, load_programs: ProgramLoader | None = None) 
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled; the shutdown is done
         pass
+    if server.engine_exit is not None:  # a supervisor sees a failure, and may restart the server
+        raise SystemExit(f"radixlm serve: {server.engine_exit}; the server stopped")
     logger.info("server stopped")

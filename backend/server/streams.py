@@ -1,11 +1,13 @@
 """Async plumbing shared by the route handlers: run work until the client disconnects,
 gather many sequences (first error cancels the rest), merge several chunk streams, and SSE
-framing. Cancelling any of these cancels the engine requests under them (see runner)."""
+framing with the error event that ends a stream already under way. Cancelling any of these
+cancels the engine requests under them (see runner)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine, Sequence
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -14,6 +16,9 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from ..engine_process import EngineDied
+
+logger = logging.getLogger("radixlm.server")
 T = TypeVar("T")
 _POLL_S = 0.25
 _DONE = object()
@@ -95,6 +100,18 @@ def sse(payload: Any) -> bytes:
 
 
 SSE_DONE = b"data: [DONE]\n\n"
+
+
+def stream_error(exc: Exception) -> tuple[int, str]:
+    """(status, message) of the error event that ends a stream whose headers are sent: a bad
+    request 400, the engine process gone 503, anything else 500 (its traceback logged here,
+    since no exception handler sees it)."""
+    if isinstance(exc, ValueError):
+        return 400, str(exc)
+    if isinstance(exc, EngineDied):
+        return 503, f"{exc}; the server is shutting down"
+    logger.error("a stream failed", exc_info=exc)
+    return 500, f"internal server error: {type(exc).__name__}: {exc}"
 
 
 class _PrimedStream:
