@@ -311,8 +311,8 @@ def test_completions_logprobs_and_echo(server: Server) -> None:
     lp = c.logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == r.usage.completion_tokens == 6
     assert "".join(lp.tokens) == c.text
-    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
-        assert 1 <= len(top) <= 3 and abs(max(top.values()) - chosen) < 1e-4
+    for token, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert 1 <= len(top) <= 4 and abs(max(top.values()) - chosen) < 1e-4 and token in top
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
 
     echo = server.oai.completions.create(

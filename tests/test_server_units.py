@@ -1,6 +1,6 @@
 """Model-free unit tests of the server's pure parts: tool-call schemas (checked with jsonschema
 against hand-written valid and invalid calls), tool-call parsing, request models' rejections,
-and validation-error messages. The end-to-end behaviour is in test_server.py."""
+validation-error messages and the completions API's top_logprobs shape. The end-to-end behaviour is in test_server.py."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from fastapi.exceptions import RequestValidationError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
+from test_grammar_cases import default_tokenizer
 
 from radixlm.backend.server.app import _format_validation, _shutdown_engine
 from radixlm.backend.server.body_text import body_problem, lone_surrogate_at
 from radixlm.backend.server.native import CumulativeEvents
+from radixlm.backend.server.openai_shapes import Tok
 from radixlm.backend.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from radixlm.backend.server.streams import sse
 from radixlm.backend.server.tools import plan_tools
@@ -219,3 +221,15 @@ def test_server_exit_shuts_the_engine_down_even_when_the_flush_fails() -> None:
     engine = Engine()
     _shutdown_engine(engine)
     assert engine.stopped
+
+
+def test_completion_top_logprobs_always_hold_the_chosen_token() -> None:
+    tok = Tok(default_tokenizer())
+    a, b, c = (tok.tokenizer.encode(w, add_special_tokens=False)[0] for w in ("Hello", " world", "!"))
+    entries = [(None, a), (-0.5, b), (-3.0, c), (-0.1, a)]  # a prompt's first token has no logprob
+    tops = [None, [(-0.5, b), (-1.0, a)], [(-0.2, a), (-0.9, b)], None]  # "!" was sampled, not a top one
+    got = tok.completion_logprobs(entries, tops, 0)["top_logprobs"]
+    assert got[0] is None
+    assert got[1] == {tok.text(b): -0.5, tok.text(a): -1.0}  # chosen among the top: no extra entry
+    assert got[2] == {tok.text(a): -0.2, tok.text(b): -0.9, tok.text(c): -3.0}  # logprobs + 1 entries
+    assert got[3] == {tok.text(a): -0.1}  # logprobs=0: the chosen token alone

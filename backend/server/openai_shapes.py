@@ -67,13 +67,23 @@ class Tok:
         tok = self.text(e[1])
         return {"token": tok, "logprob": e[0], "bytes": list(tok.encode("utf-8"))}
 
+    def _completion_top(self, entry: Any, token: str, row: Any) -> dict[str, float] | None:
+        """One position's top_logprobs as OpenAI's completions API gives them: the most likely
+        tokens, and always the chosen one (so up to logprobs + 1 entries); None where the position
+        has no logprob (a prompt's first token)."""
+        if entry[0] is None:
+            return None
+        top = {self.text(t[1]): t[0] for t in row or []}
+        top.setdefault(token, entry[0])
+        return top
+
     def completion_logprobs(self, entries: list[Any], tops: list[Any], offset: int) -> dict[str, Any]:
         tokens = [self.text(e[1]) for e in entries]
         offsets = []
         for tok in tokens:
             offsets.append(offset)
             offset += len(tok)
-        top_dicts = [None if row is None else {self.text(t[1]): t[0] for t in row} for row in tops]
+        top_dicts = [self._completion_top(e, tok, row) for e, tok, row in zip(entries, tokens, tops)]
         return {
             "tokens": tokens,
             "token_logprobs": [e[0] for e in entries],
