@@ -89,6 +89,8 @@ def test_tool_call_parsing() -> None:
     [
         ({"tool_choice": {"type": "function", "function": {"name": "ghost"}}}, "unknown tool"),
         ({"top_logprobs": 2}, "logprobs"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens"),
         ({"logit_bias": {"1": 101.0}}, r"logit_bias\[1\] must be a number in \[-100, 100\]"),
         ({"logit_bias": {"a": 1.0}}, "logit_bias: 'a' is not a token id"),
         ({"stream_options": {"include_usage": True}}, "only allowed when stream is true"),
