@@ -154,6 +154,8 @@ def test_chat_without_max_tokens_runs_to_the_end_of_the_context() -> None:
         null = oai.completions.create(max_tokens=None, **params)  # /v1/completions: null is the rest too
         assert (null.usage.completion_tokens, null.choices[0].finish_reason) == (limit, "length")
         assert oai.completions.create(**params).usage.completion_tokens == 16  # absent: OpenAI's 16
+        with pytest.raises(openai.BadRequestError, match=r"max_tokens .*exceeds the limit 150"):
+            oai.chat.completions.create(model="m", messages=MSG, max_tokens=limit + 1)  # named as sent
     finally:
         thread.stop()
         engine.shutdown()

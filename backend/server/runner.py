@@ -120,7 +120,10 @@ class Runner:
             seq.sampling_params["max_new_tokens"] = min(DEFAULT_MAX_NEW_TOKENS, self.limits.max_new_tokens)
         max_new = seq.sampling_params.get("max_new_tokens")
         if max_new is not None and self.max_new_tokens is not None and max_new > self.max_new_tokens:
-            raise ValueError(f"max_new_tokens {max_new} exceeds the limit {self.max_new_tokens}")
+            raise ValueError(
+                f"{max_new} new tokens asked (max_tokens / max_completion_tokens / max_new_tokens) "
+                f"exceeds the limit {self.max_new_tokens}"
+            )
 
     def count_prompt_tokens(self, prompt: dict[str, Any]) -> int:
         if "input_ids" in prompt:
