@@ -304,9 +304,7 @@ class ChatMessage(ResponseMessageFields, _Strict):
 
 class ChatCompletionRequest(_SamplingExtras):
     messages: list[ChatMessage] = Field(min_length=1)
-    # a reply of no tokens is refused, as OpenAI and vLLM refuse it (completions may ask for none:
-    # echo with max_tokens 0 scores a prompt)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)  # no empty reply, as in OpenAI's and vLLM's
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
