@@ -31,7 +31,7 @@ from .metrics import ServerMetrics
 from .programs import ProgramRegistry
 from .protocol import error_body
 from .runner import Overloaded, Runner, ServerLimits
-from .streams import ClientGone
+from .streams import ClientGone, error_status
 
 PUBLIC_PATHS = frozenset({"/health", studio.LOGIN_PATH})
 logger = logging.getLogger("radixlm.server")
@@ -209,13 +209,10 @@ def _install_error_handlers(app: FastAPI, limits: ServerLimits, metrics: ServerM
         )
 
     @app.exception_handler(EngineDied)
-    async def _engine_died(_: Request, exc: EngineDied) -> JSONResponse:
-        return counted(_error(503, f"{exc}; the server is shutting down", "server_error"))
-
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        # Starlette still re-raises exc after this answer, so the log keeps its traceback
-        return counted(_error(500, f"internal server error: {type(exc).__name__}: {exc}", "server_error"))
+    async def _server_failure(_: Request, exc: Exception) -> JSONResponse:
+        # for a 500 Starlette still re-raises exc after this answer, so the log keeps its traceback
+        return counted(_error(*error_status(exc), "server_error"))
 
     @app.exception_handler(ClientGone)
     async def _gone(_: Request, exc: ClientGone) -> JSONResponse:

@@ -22,9 +22,8 @@ from .streams import (
     SSE_DONE,
     gather_all,
     merge_streams,
-    sse,
     sse_response,
-    stream_error,
+    stream_error_event,
     until_disconnect,
 )
 
@@ -151,8 +150,7 @@ async def _stream_events(
     except Exception as exc:  # noqa: BLE001 - the stream ends with it as an error event
         if not started:
             raise
-        status, message = stream_error(exc)
-        yield sse(error_body(message, status))
+        yield stream_error_event(exc)
     finally:
         runner.release_all(seqs)
     yield SSE_DONE

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from .openai_shapes import Tok, choice_rid, finish_reason, grammar_report, sample_params, usage
-from .protocol import ChatCompletionRequest, error_body, now
+from .protocol import ChatCompletionRequest, now
 from .runner import Runner, Seq, run_to_end
-from .streams import SSE_DONE, merge_streams, sse, stream_error
+from .streams import SSE_DONE, merge_streams, sse, stream_error_event
 from .tools import TOOL_CALL_TAG, ToolPlan, chat_prompt_ids, plan_tools
 
 
@@ -279,8 +279,7 @@ async def chat_stream(
     except Exception as exc:  # noqa: BLE001 - the stream ends with it as an error event
         if not started:
             raise
-        status, message = stream_error(exc)
-        yield sse(error_body(message, status))
+        yield stream_error_event(exc)
     finally:
         await events.aclose()
         runner.release_all(seqs)

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .openai_shapes import Tok, choice_rid, finish_reason, grammar_report, sample_params, usage
-from .protocol import CompletionRequest, error_body, now
+from .protocol import CompletionRequest, now
 from .runner import Runner, Seq
-from .streams import SSE_DONE, merge_streams, sse, stream_error
+from .streams import SSE_DONE, merge_streams, sse, stream_error_event
 
 
 def completion_seqs(req: CompletionRequest) -> list[Seq]:
@@ -120,8 +120,7 @@ async def completion_events(
     except Exception as exc:  # noqa: BLE001 - the stream ends with it as an error event
         if not started:
             raise
-        status, message = stream_error(exc)
-        yield sse(error_body(message, status))
+        yield stream_error_event(exc)
     finally:
         runner.release_all(seqs)
     yield SSE_DONE

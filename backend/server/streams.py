@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from ..engine_process import EngineDied
+from .protocol import error_body
 
 logger = logging.getLogger("radixlm.server")
 T = TypeVar("T")
@@ -102,16 +103,29 @@ def sse(payload: Any) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-def stream_error(exc: Exception) -> tuple[int, str]:
-    """(status, message) of the error event that ends a stream whose headers are sent: a bad
-    request 400, the engine process gone 503, anything else 500 (its traceback logged here,
-    since no exception handler sees it)."""
+def error_status(exc: Exception) -> tuple[int, str]:
+    """(status, message) a failure answers with, whether a response or a stream's last event: a
+    bad request 400, the engine process gone 503, anything else 500."""
     if isinstance(exc, ValueError):
         return 400, str(exc)
     if isinstance(exc, EngineDied):
         return 503, f"{exc}; the server is shutting down"
-    logger.error("a stream failed", exc_info=exc)
     return 500, f"internal server error: {type(exc).__name__}: {exc}"
+
+
+def stream_error(exc: Exception) -> tuple[int, str]:
+    """error_status of a stream whose headers are sent; a 500's traceback is logged here, since
+    no exception handler sees it."""
+    status, message = error_status(exc)
+    if status == 500:
+        logger.error("a stream failed", exc_info=exc)
+    return status, message
+
+
+def stream_error_event(exc: Exception) -> bytes:
+    """The SSE error event that ends a stream already under way (see stream_error)."""
+    status, message = stream_error(exc)
+    return sse(error_body(message, status))
 
 
 class _PrimedStream:
