@@ -61,10 +61,20 @@ def test_runtime_takes_trust_remote_code_and_refuses_what_is_not_a_bool(engine):
         sgl.Runtime(engine=engine, trust_remote_code="yes")
 
 
-def test_launch_timeout_bounds_the_servers_start(engine):
+def test_launch_timeout_bounds_the_servers_start(engine, monkeypatch):
+    from radixlm.backend.server.launch import RadixServer
+
+    real_startup = RadixServer.startup
+
+    async def slow_startup(self, *args, **kwargs):  # a start that surely misses the timeout
+        await asyncio.sleep(2.0)
+        return await real_startup(self, *args, **kwargs)
+
     started = time.monotonic()
-    with pytest.raises(RuntimeError, match="server failed to start"):
-        sgl.Runtime(engine=engine, launch_server=True, launch_timeout=1e-9)
+    with monkeypatch.context() as m:
+        m.setattr(RadixServer, "startup", slow_startup)
+        with pytest.raises(RuntimeError, match="server failed to start"):
+            sgl.Runtime(engine=engine, launch_server=True, launch_timeout=0.2)
     assert time.monotonic() - started < 30  # the default wait is 30 s
     with pytest.raises(ValueError, match="launch_timeout must be a number of seconds > 0"):
         sgl.Runtime(engine=engine, launch_timeout=0)
