@@ -33,7 +33,8 @@ from .schema_policy import (
     prepare,
 )
 from .schema_walk import python_regex_problem
-from .token_index import TokenVocab, vocab_from_tokenizer
+from .token_index import TokenVocab
+from .tokenizer_tables import shared_tables
 
 if TYPE_CHECKING:
     from .llguidance_backend import LLGuidanceCompiler
@@ -84,9 +85,9 @@ class GrammarBackend:
         # LRU of grammars
         self._cache: OrderedDict[tuple[str, str, str, bool], Future[CompiledGrammar]] = OrderedDict()
         self.max_cached = max_cached
-        self._vocab: TokenVocab | None = None
-        self._xgr: XGrammarCompiler | None = None
-        self._llg: LLGuidanceCompiler | None = None
+        # the vocabulary indexes (~1 s to build) are the process's, shared with every backend
+        # over the same tokenizer
+        self.tables = shared_tables(tokenizer, self.vocab_size, self.stop_token_ids)
         self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="grammar-compile")
         # jump-forward retokenizes the texts a grammar forces (keys, separators), which recur
         # across a batch's requests and steps
@@ -98,28 +99,15 @@ class GrammarBackend:
 
     @property
     def vocab(self) -> TokenVocab:
-        with self._lock:
-            if self._vocab is None:
-                self._vocab = vocab_from_tokenizer(self.tokenizer, self.vocab_size, self.stop_token_ids)
-            return self._vocab
+        return self.tables.vocab
 
     @property
     def xgrammar(self) -> XGrammarCompiler:
-        with self._lock:
-            if self._xgr is None:
-                from .xgrammar_backend import XGrammarCompiler
-
-                self._xgr = XGrammarCompiler(self.tokenizer, self.vocab_size, self.stop_token_ids)
-            return self._xgr
+        return self.tables.xgrammar
 
     @property
     def llguidance(self) -> LLGuidanceCompiler:
-        with self._lock:
-            if self._llg is None:
-                from .llguidance_backend import LLGuidanceCompiler
-
-                self._llg = LLGuidanceCompiler(self.tokenizer, self.vocab_size, self.stop_token_ids)
-            return self._llg
+        return self.tables.llguidance
 
     def compile(
         self, kind: GrammarKind, spec: Any, engine: EngineName = "auto", strict: bool = True
