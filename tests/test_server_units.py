@@ -161,8 +161,7 @@ def test_stream_events_encoded_incrementally_equal_whole_event_json(
     """Each incrementally encoded event is byte for byte json.dumps of the cumulative event
     (text with quotes, backslashes, control and non-ASCII characters split anywhere); from the
     engine's per-chunk logprob entries it carries the whole list so far and its length."""
-    req = GenerateRequest(input_ids=[1, 2], stream=True, return_logprob=logprobs)
-    events = CumulativeEvents(index, req, tokenizer=None)
+    events = CumulativeEvents(index, with_text=False, tokenizer=None)
     text, ids = "", []
     for delta, new_ids in chunks:
         meta: dict[str, object] = {"completion_tokens": len(ids) + len(new_ids), "finish_reason": None}

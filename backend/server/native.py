@@ -39,8 +39,9 @@ def build_seqs(req: GenerateRequest) -> list[Seq]:
     else:
         per_prompt = [params or SamplingParams()] * len(prompts)
     rids = _rids(req.rid, len(prompts))
+    logprobs = req.logprob_options(len(prompts))
     seqs: list[Seq] = []
-    for i, (prompt, sp) in enumerate(zip(prompts, per_prompt)):
+    for i, (prompt, sp, (return_logprob, start, top)) in enumerate(zip(prompts, per_prompt, logprobs)):
         n = sp.n or 1
         for j in range(n):
             engine_sp = sp.to_engine()
@@ -54,9 +55,9 @@ def build_seqs(req: GenerateRequest) -> list[Seq]:
                     prompt=prompt,
                     sampling_params=engine_sp,
                     rid=rid,
-                    return_logprob=req.return_logprob,
-                    logprob_start_len=req.logprob_start_len,
-                    top_logprobs_num=req.top_logprobs_num,
+                    return_logprob=return_logprob,
+                    logprob_start_len=start,
+                    top_logprobs_num=top,
                     index=len(seqs),
                     log_metrics=req.log_metrics,
                 )
@@ -74,19 +75,24 @@ def _rids(rid: str | list[str] | None, n: int) -> list[str]:
     return list(rid)
 
 
-def _finish_meta(meta: dict[str, Any], req: GenerateRequest, tokenizer: Any) -> dict[str, Any]:
+def _with_text(seq: Seq, req: GenerateRequest) -> bool:
+    """Whether this sequence's logprob entries carry their token's text."""
+    return seq.return_logprob and req.return_text_in_logprobs
+
+
+def _finish_meta(meta: dict[str, Any], with_text: bool, tokenizer: Any) -> dict[str, Any]:
     if meta.get("output_token_logprobs") is not None and LENGTH_KEY not in meta:
         meta = {**meta, LENGTH_KEY: len(meta["output_token_logprobs"])}
-    if req.return_logprob and req.return_text_in_logprobs:
+    if with_text:
         meta = add_logprob_text(meta, tokenizer)
     return meta
 
 
-def _finish(result: dict[str, Any], req: GenerateRequest, tokenizer: Any) -> dict[str, Any]:
+def _finish(result: dict[str, Any], with_text: bool, tokenizer: Any) -> dict[str, Any]:
     return {
         "text": result.get("text", ""),
         "output_ids": list(result.get("output_ids", [])),
-        "meta_info": _finish_meta(result.get("meta_info", {}), req, tokenizer),
+        "meta_info": _finish_meta(result.get("meta_info", {}), with_text, tokenizer),
     }
 
 
@@ -96,13 +102,13 @@ class CumulativeEvents:
     plus a copy, not a re-encoding of the whole output so far. A logprob entry's text is decoded
     once, when its chunk arrives. The bytes equal json.dumps of the whole event."""
 
-    def __init__(self, index: int | None, req: GenerateRequest, tokenizer: Any) -> None:
+    def __init__(self, index: int | None, with_text: bool, tokenizer: Any) -> None:
         self.index = index
         self.meta: dict[str, Any] = {}
         self._text = ""  # JSON-escaped, without quotes
         self._ids = ""  # JSON list items, without brackets
         self._lists: dict[str, list[Any]] = {key: [] for key in OUTPUT_LISTS}
-        self._with_text = req.return_logprob and req.return_text_in_logprobs
+        self._with_text = with_text
         self._tokenizer = tokenizer
 
     def add(self, chunk: dict[str, Any]) -> None:
@@ -139,7 +145,9 @@ async def _stream_events(
     """SSE events: per sequence, cumulative text, output_ids and output logprobs."""
     indexed = req.is_batch or len(seqs) > 1
     tokenizer = runner.engine.tokenizer
-    acc = [CumulativeEvents(i if indexed else None, req, tokenizer) for i in range(len(seqs))]
+    acc = [
+        CumulativeEvents(i if indexed else None, _with_text(s, req), tokenizer) for i, s in enumerate(seqs)
+    ]
     gens = [runner.run(s, stream=True, group=group) for s in seqs]
     started = False  # an error before the first event propagates: sse_response makes it the status
     try:
@@ -179,7 +187,7 @@ def register(app: FastAPI) -> None:
             )
         finally:
             runner.release_all(seqs)
-        outs = [_finish(r, req, engine.tokenizer) for r in results]
+        outs = [_finish(r, _with_text(s, req), engine.tokenizer) for r, s in zip(results, seqs)]
         return outs if req.is_batch or len(outs) > 1 else outs[0]
 
     @app.get("/health")

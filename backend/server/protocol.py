@@ -21,9 +21,8 @@ from pydantic import (
 
 from ..sampling_params import CONSTRAINT_KEYS, FRONTEND_NAMES, SAMPLING_KEYS, check_values, wire_fields
 from .openai_fields import ClientFields, ResponseMessageFields
-from .sglang_fields import GenerateFields, SGLangOpenAIFields
+from .sglang_fields import MAX_TOP_LOGPROBS, GenerateFields, SGLangOpenAIFields
 
-MAX_TOP_LOGPROBS = 20
 # Hard ceiling on prompts x n per request, checked before any fan-out: otherwise a huge `n` would
 # build that many sequences before the server's configured limit is checked, and hang the server.
 MAX_SEQUENCES = 1024
@@ -80,10 +79,6 @@ class GenerateRequest(GenerateFields):
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: SamplingParams | list[SamplingParams] | None = None
     stream: bool = False
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
-    return_text_in_logprobs: bool = False
     rid: str | list[str] | None = None
 
     @model_validator(mode="after")

@@ -2,13 +2,17 @@
 re-serializes every request and always sends its defaults: `model`, `log_metrics`,
 `return_hidden_states`, ... on /generate; `continue_final_message`, `separate_reasoning`, ... on
 chat). Each field has one stated fate: honoured, accepted without effect (only where ignoring it
-cannot change what the client gets), or refused with the reason when set to what we cannot do."""
+cannot change what the client gets), or refused with the reason when set to what we cannot do.
+The logprob options take, as SGLang's do, one value for every prompt or a list with one per prompt."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_TOP_LOGPROBS = 20
+_TopLogprobs = Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)]
 
 # Refused when true (false is the default the router always sends).
 REFUSED_FLAGS = {
@@ -61,6 +65,10 @@ class GenerateFields(BaseModel):
     """Mixin of POST /generate: every field SGLang's GenerateReqInput has that sampling does not."""
 
     model_config = ConfigDict(extra="forbid")
+    return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] = -1
+    top_logprobs_num: _TopLogprobs | list[_TopLogprobs] = 0
+    return_text_in_logprobs: bool = False
     model: str | None = None
     log_metrics: bool = True  # honoured: false keeps the request out of the latency histograms
     no_logs: bool = False
@@ -96,6 +104,19 @@ class GenerateFields(BaseModel):
                 f"data_parallel_rank={self.data_parallel_rank!r}: this server is one replica (rank 0); "
                 "route across replicas with the router"
             )
+
+    def logprob_options(self, n_prompts: int) -> list[tuple[bool, int, int]]:
+        """(return_logprob, logprob_start_len, top_logprobs_num) of each prompt; ValueError for a
+        list whose length is not the number of prompts."""
+        columns = []
+        for name in ("return_logprob", "logprob_start_len", "top_logprobs_num"):
+            value = getattr(self, name)
+            if isinstance(value, list) and len(value) != n_prompts:
+                raise ValueError(
+                    f"{name} has {len(value)} values for {n_prompts} prompts; give one per prompt"
+                )
+            columns.append(value if isinstance(value, list) else [value] * n_prompts)
+        return list(zip(*columns))
 
 
 # The SGLang fields the OpenAI routes take (the router forwards them on chat and completions).
