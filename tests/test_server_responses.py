@@ -162,3 +162,36 @@ def test_a_stream_that_cannot_start_is_a_400_not_an_event(client: openai.OpenAI)
     fmt = {"type": "json_schema", "name": "x", "schema": {"type": "string", "pattern": "(("}}
     with pytest.raises(openai.BadRequestError, match="pattern"):
         client.responses.create(model="m", input="Hi", text={"format": fmt}, max_output_tokens=4, stream=True)
+
+
+def test_text_then_a_call_sent_back_is_one_assistant_turn_as_in_chat(client: openai.OpenAI) -> None:
+    """An answer's message and function_call items are one turn the model wrote (text, then the
+    call): sent back, the prompt is chat's with one assistant message holding both."""
+    user = {"role": "user", "content": "What is the weather in Paris?"}
+    args = '{"city": "Paris"}'
+    items: list[Any] = [
+        user,
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Let me look."}],
+        },
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": args},
+        {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 21 C"},
+    ]
+    r = client.responses.create(model="m", input=items, tools=[WEATHER], max_output_tokens=6, temperature=0)
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": args}}
+    chat = client.chat.completions.create(
+        model="m",
+        messages=[
+            user,  # type: ignore[list-item]
+            {"role": "assistant", "content": "Let me look.", "tool_calls": [call]},  # type: ignore[list-item]
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"},
+        ],
+        tools=[{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}],  # type: ignore[list-item]
+        max_tokens=6,
+        temperature=0,
+    )
+    assert chat.usage is not None and r.usage is not None
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.output_text == chat.choices[0].message.content

@@ -189,8 +189,9 @@ def _responses_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _messages(instructions: str | None, items: list[Item]) -> list[dict[str, Any]]:
-    """Chat messages: the instructions as the system message, then each item; consecutive
-    function calls make one assistant turn, as a chat model writes them."""
+    """Chat messages: the instructions as the system message, then each item; a function call
+    joins the assistant turn before it (its text and earlier calls), since a response's message
+    and calls are one turn the model wrote, as chat's assistant message with tool_calls is."""
     out: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
     for item in items:
         if isinstance(item, MessageItem):
@@ -201,8 +202,8 @@ def _messages(instructions: str | None, items: list[Item]) -> list[dict[str, Any
                 "type": "function",
                 "function": {"name": item.name, "arguments": item.arguments},
             }
-            if out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
-                out[-1]["tool_calls"].append(call)
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         else:
