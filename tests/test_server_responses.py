@@ -135,6 +135,10 @@ def test_a_function_call_and_its_output_go_round(client: openai.OpenAI, stream: 
         ({"previous_response_id": "resp_1"}, "Previous response with id 'resp_1' not found"),
         ({"include": ["message.output_text.logprobs"]}, "is not supported"),
         ({"truncation": "auto"}, "truncation"),
+        (
+            {"background": True},
+            r"background responses are not supported: each response is answered within its",
+        ),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "unknown tool"),
         ({"frequency_penaltyy": 1}, "frequency_penaltyy"),
         (

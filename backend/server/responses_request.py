@@ -120,7 +120,9 @@ class ResponsesRequest(_Strict):
         if self.reasoning:
             raise ValueError("reasoning is not supported (no reasoning models)")
         if self.background:
-            raise ValueError("background responses are not supported (nothing is stored)")
+            raise ValueError(
+                "background responses are not supported: each response is answered within its request"
+            )
         if isinstance(self.input, list) and not self.input:
             raise ValueError("input must not be empty")
         return self
