@@ -204,7 +204,8 @@ class ProgramState:
     ) -> AsyncIterator[Any]:
         """Async version of text_iter. With return_meta_data and a variable, yields (chunk, meta)
         per backend chunk as SGLang does: meta carries that chunk's own output_token_logprobs and
-        the running output_token_logprobs_length (get_meta_info(name) has the whole lists).
+        the running output_token_logprobs_length (get_meta_info(name) has the whole lists); a
+        select's (or var_scope's) value comes as one chunk with its whole meta (None for a scope).
         Without a variable it yields text chunks alone, return_meta_data or not (SGLang too)."""
         if return_meta_data and var_name is not None:
             it: Iterator[Any] = self._iter_var_chunks(var_name)
@@ -222,8 +223,11 @@ class ProgramState:
         if not ex.stream:
             yield self.get_var(name), self.get_meta_info(name)
             return
-        for _ in self._iter_var(ex, name):  # wakes on each new chunk; the chunks list is the record
-            yield from self._take_chunks(ex, name)
+        for text in self._iter_var(ex, name):  # wakes on each new chunk; the chunks list is the record
+            if name in ex.stream_chunks:
+                yield from self._take_chunks(ex, name)
+            else:  # a select or var_scope (or a name never set): its value comes whole, no chunks
+                yield text, ex.meta_info.get(name)
         yield from self._take_chunks(ex, name)
         ex.raise_error()
 

@@ -1,0 +1,38 @@
+"""The ProgramState API an SGLang program reads past gen/select: streamed readers of a select's
+value with its meta. On the session's shared engine (CPU, default model)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import radixlm as sgl
+
+
+@pytest.fixture(scope="module")
+def rt(engine):
+    return sgl.Runtime(engine=engine)
+
+
+@sgl.function
+def sky(s):
+    s += "The sky is"
+    s += sgl.select("colour", choices=[" blue", " green"])
+    with s.var_scope("tail"):
+        s += " today"
+
+
+def test_async_meta_reader_yields_a_streamed_selects_value_and_meta(rt):
+    async def read(var: str) -> list[object]:
+        st = sky.run(backend=rt, stream=True)
+        return [c async for c in st.text_async_iter(var, return_meta_data=True)]
+
+    plain = sky.run(backend=rt)
+    [(value, meta)] = asyncio.run(read("colour"))
+    assert value == plain["colour"]
+    assert isinstance(meta, dict)
+    assert meta["normalized_prompt_logprobs"] == pytest.approx(
+        plain.get_meta_info("colour")["normalized_prompt_logprobs"]
+    )
+    assert asyncio.run(read("tail")) == [(" today", None)]
