@@ -227,9 +227,8 @@ class Executor:
             self.stream_text_event.set()
 
     def _run_one(self, expr: Expr, site: CallSite | None, reraise_interrupts: bool) -> None:
-        """Execute one expression unless an earlier one failed; its error is kept for whoever
-        reads the state. In the program's own thread a KeyboardInterrupt or SystemExit also
-        goes on up, so Ctrl-C stops the program there and then."""
+        """Execute one expression unless an earlier one failed, keeping its error for the state's
+        readers; in the program's own thread an interrupt (Ctrl-C, SystemExit) also goes on up."""
         if self.error_ is not None:
             return
         try:
@@ -241,9 +240,10 @@ class Executor:
 
     def _fail(self, error: BaseException, site: CallSite | None) -> None:
         where = site.describe() if site is not None else "(unknown line)"
-        if hasattr(error, "add_note"):
-            error.add_note(f"radixlm: in program {self.program_name!r}, {where}")
+        error.add_note(f"radixlm: in program {self.program_name!r}, {where}")
         self.error_ = error
+        for name in [n for n, ev in self.variable_event.items() if not ev.is_set()]:
+            self.variables.pop(name, None)  # unfinished (a streamed gen's partial text): no value
         self.release_waiters()
 
     def release_waiters(self) -> None:  # after an error no queued expression sets its variable

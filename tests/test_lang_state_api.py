@@ -1,5 +1,6 @@
 """The ProgramState API an SGLang program reads past gen/select: streamed readers of a select's
-value with its meta. On the session's shared engine (CPU, default model)."""
+value with its meta, and a streamed gen that fails (its variable raises as a non-streamed one's
+does). On the session's shared engine (CPU, default model)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,24 @@ def test_async_meta_reader_yields_a_streamed_selects_value_and_meta(rt):
         plain.get_meta_info("colour")["normalized_prompt_logprobs"]
     )
     assert asyncio.run(read("tail")) == [(" today", None)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failed_gens_variable_raises_its_error_streamed_or_not(rt, stream):
+    @sgl.function
+    def prog(s):
+        s += "Hello" + sgl.gen("ok", max_tokens=2, temperature=0)
+        s += sgl.gen("too_long", max_tokens=10**6)
+
+    if not stream:
+        with pytest.raises(ValueError, match="exceeds the context length"):
+            prog.run(backend=rt)
+        return
+    st = prog.run(backend=rt, stream=True)
+    with pytest.raises(ValueError, match="exceeds the context length"):
+        list(st.text_iter())
+    assert isinstance(st["ok"], str)  # what finished before the error keeps its value
+    with pytest.raises(ValueError, match="exceeds the context length"):
+        st["too_long"]  # noqa: B018
+    with pytest.raises(ValueError, match="exceeds the context length"):
+        st.get_meta_info("too_long")
