@@ -139,7 +139,7 @@ class ProgramBackend:
     def unpin_prefix(self, handle: Any) -> None:
         return None
 
-    def flush_cache(self) -> bool:
+    def flush_cache(self, empty_cache: bool = True) -> bool:
         return False
 
     def shutdown(self) -> None:

@@ -212,8 +212,10 @@ class RuntimeEndpoint(TokenBackend):
         """The served model's path, from /get_model_info (as SGLang's)."""
         return str(self.model_info["model_path"])
 
-    def flush_cache(self) -> bool:
-        resp = self._client.post("/flush_cache")
+    def flush_cache(self, empty_cache: bool = True) -> bool:
+        """POST /flush_cache with SGLang's body; a radixlm server empties its prefix cache and
+        reads nothing else of it (its device allocator is the server's to manage)."""
+        resp = self._client.post("/flush_cache", json={"empty_cache": empty_cache})
         return resp.status_code < 400
 
     def shutdown(self) -> None:

@@ -54,9 +54,13 @@ def get_default_backend() -> ProgramBackend | None:
     return global_config.default_backend
 
 
-def flush_cache(backend: ProgramBackend | None = None) -> bool:
+def flush_cache(backend: ProgramBackend | None = None, empty_cache: bool = True) -> bool:
+    """Empty the backend's prefix cache, as SGLang's; `empty_cache` also returns the device
+    allocator's free blocks to the driver afterwards (see the backend's flush_cache)."""
+    if not isinstance(empty_cache, bool):
+        raise ValueError(f"empty_cache must be True or False, got {empty_cache!r}")
     backend = backend or global_config.default_backend
-    return False if backend is None else backend.flush_cache()
+    return False if backend is None else backend.flush_cache(empty_cache=empty_cache)
 
 
 def get_server_info(backend: ProgramBackend | None = None) -> dict[str, Any]:

@@ -135,8 +135,17 @@ class Runtime(TokenBackend):
     def unpin_prefix(self, handle: Any) -> None:
         self.engine.unpin_prefix(handle)
 
-    def flush_cache(self) -> bool:
-        return bool(self.engine.flush_cache())
+    def flush_cache(self, empty_cache: bool = True) -> bool:
+        """Empty the engine's prefix cache (False while requests run or prefixes are pinned). With
+        `empty_cache`, as SGLang's, a flushed engine on CUDA then gives the allocator's free blocks
+        back to the driver (this process's: an Engine runs its model here)."""
+        flushed = bool(self.engine.flush_cache())
+        device = getattr(self.engine, "device", None)
+        if flushed and empty_cache and getattr(device, "type", None) == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+        return flushed
 
     def get_stats(self) -> dict[str, Any]:
         return self.engine.get_stats()

@@ -1,10 +1,12 @@
-"""The ProgramState API an SGLang program reads past gen/select: streamed readers of a select's
-value with its meta, and a streamed gen that fails (its variable raises as a non-streamed one's
-does). On the session's shared engine (CPU, default model)."""
+"""The ProgramState and module API an SGLang program reads past gen/select: streamed readers of a
+select's value with its meta, a streamed gen that fails (its variable raises as a non-streamed
+one's does), and SGLang's flush_cache(empty_cache=...). On the session's shared engine (CPU,
+default model)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -58,3 +60,15 @@ def test_a_failed_gens_variable_raises_its_error_streamed_or_not(rt, stream):
         st["too_long"]  # noqa: B018
     with pytest.raises(ValueError, match="exceeds the context length"):
         st.get_meta_info("too_long")
+
+
+def test_flush_cache_takes_sglangs_empty_cache(rt):
+    sky.run(backend=rt)
+    deadline = time.monotonic() + 10  # the shared session engine may still be finishing a request
+    while not sgl.flush_cache(rt, empty_cache=False) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rt.engine.get_stats()["kv_cached_slots"] == 0
+    assert sgl.flush_cache(rt, empty_cache=True)
+    assert sgl.flush_cache(backend=rt)
+    with pytest.raises(ValueError, match="empty_cache must be True or False"):
+        sgl.flush_cache(rt, empty_cache="yes")
