@@ -117,6 +117,15 @@ class Program:
         self.__name__ = getattr(func, "__name__", "program")
         self.__doc__ = func.__doc__
 
+    def __getattr__(self, name: str) -> Any:
+        # SGLang's program methods a port may call that radixlm does not provide, and why
+        if name in ("trace", "compile"):
+            raise AttributeError(
+                f"radixlm programs have no {name}(): SGLang's traced graph and its compiler are not "
+                "provided; run, run_batch and cache (prefix precaching by tracing) are"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def bind(self, **kwargs: Any) -> Program:
         unknown = set(kwargs) - set(self.arg_names)
         if unknown:

@@ -1,7 +1,7 @@
 """The ProgramState and module API an SGLang program reads past gen/select: streamed readers of a
 select's value with its meta, a streamed gen that fails (its variable raises as a non-streamed
-one's does), and SGLang's flush_cache(empty_cache=...). On the session's shared engine (CPU,
-default model)."""
+one's does), SGLang's flush_cache(empty_cache=...), and its trace()/compile() refused with why.
+On the session's shared engine (CPU, default model)."""
 
 from __future__ import annotations
 
@@ -72,3 +72,11 @@ def test_flush_cache_takes_sglangs_empty_cache(rt):
     assert sgl.flush_cache(backend=rt)
     with pytest.raises(ValueError, match="empty_cache must be True or False"):
         sgl.flush_cache(rt, empty_cache="yes")
+
+
+def test_sglangs_trace_and_compile_are_refused_with_why():
+    for name in ("trace", "compile"):
+        with pytest.raises(AttributeError, match=f"no {name}\\(\\): SGLang's traced graph"):
+            getattr(sky, name)()
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_method'"):
+        sky.no_such_method  # noqa: B018
