@@ -59,6 +59,17 @@ _NOT_PROVIDED = {
 }
 
 
+def _not_provided(name: str) -> Any:
+    """A stand-in that raises, saying why, when a program calls it. A stand-in and not an
+    AttributeError: `from radixlm import image` would turn that into an ImportError without it."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"radixlm has no {name!r}: {_NOT_PROVIDED[name]}")
+
+    refuse.__name__ = refuse.__qualname__ = name
+    return refuse
+
+
 def __getattr__(name: str) -> Any:
     # Lazy: `import radixlm` must not pull in torch or the HTTP clients until needed.
     if name in _LAZY:
@@ -71,7 +82,7 @@ def __getattr__(name: str) -> Any:
 
         return importlib.metadata.version("radixlm")
     if name in _NOT_PROVIDED:
-        raise AttributeError(f"radixlm has no {name!r}: {_NOT_PROVIDED[name]}")
+        return _not_provided(name)
     raise AttributeError(name)
 
 

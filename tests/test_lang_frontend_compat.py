@@ -247,8 +247,8 @@ def test_get_server_info_in_process_and_refusals(rt, engine):
     assert info["internal_states"][0]["num_running"] >= 0
     with pytest.raises(ValueError, match="no backend given"):
         sgl.get_server_info()
-    with pytest.raises(AttributeError, match="multimodal inputs are not supported"):
-        sgl.image  # noqa: B018
+    with pytest.raises(NotImplementedError, match="no 'image': multimodal inputs are not supported"):
+        sgl.image("cat.png")
     with pytest.raises(AttributeError, match="no_such_name"):
         sgl.no_such_name  # noqa: B018
 

@@ -1,7 +1,8 @@
 """The ProgramState and module API an SGLang program reads past gen/select: streamed readers of a
 select's value with its meta, a streamed gen that fails (its variable raises as a non-streamed
-one's does), SGLang's flush_cache(empty_cache=...), and its trace()/compile() refused with why.
-On the session's shared engine (CPU, default model)."""
+one's does), SGLang's flush_cache(empty_cache=...), its trace()/compile() refused with why, and its
+names radixlm lacks (image, video, ...) importable and refusing with why when used. On the
+session's shared engine (CPU, default model)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,20 @@ def test_sglangs_trace_and_compile_are_refused_with_why():
             getattr(sky, name)()
     with pytest.raises(AttributeError, match="has no attribute 'no_such_method'"):
         sky.no_such_method  # noqa: B018
+
+
+def test_sglang_names_not_provided_import_and_refuse_with_why_when_used(rt):
+    from radixlm import Anthropic, image, separate_reasoning, video  # as a port's imports read
+
+    @sgl.function
+    def look(s):
+        s += sgl.user(image("cat.png") + "What is this?")
+
+    with pytest.raises(NotImplementedError, match="no 'image': multimodal inputs are not supported"):
+        look.run(backend=rt)
+    with pytest.raises(NotImplementedError, match="no 'video': multimodal"):
+        video("clip.mp4", num_frames=4)
+    with pytest.raises(NotImplementedError, match="no 'separate_reasoning': reasoning parsers"):
+        separate_reasoning(sgl.gen("answer"), model_type="deepseek-r1")
+    with pytest.raises(NotImplementedError, match="no 'Anthropic': no Anthropic backend"):
+        Anthropic("claude-3-haiku")
