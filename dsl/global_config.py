@@ -18,8 +18,8 @@ _ELSEWHERE = {
     "default_new_token_ratio_decay_steps": _ADMISSION,
     "retract_decode_steps": _ADMISSION,
     "flashinfer_workspace_size": "radixlm's own kernels, which need no workspace setting",
-    "skip_special_tokens_in_output": "the sampling option skip_special_tokens (per gen or per run)",
-    "spaces_between_special_tokens_in_out": "the sampling option spaces_between_special_tokens",
+    "skip_special_tokens_in_output": "the run option skip_special_tokens (prog.run(skip_special_tokens=...))",
+    "spaces_between_special_tokens_in_out": "the run option spaces_between_special_tokens (prog.run(...))",
     "enable_gds": "nothing: radixlm loads weights without GPUDirect Storage",
     "gds_path": "nothing: radixlm loads weights without GPUDirect Storage",
 }

@@ -1,8 +1,9 @@
 """The ProgramState and module API an SGLang program reads past gen/select: streamed readers of a
 select's value with its meta, a streamed gen that fails (its variable raises as a non-streamed
 one's does), SGLang's flush_cache(empty_cache=...), its trace()/compile() refused with why, and its
-names radixlm lacks (image, video, ...) importable and refusing with why when used. On the
-session's shared engine (CPU, default model)."""
+names radixlm lacks (image, video, ...) importable and refusing with why when used, and a refused
+global_config setting that points to an option that exists. On the session's shared engine (CPU,
+default model)."""
 
 from __future__ import annotations
 
@@ -98,3 +99,17 @@ def test_sglang_names_not_provided_import_and_refuse_with_why_when_used(rt):
         separate_reasoning(sgl.gen("answer"), model_type="deepseek-r1")
     with pytest.raises(NotImplementedError, match="no 'Anthropic': no Anthropic backend"):
         Anthropic("claude-3-haiku")
+
+
+def test_a_refused_global_setting_points_to_an_option_that_exists(rt):
+    with pytest.raises(AttributeError, match=r"prog\.run\(skip_special_tokens=") as refused:
+        sgl.global_config.skip_special_tokens_in_output = False
+    assert "per gen" not in str(refused.value)  # gen() takes no skip_special_tokens (nor SGLang's)
+    with pytest.raises(TypeError):
+        sgl.gen("x", skip_special_tokens=False)  # type: ignore[call-arg]
+
+    @sgl.function
+    def hi(s):
+        s += sgl.user("hi") + sgl.assistant(sgl.gen("a", max_tokens=3, temperature=0))
+
+    hi.run(backend=rt, skip_special_tokens=False, spaces_between_special_tokens=False)
