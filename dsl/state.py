@@ -140,7 +140,12 @@ class ProgramState:
         return name in self.stream_executor.variables
 
     def __repr__(self) -> str:
-        return f"ProgramState({self.text()!r})"
+        # never raises: a debugger, a log line or a test report shows a failed state too
+        ex = self.stream_executor
+        ex.sync()
+        if ex.error_ is not None:
+            return f"ProgramState({ex.text_!r}, failed: {ex.error_!r})"
+        return f"ProgramState({ex.text_!r})"
 
     # ---- streaming --------------------------------------------------------------------
 

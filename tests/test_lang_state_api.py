@@ -1,9 +1,9 @@
 """The ProgramState and module API an SGLang program reads past gen/select: streamed readers of a
 select's value with its meta, a streamed gen that fails (its variable raises as a non-streamed
-one's does), SGLang's flush_cache(empty_cache=...), its trace()/compile() refused with why, and its
-names radixlm lacks (image, video, ...) importable and refusing with why when used, and a refused
-global_config setting that points to an option that exists. On the session's shared engine (CPU,
-default model)."""
+one's does, its state's repr says it failed), SGLang's flush_cache(empty_cache=...), its
+trace()/compile() refused with why, its names radixlm lacks (image, video, ...) importable and
+refusing with why when used, and a refused global_config setting that points to an option that
+exists. On the session's shared engine (CPU, default model)."""
 
 from __future__ import annotations
 
@@ -113,3 +113,15 @@ def test_a_refused_global_setting_points_to_an_option_that_exists(rt):
         s += sgl.user("hi") + sgl.assistant(sgl.gen("a", max_tokens=3, temperature=0))
 
     hi.run(backend=rt, skip_special_tokens=False, spaces_between_special_tokens=False)
+
+
+def test_a_failed_states_repr_shows_the_failure_instead_of_raising(rt):
+    @sgl.function
+    def prog(s):
+        s += "Hello" + sgl.gen("too_long", max_tokens=10**6)
+
+    st = prog.run(backend=rt, stream=True)
+    with pytest.raises(ValueError, match="exceeds the context length"):
+        list(st.text_iter())  # to the end of the run
+    assert repr(st) == f"ProgramState('Hello', failed: {st.error()!r})"
+    assert repr(sky.run(backend=rt)).startswith("ProgramState('The sky is")
