@@ -84,13 +84,20 @@ class ProgramState:
 
     # ---- forks ------------------------------------------------------------------------
 
-    def fork(self, size: int = 1) -> ProgramStateGroup:
+    def fork(self, size: int = 1, position_ids_offset: list[int] | None = None) -> ProgramStateGroup:
+        """`size` states that go on from this one's text. SGLang's `position_ids_offset` (its
+        interpreter never reads it) is taken as None only: forks continue at the parent's positions."""
+        if position_ids_offset is not None:
+            raise ValueError(
+                "fork(position_ids_offset=...) is not supported: forks continue at their parent's "
+                "positions; leave it None"
+            )
         kids, handle = self.stream_executor.fork(size, call_site())
         return ProgramStateGroup([ProgramState(k) for k in kids], self, handle)
 
     @contextmanager
-    def copy(self) -> Iterator[ProgramState]:
-        group = self.fork(1)
+    def copy(self, position_ids_offset: list[int] | None = None) -> Iterator[ProgramState]:
+        group = self.fork(1, position_ids_offset)
         try:
             yield group[0]
         finally:

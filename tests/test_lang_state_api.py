@@ -2,8 +2,8 @@
 select's value with its meta, a streamed gen that fails (its variable raises as a non-streamed
 one's does, its state's repr says it failed), SGLang's flush_cache(empty_cache=...), its
 trace()/compile() refused with why, its names radixlm lacks (image, video, ...) importable and
-refusing with why when used, and a refused global_config setting that points to an option that
-exists. On the session's shared engine (CPU, default model)."""
+refusing with why when used, a refused global_config setting that points to an option that
+exists, and fork/copy's position_ids_offset. On the session's shared engine (CPU, default model)."""
 
 from __future__ import annotations
 
@@ -125,3 +125,19 @@ def test_a_failed_states_repr_shows_the_failure_instead_of_raising(rt):
         list(st.text_iter())  # to the end of the run
     assert repr(st) == f"ProgramState('Hello', failed: {st.error()!r})"
     assert repr(sky.run(backend=rt)).startswith("ProgramState('The sky is")
+
+
+def test_fork_and_copy_take_sglangs_position_ids_offset_as_none_only(rt):
+    @sgl.function
+    def prog(s):
+        s += "Pick a number:"
+        forks = s.fork(2, position_ids_offset=None)
+        forks += sgl.gen("n", max_tokens=2, temperature=0)
+        forks.join()
+        with s.copy(position_ids_offset=None) as c:
+            c += sgl.gen("m", max_tokens=2, temperature=0)
+        with pytest.raises(ValueError, match="position_ids_offset=...\\) is not supported"):
+            s.fork(2, position_ids_offset=[0, 0])
+
+    st = prog.run(backend=rt)
+    assert len(st["n"]) == 2 and len(st["m"]) == 1
