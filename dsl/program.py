@@ -1,4 +1,4 @@
-"""`@function` programs: run, run_batch (threads, progress bar, generator style), bind,
+"""`@function` programs: run, run_batch (generator style; its lanes in batch_lanes.py), bind,
 async arun/arun_batch, and the tracer that pre-caches a program's constant prefix before a
 batch. Promise: a program's exception reaches the caller, tagged with the program line."""
 
@@ -7,10 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
-import os
-import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from radixlm.backend.sampling_params import (
@@ -20,6 +17,7 @@ from radixlm.backend.sampling_params import (
     check_values,
 )
 from radixlm.backend_base import ProgramBackend
+from radixlm.batch_lanes import num_threads_for, run_all
 from radixlm.global_config import global_config
 from radixlm.interpreter import Executor
 from radixlm.ir import check_logprob_options
@@ -240,7 +238,7 @@ class Program:
         _split_options(options)  # validate before any work
         if len(batch_kwargs) > 1 and global_config.enable_precache_with_tracing:
             self.precache(backend)
-        threads = _num_threads(num_threads, len(batch_kwargs))
+        threads = num_threads_for(num_threads, len(batch_kwargs))
 
         cancel = _RUN_CANCEL.get()  # the pool's threads do not inherit this thread's context
 
@@ -251,7 +249,7 @@ class Program:
             finally:
                 _RUN_CANCEL.reset(token)
 
-        it = _run_all(one, list(batch_kwargs), threads, progress_bar)
+        it = run_all(one, list(batch_kwargs), threads, progress_bar)
         return it if generator_style else list(it)
 
     def _batch_entry(self, entry: Any) -> dict[str, Any]:
@@ -322,69 +320,6 @@ def _batch_list(batch: Any) -> list[Any]:
             "run_batch takes a list of dicts of program arguments (or of lists of positional ones)"
         )
     return list(batch)
-
-
-def _num_threads(num_threads: int | str, n: int) -> int:
-    if num_threads == "auto":
-        num_threads = max(64, (os.cpu_count() or 1) * 16)
-    if not isinstance(num_threads, int) or num_threads < 1:
-        raise ValueError(f"num_threads must be 'auto' or a positive int, got {num_threads!r}")
-    return max(1, min(num_threads, n))
-
-
-def _run_all(
-    one: Callable[[dict[str, Any]], ProgramState],
-    batch: list[dict[str, Any]],
-    threads: int,
-    progress_bar: bool,
-) -> Iterator[ProgramState]:
-    pbar = None
-    if progress_bar:
-        import tqdm
-
-        pbar = tqdm.tqdm(total=len(batch))
-    try:
-        if threads == 1:
-            for kw in batch:
-                yield one(kw)
-                if pbar is not None:
-                    pbar.update()
-            return
-        futures = _run_in_lanes(one, batch, threads)
-        if pbar is not None:
-            for f in futures:
-                f.add_done_callback(lambda _: pbar.update())
-        for f in futures:
-            yield f.result()
-    finally:
-        if pbar is not None:
-            pbar.close()
-
-
-def _run_in_lanes(
-    one: Callable[[dict[str, Any]], ProgramState], batch: list[dict[str, Any]], lanes: int
-) -> list[Future[ProgramState]]:
-    """One future per kwargs dict, in order; `lanes` cached threads each run the next program
-    not yet started until none is left, so at most `lanes` run at once."""
-    futures: list[Future[ProgramState]] = [Future() for _ in batch]
-    order = iter(range(len(batch)))
-    lock = threading.Lock()
-
-    def lane() -> None:
-        while True:
-            with lock:
-                i = next(order, None)
-            if i is None:
-                return
-            if futures[i].set_running_or_notify_cancel():
-                try:
-                    futures[i].set_result(one(batch[i]))
-                except BaseException as e:  # noqa: BLE001 - re-raised by whoever reads the future
-                    futures[i].set_exception(e)
-
-    for _ in range(min(lanes, len(batch))):
-        PROGRAM_THREADS.run(lane)
-    return futures
 
 
 def function(func: Callable[..., Any] | None = None, **options: Any) -> Any:

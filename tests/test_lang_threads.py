@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from radixlm.program import _run_in_lanes
+from radixlm.batch_lanes import run_in_lanes
 from radixlm.threads import ThreadCache
 
 
@@ -90,7 +90,7 @@ def test_lanes_bound_concurrency_and_keep_order():
             raise ValueError("program 5 failed")
         return kw["i"] * 10
 
-    futures = _run_in_lanes(one, [{"i": i} for i in range(12)], lanes=3)  # type: ignore[arg-type]
+    futures = run_in_lanes(one, [{"i": i} for i in range(12)], lanes=3)  # type: ignore[arg-type]
     assert [f.result(timeout=5) for f in futures[:5]] == [0, 10, 20, 30, 40]
     with pytest.raises(ValueError, match="program 5"):
         futures[5].result(timeout=5)
