@@ -101,6 +101,11 @@ class Program:
         self.func = func
         variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
         self.arg_names = [p.name for p in params[1:] if p.kind not in variadic]
+        # positional arguments fill these, as a Python call does (never a keyword-only parameter);
+        # past them only a def prog(s, a, *rest) takes more
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        self.positional_names = [p.name for p in params[1:] if p.kind in positional]
+        self.takes_more_positional = any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params[1:])
         # def prog(s, **kwargs): run's keywords that are not run options are the program's
         self.takes_any_keyword = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params[1:])
         self.bind_arguments = dict(bind_arguments or {})
@@ -181,20 +186,24 @@ class Program:
         if not isinstance(use_thread, bool):
             raise ValueError(f"use_thread must be True or False, got {use_thread!r}")
         kwargs = self._arguments(args, options)
+        more = args[len(self.positional_names) :]
         ex = self._executor(
             self._backend(backend), kwargs, {"max_new_tokens": max_new_tokens, **options}, stream
         )
         state = ProgramState(ex)
         if stream:
-            PROGRAM_THREADS.run(lambda: self._body(state, kwargs, True))
+            PROGRAM_THREADS.run(lambda: self._body(state, kwargs, more, True))
         else:
-            self._body(state, kwargs, False)
+            self._body(state, kwargs, more, False)
         return state
 
     def _arguments(self, args: tuple[Any, ...], options: dict[str, Any]) -> dict[str, Any]:
-        if len(args) > len(self.arg_names):
-            raise ValueError(f"{self.__name__} takes {len(self.arg_names)} argument(s), got {len(args)}")
-        kwargs = dict(zip(self.arg_names, args))
+        """The program's named arguments; positional ones past its named parameters (for *rest)
+        are not among them."""
+        n = len(self.positional_names)
+        if len(args) > n and not self.takes_more_positional:
+            raise ValueError(f"{self.__name__} takes {n} positional argument(s), got {len(args)}")
+        kwargs = dict(zip(self.positional_names, args))
         for name in list(options):
             if name in self.arg_names or (self.takes_any_keyword and name not in _RUN_OPTION_KEYS):
                 if name in kwargs:
@@ -202,10 +211,18 @@ class Program:
                 kwargs[name] = options.pop(name)
         return {**self.bind_arguments, **kwargs}
 
-    def _body(self, state: ProgramState, kwargs: dict[str, Any], in_thread: bool) -> None:
+    def _body(
+        self, state: ProgramState, kwargs: dict[str, Any], more: tuple[Any, ...], in_thread: bool
+    ) -> None:
         ex = state.stream_executor
         try:
-            state.ret_value = self.func(state, **kwargs)
+            if more:  # *rest follows the named positional parameters: those go by position too
+                named = {k: v for k, v in kwargs.items() if k not in self.positional_names}
+                state.ret_value = self.func(
+                    state, *(kwargs[k] for k in self.positional_names), *more, **named
+                )
+            else:
+                state.ret_value = self.func(state, **kwargs)
         except BaseException as e:
             if ex.error_ is None:
                 ex.error_ = e
@@ -255,11 +272,12 @@ class Program:
     def _batch_entry(self, entry: Any) -> dict[str, Any]:
         if isinstance(entry, dict):
             return entry
-        if len(entry) > len(self.arg_names):
+        if len(entry) > len(self.positional_names):  # as SGLang's: a list fills the named parameters only
             raise ValueError(
-                f"{self.__name__} takes {len(self.arg_names)} argument(s), a batch entry has {len(entry)}"
+                f"{self.__name__} takes {len(self.positional_names)} positional argument(s), a batch entry "
+                f"has {len(entry)}"
             )
-        return dict(zip(self.arg_names, entry))
+        return dict(zip(self.positional_names, entry))
 
     async def arun(self, *args: Any, **kwargs: Any) -> ProgramState:
         """run() on a thread; cancelling the task (or a timeout) aborts the model calls in flight

@@ -1,9 +1,10 @@
-"""The ProgramState and module API an SGLang program reads past gen/select: streamed readers of a
+"""The ProgramState and program API an SGLang program uses past gen/select: streamed readers of a
 select's value with its meta, a streamed gen that fails (its variable raises as a non-streamed
 one's does, its state's repr says it failed), SGLang's flush_cache(empty_cache=...), its
 trace()/compile() refused with why, its names radixlm lacks (image, video, ...) importable and
 refusing with why when used, a refused global_config setting that points to an option that
-exists, and fork/copy's position_ids_offset. On the session's shared engine (CPU, default model)."""
+exists, fork/copy's position_ids_offset, and positional arguments bound as Python binds them.
+On the session's shared engine (CPU, default model)."""
 
 from __future__ import annotations
 
@@ -141,3 +142,22 @@ def test_fork_and_copy_take_sglangs_position_ids_offset_as_none_only(rt):
 
     st = prog.run(backend=rt)
     assert len(st["n"]) == 2 and len(st["m"]) == 1
+
+
+def test_positional_arguments_bind_as_a_python_call_binds_them(rt):
+    @sgl.function
+    def rest(s, a, *more, k="K"):
+        s += a + "|" + "".join(more) + "|" + k
+
+    @sgl.function
+    def keyword_only(s, a, *, k="K"):
+        s += a + "|" + k
+
+    assert rest.run("x", "y", "z", k="Q", backend=rt).text() == "x|yz|Q"
+    assert rest.run("x", "y", backend=rt).text() == "x|y|K"  # not k="y"
+    assert keyword_only.run("x", k="y", backend=rt).text() == "x|y"
+    with pytest.raises(ValueError, match="takes 1 positional argument"):
+        keyword_only.run("x", "y", backend=rt)  # Python (and SGLang's call) refuses it too
+    with pytest.raises(ValueError, match="takes 1 positional argument"):
+        keyword_only.run_batch([["x", "y"]], backend=rt)
+    assert keyword_only.bind(k="B").run_batch([["x"]], backend=rt)[0].text() == "x|B"
