@@ -82,3 +82,29 @@ def test_a_per_prompt_list_of_the_wrong_length_is_a_400(srv: ServerThread, field
 def test_a_per_prompt_top_logprobs_num_is_bounded(srv: ServerThread) -> None:
     r = _post(srv, {"text": PROMPTS, "return_logprob": True, "top_logprobs_num": [1, 21]})
     assert r.status_code == 400 and "top_logprobs_num" in r.json()["error"]["message"]
+
+
+def test_abort_by_a_listed_rid_stops_that_prompts_samples(srv: ServerThread) -> None:
+    """With rid a list and n > 1 the samples run as rid-0, rid-1, ...; /abort_request with a listed
+    rid stops that prompt's samples (SGLang aborts every request whose id starts with it) and no
+    other prompt's."""
+    long = {"max_new_tokens": 400, "ignore_eos": True, "n": 2, "temperature": 0.8}
+    short = {"max_new_tokens": 12, "ignore_eos": True, "n": 2, "temperature": 0.8}
+    body = {"text": PROMPTS, "rid": ["grp-a", "grp-b"], "sampling_params": [long, short], "stream": True}
+    last: dict[int, dict[str, Any]] = {}
+    found = None
+    with httpx.stream("POST", srv.url + "/generate", json=body, timeout=120) as resp:
+        for line in resp.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            last[event["index"]] = event["meta_info"]
+            if found is None:
+                found = httpx.post(srv.url + "/abort_request", json={"rid": "grp-a"}, timeout=30).json()[
+                    "found"
+                ]
+    assert found is True
+    reasons = {i: meta["finish_reason"]["type"] for i, meta in last.items()}
+    assert reasons == {0: "abort", 1: "abort", 2: "length", 3: "length"}
+    assert all(last[i]["completion_tokens"] < 400 for i in (0, 1))
+    assert httpx.post(srv.url + "/abort_request", json={"rid": "grp-a"}, timeout=30).json()["found"] is False

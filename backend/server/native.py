@@ -43,6 +43,7 @@ def build_seqs(req: GenerateRequest) -> list[Seq]:
     seqs: list[Seq] = []
     for i, (prompt, sp, (return_logprob, start, top)) in enumerate(zip(prompts, per_prompt, logprobs)):
         n = sp.n or 1
+        group = _abort_group(req.rid, rids[i], n)
         for j in range(n):
             engine_sp = sp.to_engine()
             if "max_new_tokens" in sp.model_fields_set and sp.max_new_tokens is None:
@@ -60,9 +61,18 @@ def build_seqs(req: GenerateRequest) -> list[Seq]:
                     top_logprobs_num=top,
                     index=len(seqs),
                     log_metrics=req.log_metrics,
+                    group=group,
                 )
             )
     return seqs
+
+
+def _abort_group(rid: str | list[str] | None, prompt_rid: str, n: int) -> str | None:
+    """The id /abort_request takes for several sequences at once: a string rid names all of the
+    request's, a listed rid its prompt's n samples (run as rid-0, rid-1, ...)."""
+    if isinstance(rid, str):
+        return rid
+    return prompt_rid if rid is not None and n > 1 else None
 
 
 def _rids(rid: str | list[str] | None, n: int) -> list[str]:
@@ -140,7 +150,7 @@ class CumulativeEvents:
 
 
 async def _stream_events(
-    runner: Runner, seqs: list[Seq], req: GenerateRequest, group: str | None
+    runner: Runner, seqs: list[Seq], req: GenerateRequest
 ) -> AsyncGenerator[bytes, None]:
     """SSE events: per sequence, cumulative text, output_ids and output logprobs."""
     indexed = req.is_batch or len(seqs) > 1
@@ -148,7 +158,7 @@ async def _stream_events(
     acc = [
         CumulativeEvents(i if indexed else None, _with_text(s, req), tokenizer) for i, s in enumerate(seqs)
     ]
-    gens = [runner.run(s, stream=True, group=group) for s in seqs]
+    gens = [runner.run(s, stream=True) for s in seqs]
     started = False  # an error before the first event propagates: sse_response makes it the status
     try:
         async for i, chunk in merge_streams(gens):
@@ -177,14 +187,11 @@ def register(app: FastAPI) -> None:
                 rest = runner.rest_of_context(runner.count_prompt_tokens(s.prompt))
                 s.sampling_params["max_new_tokens"] = rest
         runner.check(seqs)
-        group = req.rid if isinstance(req.rid, str) and len(seqs) > 1 else None
-        runner.reserve(seqs, group)
+        runner.reserve(seqs)
         if req.stream:
-            return await sse_response(request, _stream_events(runner, seqs, req, group))
+            return await sse_response(request, _stream_events(runner, seqs, req))
         try:
-            results = await until_disconnect(
-                request, gather_all([run_to_end(runner, s, group) for s in seqs])
-            )
+            results = await until_disconnect(request, gather_all([run_to_end(runner, s) for s in seqs]))
         finally:
             runner.release_all(seqs)
         outs = [_finish(r, _with_text(s, req), engine.tokenizer) for r, s in zip(results, seqs)]

@@ -46,6 +46,7 @@ class Seq:
     top_logprobs_num: int = 0
     index: int = 0
     log_metrics: bool = True  # false: kept out of the latency histograms (SGLang's log_metrics)
+    group: str | None = None  # an id /abort_request takes for this sequence and its siblings
 
 
 class Runner:
@@ -130,13 +131,14 @@ class Runner:
             return len(prompt["input_ids"])
         return len(self.engine.tokenizer.encode(prompt["text"]))
 
-    def reserve(self, seqs: list[Seq], group: str | None = None) -> None:
-        """Take the pending slots (after check) and register the ids for /abort_request."""
+    def reserve(self, seqs: list[Seq]) -> None:
+        """Take the pending slots (after check) and register the ids, and the groups' ids, for
+        /abort_request."""
         self._reserved += len(seqs)
         for seq in seqs:
             self.inflight[seq.rid] = seq
-        if group is not None:
-            self.groups[group] = [s.rid for s in seqs]
+            if seq.group is not None:
+                self.groups.setdefault(seq.group, []).append(seq.rid)
 
     def _release(self, seq: Seq) -> None:
         if self.inflight.pop(seq.rid, None) is not None:
@@ -178,9 +180,7 @@ class Runner:
 
     # ------------------------------------------------------------ running
 
-    async def run(
-        self, seq: Seq, stream: bool, group: str | None = None
-    ) -> AsyncGenerator[dict[str, Any], None]:
+    async def run(self, seq: Seq, stream: bool) -> AsyncGenerator[dict[str, Any], None]:
         """Chunks of one engine request, each with only the new text/ids/logprobs; the last one
         has meta_info.finish_reason. Cancelling the consumer aborts the engine request."""
         finished = failed = False
@@ -206,6 +206,7 @@ class Runner:
                 if not failed:  # the consumer left (disconnect, cancel) before the end
                     self.metrics.client_aborts.inc()
             self._release(seq)
+            group = seq.group
             if group is not None and not any(r in self.inflight for r in self.groups.get(group, [])):
                 self.groups.pop(group, None)
 
@@ -252,9 +253,9 @@ async def _quiet_close(aclose: Any) -> None:
         pass
 
 
-async def run_to_end(runner: Runner, seq: Seq, group: str | None = None) -> dict[str, Any]:
+async def run_to_end(runner: Runner, seq: Seq) -> dict[str, Any]:
     """Run one sequence without streaming and return the engine's final dict."""
     result: dict[str, Any] = {}
-    async for chunk in runner.run(seq, stream=False, group=group):
+    async for chunk in runner.run(seq, stream=False):
         result = chunk
     return result
