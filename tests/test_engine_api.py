@@ -317,8 +317,12 @@ def test_closing_a_batch_stream_aborts_the_unfinished_requests(engine):
         if 1 in ends:
             break
     stream.close()
+
+    def settled(stats: dict[str, int]) -> bool:  # read off the scheduler thread: poll for both
+        return stats["num_running"] == 0 and stats["num_aborted"] == aborted_before + 1
+
     deadline = time.monotonic() + 30
-    while engine.get_stats()["num_running"] and time.monotonic() < deadline:
+    while not settled(engine.get_stats()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ends[1] == "length" and 0 not in ends
-    assert engine.get_stats()["num_running"] == 0 and engine.get_stats()["num_aborted"] == aborted_before + 1
+    assert settled(engine.get_stats())
