@@ -43,6 +43,18 @@ def grammar_backend(engine: Any) -> GrammarBackend:
         return backend
 
 
+def warm_grammars(engine: Any) -> None:
+    """Build the engine's grammar indexes now (its start-up thread on CUDA), so the first
+    constrained request compiles only its own grammar."""
+    try:
+        backend = grammar_backend(engine)
+        backend.vocab  # noqa: B018 - builds the token index (our FSM)
+        backend.llguidance  # noqa: B018 - builds llguidance's tokenizer (JSON schemas)
+        backend.xgrammar  # noqa: B018 - builds xgrammar's vocabulary (masks of the exact subset)
+    except Exception:  # the first constrained request will then build and report it
+        logger.exception("grammar warm-up failed")
+
+
 class RequestGrammar:
     """A request's grammar state: the compile future, then its matcher (set on the caller's thread
     before the request is submitted; after that only the scheduler thread touches it)."""

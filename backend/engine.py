@@ -7,9 +7,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
-import queue
 import threading
-import uuid
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -21,12 +19,13 @@ import torch
 from radixlm.kernels import compiled_kernel_count
 
 from . import collector, limits
-from .constrained import grammar_backend
+from .constrained import warm_grammars
 from .embeddings import check_inputs, embed, embed_when_room, embedding_inputs
 from .engine_inbox import EngineInbox, RunCall, Stop
 from .engine_inputs import check_engine_options
-from .engine_release import holders, release_tensors
+from .engine_release import release_device
 from .engine_requests import EngineRequests
+from .engine_server_args import recorded_args, resolve_server_args, server_info
 from .loader import default_model_path, load_config, resolve_model_dir
 from .model_config import ModelConfig, named_shape_config
 from .model_runner import ModelRunner, resolve_dtype
@@ -90,6 +89,7 @@ class Engine(EngineRequests):
         speculative_policy: str = "auto",
         speculative_draft_model_path: str | None = None,
         tp_size: int = 1,
+        **sglang_server_args: Any,
     ) -> None:
         """overlap_schedule: process step t while step t+1 runs (None: on for CUDA, where it hides
         the host's per-step work; on CPU the forward runs on the host, so there is nothing to hide).
@@ -109,7 +109,12 @@ class Engine(EngineRequests):
         speculative_num_draft_tokens: most drafts per request per step (None: 7 for "ngram", whose
         drafts are free to propose and which the policy trims to those that pay; 4 for "draft").
         tp_size: tensor parallelism over that many CPU processes (gloo): this process is rank 0 and
-        holds the scheduler; the model's heads and MLP columns are split over the ranks."""
+        holds the scheduler; the model's heads and MLP columns are split over the ranks.
+        sglang_server_args: SGLang's ServerArgs names (random_seed, disable_overlap_schedule,
+        trust_remote_code, ...), each honoured, accepted or refused (backend/engine_server_args.py)."""
+        own = resolve_server_args(sglang_server_args, {"seed": seed, "overlap_schedule": overlap_schedule})
+        seed, overlap_schedule = own["seed"], own["overlap_schedule"]
+        self.server_args = recorded_args(locals())  # the options as passed, for get_server_info()
         logging.getLogger("radixlm").setLevel(log_level.upper())
         speculative = SpeculativeConfig(
             speculative_algorithm,
@@ -209,7 +214,7 @@ class Engine(EngineRequests):
         self._grammar_warmup: threading.Thread | None = None
         if self.device.type == "cuda":  # index the vocabulary for grammars now, not on the first request
             self._grammar_warmup = threading.Thread(
-                target=self._warm_grammars, name="radixlm-grammar-warmup", daemon=True
+                target=warm_grammars, args=(self,), name="radixlm-grammar-warmup", daemon=True
             )
             self._grammar_warmup.start()
         self._final_stats: dict[str, int] | None = None
@@ -229,15 +234,6 @@ class Engine(EngineRequests):
         # start-up built objects that live as long as the engine: a full collection would walk
         # them all, on the scheduler thread mid-step
         collector.engine_started()
-
-    def _warm_grammars(self) -> None:
-        try:
-            backend = grammar_backend(self)
-            backend.vocab  # noqa: B018 - builds the token index (our FSM)
-            backend.llguidance  # noqa: B018 - builds llguidance's tokenizer (JSON schemas)
-            backend.xgrammar  # noqa: B018 - builds xgrammar's vocabulary (masks of the exact subset)
-        except Exception:  # the first constrained request will then build and report it
-            logger.exception("grammar warm-up failed")
 
     @staticmethod
     def _resolve_model(model_path: str | None, model_shape: str | None) -> tuple[ModelConfig, Any]:
@@ -272,7 +268,7 @@ class Engine(EngineRequests):
         self._inbox.put(RunCall(fn, fut))
         return cast(T, fut.result())  # the inbox sets fn's own result
 
-    # ---- public API (generate, async_generate and abort_request: engine_requests.py) ----
+    # ---- public API (generate, async_generate, abort_request, pin_prefix: engine_requests.py) ----
     def flush_cache(self) -> bool:
         """Empty the prefix cache. Refused (False) while requests run or prefixes are pinned."""
 
@@ -285,6 +281,10 @@ class Engine(EngineRequests):
             return True
 
         return self._call(flush)
+
+    def get_server_info(self) -> dict[str, Any]:
+        """SGLang's Engine.get_server_info(): the engine's options and state (engine_server_args.py)."""
+        return server_info(self)
 
     def encode(
         self,
@@ -307,18 +307,6 @@ class Engine(EngineRequests):
             )
             for ids in id_lists
         ]
-
-    def pin_prefix(self, input_ids: list[int]) -> int:
-        """Prefill input_ids into the cache and keep them locked until unpin_prefix(handle)."""
-        handle = next(self._pin_ids)
-        specs, _ = self._specs(None, {"max_new_tokens": 0}, input_ids, f"pin-{uuid.uuid4().hex}")
-        specs[0].pin_handle = handle
-        q: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._submit(self._make_reqs(specs, lambda k: q.put))
-        out = q.get()
-        if out["meta_info"]["finish_reason"]["type"] == "abort":
-            raise RuntimeError(f"pin_prefix failed: {out['meta_info']['finish_reason'].get('message')}")
-        return handle
 
     def unpin_prefix(self, handle: int) -> None:
         self._call(lambda: self.scheduler.unpin(handle))
@@ -372,24 +360,7 @@ class Engine(EngineRequests):
         self._final_stats = self.get_stats()
         model, pool = weakref.ref(self.runner.model), weakref.ref(self.runner.kv_pool)
         self.scheduler = self.cache = self.runner = self._grammar_backend = None  # type: ignore[assignment]
-        collector.thaw_and_collect()  # the model runner and its graph runner / attention backend form cycles
-        held = model()
-        if held is not None:  # free the weights anyway, and say who keeps the module alive
-            logger.warning(
-                "engine shut down but its model is still referenced (by %s); its weights are released",
-                ", ".join(holders(held)) or "unknown",
-            )
-            release_tensors(held)
-            del held
-        kv = pool()
-        if kv is not None:  # the largest allocation: never left to whoever holds the runner
-            kv.k_buffers.clear()
-            kv.v_buffers.clear()
-            del kv
-        collector.engine_stopped(others_running=bool(_live_engines))
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
+        release_device(model, pool, self.device, others_running=bool(_live_engines))
 
     def __enter__(self) -> Engine:
         return self

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
 from typing import Any
@@ -35,6 +36,7 @@ class EngineRequests:
     _live_rids: set[str]
     _rid_lock: threading.Lock
     _closed: bool
+    _pin_ids: Iterator[int]
 
     # ---- request construction ---------------------------------------------------------
     def _make_reqs(self, specs: list[RequestSpec], sink_for: Callable[[int], OutputSink]) -> list[Req]:
@@ -198,6 +200,18 @@ class EngineRequests:
                 self.abort_request(r.rid)
             raise
         return outs[0] if single else outs
+
+    def pin_prefix(self, input_ids: list[int]) -> int:
+        """Prefill input_ids into the cache and keep them locked until unpin_prefix(handle)."""
+        handle = next(self._pin_ids)
+        specs, _ = self._specs(None, {"max_new_tokens": 0}, input_ids, f"pin-{uuid.uuid4().hex}")
+        specs[0].pin_handle = handle
+        q: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._submit(self._make_reqs(specs, lambda k: q.put))
+        out = q.get()
+        if out["meta_info"]["finish_reason"]["type"] == "abort":
+            raise RuntimeError(f"pin_prefix failed: {out['meta_info']['finish_reason'].get('message')}")
+        return handle
 
     def abort_request(self, rid: str) -> None:
         if not self._closed:

@@ -1,0 +1,49 @@
+"""The Engine as an SGLang offline script uses it: `get_server_info()`, SGLang's ServerArgs names
+passed to `Engine(**kwargs)` (honoured, accepted, or refused with the reason before any model
+work), and `encode` answering in SGLang's shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixlm.backend.engine import Engine
+
+
+def test_get_server_info_has_sglangs_keys(engine):
+    info = engine.get_server_info()
+    assert info["model_path"] == engine.model_path
+    assert info["tp_size"] == 1 and info["dp_size"] == 1 and info["random_seed"] == 0
+    assert info["max_total_num_tokens"] == engine.get_stats()["kv_total_slots"]
+    assert info["context_length"] == engine.model_config.context_len
+    assert isinstance(info["internal_states"], list) and "num_running" in info["internal_states"][0]
+    assert isinstance(info["version"], str)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"skip_tokenizer_init": True}, "always loads the tokenizer"),
+        ({"dp_size": 2}, "radixlm serve --dp"),
+        ({"enable_torch_compile": True}, "torch.compile"),
+        ({"stream_output": False}, "incremental"),
+        ({"disable_overlap_schedule": "yes"}, "True or False"),
+    ],
+)
+def test_sglang_server_args_it_cannot_honour_are_refused_with_the_reason(kwargs, reason):
+    with pytest.raises(ValueError, match=reason):
+        Engine(**kwargs)
+
+
+def test_a_name_neither_engine_has_is_a_type_error():
+    with pytest.raises(TypeError, match="no_such_option"):
+        Engine(no_such_option=1)
+
+
+def test_sglang_server_arg_names_are_honoured():
+    with Engine(random_seed=7, disable_overlap_schedule=True, trust_remote_code=True, dp_size=1) as eng:
+        assert eng.get_server_info()["random_seed"] == 7
+        assert eng.scheduler.cfg.overlap is False
+        sampled = {"max_new_tokens": 6, "temperature": 1.0}
+        first = eng.generate("Once upon a time", sampled)["output_ids"]
+    with Engine(seed=7) as same:
+        assert same.generate("Once upon a time", sampled)["output_ids"] == first
