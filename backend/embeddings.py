@@ -3,15 +3,17 @@ scheduler thread between steps, pooled from the final normalized hidden states (
 or the mean over tokens) and L2-normalized. Promises: the KV slots and the table row it borrows are
 back in the pool when it returns; bad input raises ValueError, a pool that running requests hold
 for now KVPoolBusy; an embedding that waits for room holds it against newly admitted prompts, so a
-stream of generation requests cannot starve it."""
+stream of generation requests cannot starve it. Engine.encode answers in SGLang's shape
+(sglang_embeddings)."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
 import time
+import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
@@ -130,3 +132,32 @@ def embedding_inputs(
     if not all(isinstance(x, list) and all(isinstance(i, int) for i in x) for x in lists):
         raise ValueError("input_ids must be a list of ints or a list of lists of ints")
     return [list(x) for x in lists]  # type: ignore[arg-type]
+
+
+def single_input(prompt: object, input_ids: object) -> bool:
+    """Whether encode() was given one input (a string, or one flat list of ids), as SGLang tells a
+    single request from a batch: its answer is then one dict, not a list."""
+    if prompt is not None:
+        return isinstance(prompt, str)
+    return isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], int)
+
+
+def sglang_embeddings(
+    id_lists: list[list[int]], vectors: list[list[float]], single: bool, start: float
+) -> dict[str, Any] | list[dict[str, Any]]:
+    """SGLang's Engine.encode answer: per input {"embedding", "meta_info"} with the id, the
+    finish reason of a request that generates nothing, prompt_tokens and e2e_latency."""
+    latency = time.perf_counter() - start
+    outs = [
+        {
+            "embedding": vec,
+            "meta_info": {
+                "id": uuid.uuid4().hex,
+                "finish_reason": {"type": "length", "length": 0},
+                "prompt_tokens": len(ids),
+                "e2e_latency": latency,
+            },
+        }
+        for ids, vec in zip(id_lists, vectors)
+    ]
+    return outs[0] if single else outs

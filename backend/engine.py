@@ -8,6 +8,7 @@ import atexit
 import itertools
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -20,7 +21,14 @@ from radixlm.kernels import compiled_kernel_count
 
 from . import collector, limits
 from .constrained import warm_grammars
-from .embeddings import check_inputs, embed, embed_when_room, embedding_inputs
+from .embeddings import (
+    check_inputs,
+    embed,
+    embed_when_room,
+    embedding_inputs,
+    sglang_embeddings,
+    single_input,
+)
 from .engine_inbox import EngineInbox, RunCall, Stop
 from .engine_inputs import check_engine_options
 from .engine_release import release_device
@@ -291,9 +299,21 @@ class Engine(EngineRequests):
         prompt: str | list[str] | None = None,
         input_ids: list[int] | list[list[int]] | None = None,
         pooling: str = "last",
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """SGLang's shape: {"embedding": [...], "meta_info": {...}} for one input (a string, or one
+        list of ids), a list of those for several. Each embedding is the final normalized hidden
+        state of the input's last token (or the mean over its tokens), L2-normalized."""
+        start = time.perf_counter()
+        id_lists, vectors = self._embed(prompt, input_ids, pooling)
+        return sglang_embeddings(id_lists, vectors, single_input(prompt, input_ids), start)
+
+    def encode_vectors(
+        self, prompt: Any = None, input_ids: Any = None, pooling: str = "last"
     ) -> list[list[float]]:
-        """Embeddings of each input: the final normalized hidden state of its last token (or the
-        mean over its tokens), L2-normalized (backend/embeddings.py)."""
+        """encode()'s vectors alone, one per input (what /v1/embeddings sends)."""
+        return self._embed(prompt, input_ids, pooling)[1]
+
+    def _embed(self, prompt: Any, input_ids: Any, pooling: str) -> tuple[list[list[int]], list[list[float]]]:
         if self._closed:
             raise RuntimeError("engine is shut down")
         with self._tok_lock:
@@ -301,7 +321,7 @@ class Engine(EngineRequests):
         cfg = self.model_config
         check_inputs(id_lists, pooling, cfg.context_len, cfg.vocab_size, self.runner.allocator.size)
         holds = self.scheduler.queues.embedding_holds
-        return [
+        return id_lists, [
             embed_when_room(
                 self._call, partial(embed, self.runner, self.scheduler.kv, ids, pooling), holds, len(ids)
             )

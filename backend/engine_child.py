@@ -16,7 +16,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-CALLS = ("flush_cache", "get_stats", "pin_prefix", "unpin_prefix", "encode")
+CALLS = ("flush_cache", "get_stats", "pin_prefix", "unpin_prefix", "encode_vectors")
 
 
 class Outbox:

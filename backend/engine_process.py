@@ -294,9 +294,12 @@ class EngineProcess:
     def get_stats(self) -> dict[str, int]:
         return cast(dict[str, int], self._call("get_stats"))
 
-    def encode(self, prompt: Any = None, input_ids: Any = None, pooling: str = "last") -> list[list[float]]:
+    def encode_vectors(
+        self, prompt: Any = None, input_ids: Any = None, pooling: str = "last"
+    ) -> list[list[float]]:
         return cast(
-            list[list[float]], self._call("encode", prompt=prompt, input_ids=input_ids, pooling=pooling)
+            list[list[float]],
+            self._call("encode_vectors", prompt=prompt, input_ids=input_ids, pooling=pooling),
         )
 
     def pin_prefix(self, input_ids: list[int]) -> int:

@@ -27,7 +27,7 @@ def hf_embedding(hf_model, ids: list[int], pooling: str) -> torch.Tensor:
 
 @pytest.mark.parametrize("pooling", ["last", "mean"])
 def test_encode_matches_hf_hidden_states(engine, hf_model, pooling) -> None:
-    vectors = engine.encode(TEXTS, pooling=pooling)
+    vectors = engine.encode_vectors(TEXTS, pooling=pooling)
     for text, vec in zip(TEXTS, vectors):
         ref = hf_embedding(hf_model, engine.tokenizer.encode(text), pooling)
         assert float(torch.dot(ref, torch.tensor(vec))) > 0.9999
@@ -58,7 +58,7 @@ def test_encode_in_a_small_pool_refuses_what_cannot_fit_and_waits_for_what_can()
         ids = eng.tokenizer.encode(" ".join(f"item{i}" for i in range(3000)))
         with pytest.raises(ValueError, match="KV pool holds"):
             eng.encode(input_ids=ids[:1500])
-        alone = eng.encode(input_ids=ids[:600])[0]
+        alone = eng.encode_vectors(input_ids=ids[:600])[0]
         done = threading.Event()
         busy = threading.Thread(
             target=lambda: (
@@ -72,7 +72,7 @@ def test_encode_in_a_small_pool_refuses_what_cannot_fit_and_waits_for_what_can()
         while eng.get_stats()["num_running"] == 0 and not done.is_set():  # the prompt is in the pool
             threading.Event().wait(0.01)
         assert not done.is_set()  # the request still holds its KV when the embedding asks
-        vec = eng.encode(input_ids=ids[:600])[0]
+        vec = eng.encode_vectors(input_ids=ids[:600])[0]
         busy.join(120)
         assert np.allclose(vec, alone, atol=1e-5)
     finally:
@@ -93,7 +93,7 @@ def test_encode_is_not_starved_by_a_queue_of_generation_requests(monkeypatch) ->
     eng = Engine(max_total_tokens=1000, quantization="gguf")  # its GGUF weights: a fast CPU decode
     try:
         ids = eng.tokenizer.encode(" ".join(f"item{i}" for i in range(3000)))
-        alone = eng.encode(input_ids=ids[:600])[0]
+        alone = eng.encode_vectors(input_ids=ids[:600])[0]
         finished: list[int] = []
         params = {"max_new_tokens": 24, "ignore_eos": True}
 
@@ -106,7 +106,7 @@ def test_encode_is_not_starved_by_a_queue_of_generation_requests(monkeypatch) ->
             t.start()
         while not (eng.get_stats()["num_running"] and eng.get_stats()["num_waiting"]):
             threading.Event().wait(0.01)
-        vec = eng.encode(input_ids=ids[:600])[0]
+        vec = eng.encode_vectors(input_ids=ids[:600])[0]
         done_when_embedded = len(finished)
         for t in queue:
             t.join(300)
@@ -187,7 +187,7 @@ def client(engine) -> Iterator[openai.OpenAI]:
 def test_v1_embeddings_with_the_openai_client(client, engine) -> None:
     model = client.models.list().data[0].id
     got = client.embeddings.create(model=model, input=TEXTS)
-    direct = engine.encode(TEXTS)
+    direct = engine.encode_vectors(TEXTS)
     assert [d.index for d in got.data] == [0, 1]
     assert np.allclose([d.embedding for d in got.data], direct, atol=1e-6)
     assert got.usage.prompt_tokens == sum(len(engine.tokenizer.encode(t)) for t in TEXTS)

@@ -47,3 +47,16 @@ def test_sglang_server_arg_names_are_honoured():
         first = eng.generate("Once upon a time", sampled)["output_ids"]
     with Engine(seed=7) as same:
         assert same.generate("Once upon a time", sampled)["output_ids"] == first
+
+
+def test_encode_answers_in_sglangs_shape(engine):
+    one = engine.encode("The cat sat.")
+    assert set(one) == {"embedding", "meta_info"}
+    assert one["embedding"] == engine.encode_vectors("The cat sat.")[0]
+    assert one["meta_info"]["prompt_tokens"] == len(engine.tokenizer.encode("The cat sat."))
+    assert one["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+    assert {"id", "e2e_latency"} <= set(one["meta_info"])
+    many = engine.encode(["a", "b c"])
+    assert isinstance(many, list) and [len(m["embedding"]) for m in many] == [len(one["embedding"])] * 2
+    assert isinstance(engine.encode(input_ids=[1, 2, 3]), dict)
+    assert isinstance(engine.encode(input_ids=[[1, 2, 3]]), list)

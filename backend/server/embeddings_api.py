@@ -65,7 +65,7 @@ def register(app: FastAPI) -> None:
                 f"dimensions: this model's embeddings have {hidden}; other sizes are not supported"
             )
         try:
-            vectors = await asyncio.to_thread(engine.encode, input_ids=lists)
+            vectors = await asyncio.to_thread(engine.encode_vectors, input_ids=lists)
         except KVPoolBusy as e:  # running requests held the room for as long as it waited
             raise Overloaded(str(e)) from e
         tokens = sum(len(x) for x in lists)
