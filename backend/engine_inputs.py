@@ -130,7 +130,7 @@ def _logprob_options(return_logprob: Any, start: Any, top: Any) -> tuple[bool, i
 
 
 # Keywords of SGLang's Engine.generate that radixlm has no use for: accepted at their "off" value
-# (None, False, an empty list; data_parallel_rank also 0, this engine's one rank), refused otherwise.
+# (None, False, an empty list; a dp rank also 0, this engine's one rank), refused otherwise.
 _SGLANG_UNUSED_KWARGS = {
     "image_data": "multimodal inputs are not supported (text-only models)",
     "audio_data": "multimodal inputs are not supported (text-only models)",
@@ -144,6 +144,22 @@ _SGLANG_UNUSED_KWARGS = {
     "bootstrap_port": "disaggregated prefill/decode is not supported",
     "bootstrap_room": "disaggregated prefill/decode is not supported",
     "external_trace_header": "request tracing headers are not supported",
+    "routed_dp_rank": "an in-process Engine has one data-parallel rank, 0",
+    "disagg_prefill_dp_rank": "disaggregated prefill/decode is not supported",
+    "session_params": "sessions are not supported; send the whole prompt (the radix cache reuses its prefix)",
+    "session_id": "sessions are not supported; send the whole prompt (the radix cache reuses its prefix)",
+    "cache_salt": "cache salts are not supported (the prefix cache is shared by every request of an engine)",
+    "require_reasoning": "there is no reasoning parser to require reasoning from",
+    "return_routed_experts": "routed experts are not recorded (no MoE routing here)",
+    "mm_hashes": "multimodal inputs are not supported (text-only models)",
+    "mm_content_hashes": "multimodal inputs are not supported (text-only models)",
+}
+_RANK_KWARGS = ("data_parallel_rank", "routed_dp_rank")
+# Accepted with any value: they cannot change what the caller gets back.
+_SGLANG_NO_EFFECT_KWARGS = {
+    "priority": "scheduling order only; requests are served first come, first served",
+    "kv_router_hint": "a hint for a hierarchical cache's storage backend, which radixlm has not",
+    "routed_experts_start_len": "used only with return_routed_experts, which is refused",
 }
 
 
@@ -151,9 +167,11 @@ def check_sglang_kwargs(method: str, kwargs: dict[str, Any]) -> None:
     """SGLang's extra Engine.generate keywords: fine when off; a reason when set; TypeError for a
     keyword neither engine has."""
     for key, value in kwargs.items():
+        if key in _SGLANG_NO_EFFECT_KWARGS:
+            continue
         if key not in _SGLANG_UNUSED_KWARGS:
             raise TypeError(f"{method}() got an unexpected keyword argument {key!r}")
-        if value is None or value is False or value == [] or (key == "data_parallel_rank" and value == 0):
+        if value is None or value is False or value == [] or (key in _RANK_KWARGS and value == 0):
             continue
         raise ValueError(f"{key}={value!r}: {_SGLANG_UNUSED_KWARGS[key]}")
 

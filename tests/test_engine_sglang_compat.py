@@ -60,3 +60,16 @@ def test_encode_answers_in_sglangs_shape(engine):
     assert isinstance(many, list) and [len(m["embedding"]) for m in many] == [len(one["embedding"])] * 2
     assert isinstance(engine.encode(input_ids=[1, 2, 3]), dict)
     assert isinstance(engine.encode(input_ids=[[1, 2, 3]]), list)
+
+
+def test_newer_sglang_generate_keywords_are_taken_or_refused_with_the_reason(engine):
+    params = {"max_new_tokens": 2, "temperature": 0}
+    ref = engine.generate("Hi", params)["output_ids"]
+    off = dict(priority=5, routed_dp_rank=0, session_params=None, cache_salt=None, require_reasoning=False)
+    assert engine.generate("Hi", params, **off)["output_ids"] == ref
+    with pytest.raises(ValueError, match="sessions are not supported"):
+        engine.generate("Hi", params, session_params={"id": "s"})
+    with pytest.raises(ValueError, match="cache salts"):
+        engine.generate("Hi", params, cache_salt="user-1")
+    with pytest.raises(ValueError, match="one data-parallel rank"):
+        engine.generate("Hi", params, routed_dp_rank=1)
