@@ -133,6 +133,7 @@ class Engine(EngineRequests):
         check_engine_options(
             device,
             {"piecewise_cuda_graph_max_tokens": piecewise_cuda_graph_max_tokens},
+            mem_fraction_static,
             cuda_graph_max_bs=cuda_graph_max_bs,
             max_total_tokens=max_total_tokens,
             chunked_prefill_size=chunked_prefill_size,

@@ -207,10 +207,20 @@ def _check_lengths(ids: list[int], params: SamplingParams, config: ModelConfig, 
         raise ValueError(f"request needs {total} KV slots but the KV pool holds only {kv_capacity}")
 
 
-def check_engine_options(device: str | None, off_if_zero: dict[str, int | None], **sizes: int | None) -> None:
+def check_engine_options(
+    device: str | None,
+    off_if_zero: dict[str, int | None],
+    mem_fraction_static: float = 0.85,
+    **sizes: int | None,
+) -> None:
     """The Engine's size options (None: derived from the machine) are positive integers, those of
-    off_if_zero non-negative ones (0 turns the feature off), and a CUDA device is one torch can
-    see; ValueError naming the option otherwise."""
+    off_if_zero non-negative ones (0 turns the feature off), mem_fraction_static a fraction in
+    (0, 1], and a CUDA device is one torch can see; ValueError naming the option otherwise."""
+    fraction = mem_fraction_static
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        # a share of the GPU's memory: past 1 the KV pool is sized beyond the device and its
+        # allocation fails deep in start-up instead of naming the option
+        raise ValueError(f"mem_fraction_static must be a number in (0, 1], got {fraction!r}")
     for name, value in [*sizes.items(), *off_if_zero.items()]:
         least = 0 if name in off_if_zero else 1
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):

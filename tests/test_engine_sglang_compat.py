@@ -27,6 +27,8 @@ def test_get_server_info_has_sglangs_keys(engine):
         ({"enable_torch_compile": True}, "torch.compile"),
         ({"stream_output": False}, "incremental"),
         ({"disable_overlap_schedule": "yes"}, "True or False"),
+        ({"mem_fraction_static": 2.0}, r"mem_fraction_static must be a number in \(0, 1\]"),
+        ({"mem_fraction_static": 0}, "mem_fraction_static"),
     ],
 )
 def test_sglang_server_args_it_cannot_honour_are_refused_with_the_reason(kwargs, reason):
