@@ -176,7 +176,7 @@ def test_engine_tp2_generates_what_tp1_does(tmp_path, default_model_dir):
             again = eng.generate(input_ids=prompts[1] + outs[1][:4], sampling_params=params)
             streamed = list(eng.generate(input_ids=prompts[2], sampling_params=params, stream=True))
             assert eng.get_stats()["cached_prompt_tokens"] >= len(prompts[1])
-            vectors.append(torch.tensor(eng.encode(input_ids=prompts[0])[0]))
+            vectors.append(torch.tensor(eng.encode(input_ids=prompts[0])["embedding"]))
             return [*outs, again["output_ids"], streamed[-1]["output_ids"]]
 
     vectors: list[torch.Tensor] = []
