@@ -18,6 +18,7 @@ from .engine_inputs import RequestSpec, check_sglang_kwargs, normalize_requests
 from .loop_mailbox import LoopMailbox, coalesce_chunks
 from .model_config import ModelConfig
 from .model_runner import ModelRunner
+from .prepared_call import PreparedCall
 from .request import OutputSink, Req
 from .scheduler import Scheduler
 from .tokenizer import IncrementalDetokenizer
@@ -102,21 +103,34 @@ class EngineRequests:
         return specs, single
 
     def _submit(self, reqs: list[Req]) -> None:
-        """Hand the requests to the scheduler thread. A rid may be in flight once: an abort names
-        requests by rid, so a second one would be aborted with the first."""
+        """Hand the requests to the scheduler thread."""
         wait_grammars(reqs)  # the caller waits for its grammars; a bad one raises ValueError here
+        self._reserve_rids(reqs)
+        self._put(reqs)
+
+    def _reserve_rids(self, reqs: list[Req]) -> None:
+        """A rid may be in flight once: an abort names requests by rid, so a second one would be
+        aborted with the first."""
         rids = {r.rid for r in reqs}
         with self._rid_lock:
             taken = sorted(rids & self._live_rids)
             if taken:
                 raise ValueError(f"request id {taken[0]!r} is already in flight; give each request its own")
             self._live_rids |= rids
+
+    def _put(self, reqs: list[Req]) -> None:
         try:
             self._inbox.put(AddRequests(reqs))
         except RuntimeError:
             with self._rid_lock:
-                self._live_rids -= rids
+                self._live_rids -= {r.rid for r in reqs}
             raise
+
+    def _prepare(self, specs: list[RequestSpec], single: bool) -> PreparedCall:
+        call = PreparedCall(len(specs), single)
+        call.reqs = self._make_reqs(specs, call.sink_for)
+        wait_grammars(call.reqs)  # a bad grammar raises ValueError in the caller's thread
+        return call
 
     # ---- public API -------------------------------------------------------------------
     def generate(
@@ -144,11 +158,50 @@ class EngineRequests:
         )
         if stream:
             return self._stream_sync(specs)
-        queues: list[queue.Queue[dict[str, Any]]] = [queue.Queue() for _ in specs]
-        reqs = self._make_reqs(specs, lambda k: queues[k].put)
-        self._submit(reqs)
-        outs = [q.get() for q in queues]
-        return outs[0] if single else outs
+        call = self._prepare(specs, single)
+        self.submit_prepared([call])
+        return call.wait()
+
+    def prepare_generate(
+        self,
+        input_ids: list[int] | list[list[int]],
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        rid: str | list[str] | None = None,
+        return_logprob: bool | None = False,
+        logprob_start_len: int | None = -1,
+        top_logprobs_num: int | None = 0,
+    ) -> PreparedCall:
+        """A blocking generate call, validated and built (grammars compiled, errors raised here) but
+        not yet handed to the scheduler: `submit_prepared` hands several such calls over as one
+        arrival, so calls that different threads make at about the same time start together."""
+        specs, single = self._specs(
+            None,
+            sampling_params,
+            input_ids,
+            rid,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+        )
+        return self._prepare(specs, single)
+
+    def submit_prepared(self, calls: list[PreparedCall]) -> None:
+        """Hand the calls' requests to the scheduler thread in one message. A call whose request id
+        is already in flight, or one made after shutdown, fails alone: its wait() raises."""
+        taken: list[PreparedCall] = []
+        for call in calls:
+            try:
+                self._reserve_rids(call.reqs)
+                taken.append(call)
+            except ValueError as e:
+                call.fail(e)
+        if not taken:
+            return
+        try:
+            self._put([r for call in taken for r in call.reqs])
+        except RuntimeError as e:
+            for call in taken:
+                call.fail(e)
 
     def _stream_sync(self, specs: list[RequestSpec]) -> Iterator[dict[str, Any]]:
         q: queue.Queue[dict[str, Any]] = queue.Queue()

@@ -244,6 +244,8 @@ def measure(engine: Any, program: Any, batch: list[dict[str, Any]], repeats: int
         "overhead_wall": (med(prog_w) - med(raw_w)) / med(raw_w),
         "overhead_cpu": (med(prog_c) - med(raw_c)) / med(raw_c),
         "overhead_idle_in_run": med(idle),
+        "forward_passes_program": med(w["program"].get("forward_passes", 0) for w in work),
+        "forward_passes_raw": med(w["raw"].get("forward_passes", 0) for w in work),
         # Engine counters per mode. Output tokens and prompt tokens (computed + cached) must be
         # equal; how the prompt splits into radix hits, and the forward-pass count, follow the
         # arrival timing, so they may differ by a little between the two modes.

@@ -139,6 +139,12 @@ class ProgramBackend:
     def unpin_prefix(self, handle: Any) -> None:
         return None
 
+    def lanes_opened(self, n: int) -> None:
+        """run_batch runs programs on n more concurrent lanes (a hint for batching their calls)."""
+
+    def lane_closed(self) -> None:
+        """One of those lanes has no program left to run."""
+
     def flush_cache(self, empty_cache: bool = True) -> bool:
         return False
 

@@ -8,11 +8,19 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from radixlm.threads import PROGRAM_THREADS
 
 S = TypeVar("S")  # what one run returns (a ProgramState)
+
+
+class LaneWatcher(Protocol):
+    """Told how many lanes run programs at once, and when each stops (the program backend)."""
+
+    def lanes_opened(self, n: int) -> None: ...
+
+    def lane_closed(self) -> None: ...
 
 
 def num_threads_for(num_threads: int | str, n: int) -> int:
@@ -28,6 +36,7 @@ def run_all(
     batch: list[dict[str, Any]],
     threads: int,
     progress_bar: bool,
+    watcher: LaneWatcher | None = None,
 ) -> Iterator[S]:
     pbar = None
     if progress_bar:
@@ -41,7 +50,7 @@ def run_all(
                 if pbar is not None:
                     pbar.update()
             return
-        futures = run_in_lanes(one, batch, threads)
+        futures = run_in_lanes(one, batch, threads, watcher)
         if pbar is not None:
             for f in futures:
                 f.add_done_callback(lambda _: pbar.update())
@@ -53,7 +62,10 @@ def run_all(
 
 
 def run_in_lanes(
-    one: Callable[[dict[str, Any]], S], batch: list[dict[str, Any]], lanes: int
+    one: Callable[[dict[str, Any]], S],
+    batch: list[dict[str, Any]],
+    lanes: int,
+    watcher: LaneWatcher | None = None,
 ) -> list[Future[S]]:
     """One future per kwargs dict, in order; `lanes` cached threads each run the next program
     not yet started until none is left, so at most `lanes` run at once."""
@@ -62,17 +74,24 @@ def run_in_lanes(
     lock = threading.Lock()
 
     def lane() -> None:
-        while True:
-            with lock:
-                i = next(order, None)
-            if i is None:
-                return
-            if futures[i].set_running_or_notify_cancel():
-                try:
-                    futures[i].set_result(one(batch[i]))
-                except BaseException as e:  # noqa: BLE001 - re-raised by whoever reads the future
-                    futures[i].set_exception(e)
+        try:
+            while True:
+                with lock:
+                    i = next(order, None)
+                if i is None:
+                    return
+                if futures[i].set_running_or_notify_cancel():
+                    try:
+                        futures[i].set_result(one(batch[i]))
+                    except BaseException as e:  # noqa: BLE001 - re-raised by whoever reads the future
+                        futures[i].set_exception(e)
+        finally:
+            if watcher is not None:
+                watcher.lane_closed()
 
-    for _ in range(min(lanes, len(batch))):
+    n = min(lanes, len(batch))
+    if watcher is not None:
+        watcher.lanes_opened(n)
+    for _ in range(n):
         PROGRAM_THREADS.run(lane)
     return futures

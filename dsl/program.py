@@ -266,7 +266,7 @@ class Program:
             finally:
                 _RUN_CANCEL.reset(token)
 
-        it = run_all(one, list(batch_kwargs), threads, progress_bar)
+        it = run_all(one, list(batch_kwargs), threads, progress_bar, backend)
         return it if generator_style else list(it)
 
     def _batch_entry(self, entry: Any) -> dict[str, Any]:

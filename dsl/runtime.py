@@ -4,10 +4,12 @@ ids; forks pin the shared prefix's KV in the engine (prefilled once, locked unti
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from radixlm.backend_base import TokenBackend
 from radixlm.interpreter import Executor
+from radixlm.submit_gate import gate_for
 
 
 class Runtime(TokenBackend):
@@ -52,6 +54,7 @@ class Runtime(TokenBackend):
             raise ValueError("Runtime(engine=...) got an engine that is shut down")
         self.engine = engine
         self.tokenizer = engine.tokenizer
+        self._gate = gate_for(engine)  # run_batch's programs reach the engine together
         self._server: Any = None
         self._endpoint: Any = None
         if launch_server:
@@ -115,7 +118,12 @@ class Runtime(TokenBackend):
         rid: list[str] | None = None,
         **logprob: Any,
     ) -> list[dict[str, Any]]:
-        outs = self.engine.generate(input_ids=input_ids, sampling_params=dict(sampling), rid=rid, **logprob)
+        if self._gate is not None:
+            return self._gate.generate(input_ids, dict(sampling), rid, **logprob)
+        with self._counted():
+            outs = self.engine.generate(
+                input_ids=input_ids, sampling_params=dict(sampling), rid=rid, **logprob
+            )
         return outs if isinstance(outs, list) else [outs]
 
     def _request_stream(
@@ -126,11 +134,26 @@ class Runtime(TokenBackend):
         )
 
     def abort(self, rids: list[str]) -> None:
+        if self._gate is not None:
+            self._gate.flush()  # a held call must reach the engine before its abort does
         for rid in rids:
             self.engine.abort_request(rid)
 
     def pin_prefix(self, ids: list[int]) -> Any:
-        return self.engine.pin_prefix(list(ids))
+        with self._counted():
+            return self.engine.pin_prefix(list(ids))
+
+    def _counted(self) -> AbstractContextManager[None]:
+        """An engine call past the gate, which still keeps its run_batch lane busy."""
+        return self._gate.direct() if self._gate is not None else nullcontext()
+
+    def lanes_opened(self, n: int) -> None:
+        if self._gate is not None:
+            self._gate.lanes_opened(n)
+
+    def lane_closed(self) -> None:
+        if self._gate is not None:
+            self._gate.lane_closed()
 
     def unpin_prefix(self, handle: Any) -> None:
         self.engine.unpin_prefix(handle)
