@@ -39,27 +39,20 @@ def normalize_requests(
     top_logprobs_num: int | None = 0,
     stream: bool = False,
 ) -> tuple[list[RequestSpec], bool]:
-    """→ (one spec per sample, whether the caller passed a single prompt). None for a logprob
-    option means its default, as SGLang's Engine takes it."""
-    return_logprob, logprob_start_len, top_logprobs_num = _logprob_options(
-        return_logprob, logprob_start_len, top_logprobs_num
-    )
+    """→ (one spec per sample, whether the caller passed a single prompt). A logprob option is one
+    value for every prompt or, as SGLang's Engine takes it, a list with one per prompt; None means
+    its default."""
     id_lists, single = _token_lists(tokenizer, prompt, input_ids)
     params_list = _params_list(sampling_params, len(id_lists))
     rids = _rids(rid, len(id_lists))
-    if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int):
-        raise ValueError(
-            f"top_logprobs_num must be an integer in [0, {config.vocab_size}], got {top_logprobs_num!r}"
-        )
-    if not 0 <= top_logprobs_num <= config.vocab_size:
-        raise ValueError(
-            f"top_logprobs_num must be an integer in [0, {config.vocab_size}], got {top_logprobs_num!r}"
-        )
+    options = _logprob_columns(
+        len(id_lists), config.vocab_size, return_logprob, logprob_start_len, top_logprobs_num
+    )
     specs: list[RequestSpec] = []
-    for ids, params, r in zip(id_lists, params_list, rids):
+    for ids, params, r, (wants_logprob, start, top) in zip(id_lists, params_list, rids, options):
         _check_lengths(ids, params, config, kv_capacity)
-        if not -1 <= logprob_start_len < max(len(ids), 1):
-            raise ValueError(f"logprob_start_len must be in [-1, {len(ids) - 1}], got {logprob_start_len}")
+        if not -1 <= start < max(len(ids), 1):
+            raise ValueError(f"logprob_start_len must be in [-1, {len(ids) - 1}], got {start}")
         for i in range(params.n):
             p = (
                 params
@@ -71,9 +64,9 @@ def normalize_requests(
                     rid=r if params.n == 1 else f"{r}-{i}",
                     input_ids=list(ids),
                     params=p,
-                    return_logprob=return_logprob,
-                    logprob_start_len=logprob_start_len,
-                    top_logprobs_num=top_logprobs_num,
+                    return_logprob=wants_logprob,
+                    logprob_start_len=start,
+                    top_logprobs_num=top,
                     stream=stream,
                 )
             )
@@ -116,16 +109,26 @@ def _params_list(sampling_params: Any, n: int) -> list[SamplingParams]:
     return [p] * n
 
 
-def _logprob_options(return_logprob: Any, start: Any, top: Any) -> tuple[bool, int, int]:
+def _logprob_columns(n: int, vocab: int, *options: Any) -> list[tuple[bool, int, int]]:
+    """(return_logprob, logprob_start_len, top_logprobs_num) of each of n prompts."""
+    columns = []
+    for name, value in zip(("return_logprob", "logprob_start_len", "top_logprobs_num"), options):
+        if isinstance(value, list) and len(value) != n:
+            raise ValueError(f"{name} has {len(value)} values for {n} prompts; give one, or one per prompt")
+        columns.append(value if isinstance(value, list) else [value] * n)
+    return [_logprob_options(vocab, *row) for row in zip(*columns)]
+
+
+def _logprob_options(vocab: int, return_logprob: Any, start: Any, top: Any) -> tuple[bool, int, int]:
     return_logprob = False if return_logprob is None else return_logprob
     start = -1 if start is None else start
     top = 0 if top is None else top
     if not isinstance(return_logprob, bool):
-        raise ValueError(
-            f"return_logprob must be True or False (one value for the call), got {return_logprob!r}"
-        )
+        raise ValueError(f"return_logprob must be True or False, got {return_logprob!r}")
     if isinstance(start, bool) or not isinstance(start, int):
-        raise ValueError(f"logprob_start_len must be an integer (one value for the call), got {start!r}")
+        raise ValueError(f"logprob_start_len must be an integer, got {start!r}")
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= vocab:
+        raise ValueError(f"top_logprobs_num must be an integer in [0, {vocab}], got {top!r}")
     return return_logprob, start, top
 
 

@@ -219,10 +219,26 @@ def test_sglang_engine_keywords_are_taken_when_off_and_refused_with_a_reason(eng
         engine.generate("Hi", params, image_data="x.png")
     with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_option'"):
         engine.generate("Hi", params, no_such_option=1)
+
+
+def test_logprob_options_one_per_prompt_as_sglang_takes_them(engine) -> None:
+    params = {"temperature": 0, "max_new_tokens": 3}
+    both = engine.generate(
+        ["One, two,", "The sky is"], params, return_logprob=[True, False], top_logprobs_num=[2, 0]
+    )
+    alone = engine.generate("One, two,", params, return_logprob=True, top_logprobs_num=2)
+    assert both[0]["output_ids"] == alone["output_ids"]
+    assert [e[1] for e in both[0]["meta_info"]["output_token_logprobs"]] == alone["output_ids"]
+    assert [len(row) for row in both[0]["meta_info"]["output_top_logprobs"]] == [2, 2, 2]
+    assert "output_token_logprobs" not in both[1]["meta_info"]
+    with pytest.raises(ValueError, match="return_logprob has 3 values for 2 prompts"):
+        engine.generate(["a", "b"], params, return_logprob=[True, False, True])
     with pytest.raises(ValueError, match="logprob_start_len must be an integer"):
-        engine.generate(["a", "b"], params, return_logprob=True, logprob_start_len=[0, 1])
+        engine.generate(["a", "b"], params, return_logprob=True, logprob_start_len=[0, "1"])
+    with pytest.raises(ValueError, match="top_logprobs_num must be an integer"):
+        engine.generate(["a", "b"], params, top_logprobs_num=[1, -1])
     with pytest.raises(ValueError, match="return_logprob must be True or False"):
-        engine.generate(["a", "b"], params, return_logprob=[True, False])
+        engine.generate(["a", "b"], params, return_logprob=[True, 1])
 
 
 def test_a_string_rid_names_a_batch_as_sglang_does(engine) -> None:
