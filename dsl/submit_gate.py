@@ -1,10 +1,12 @@
 """SubmitGate: lets run_batch's concurrent programs reach the engine together. Programs start, and
 resume after a shared decode step, a few hundred microseconds apart (each runs its Python under
 the GIL), so their calls would arrive one by one and the first would start a prefill step alone.
-The gate holds a call until every lane of the batch has a call waiting or in flight, a lane has
-been quiet for `quiet_s`, or the first held call has waited `max_wait_s`, then hands all held
-calls to the engine as one arrival. Promise: a held call is submitted within `max_wait_s`; with no
-lanes open (a single run) calls go straight through."""
+While none of the lanes' calls is in the engine, the gate holds a call until every lane has one
+held, no call has come for `quiet_s`, or the first held call has waited `max_wait_s`, then hands
+all held calls to the engine as one arrival. While one is in the engine, the engine is stepping
+anyway and takes every call that came during a step into the next: calls go straight through.
+Promise: a held call is submitted within `max_wait_s`; with no lanes open (a single run) calls
+go straight through."""
 
 from __future__ import annotations
 
@@ -97,7 +99,7 @@ class SubmitGate:
         self._first_at = now
         while call in self._held:
             wait = self._time_left(time.perf_counter())
-            if wait <= 0 or self._busy >= self._lanes:
+            if wait <= 0 or self._busy >= self._lanes or self._busy > len(self._held):
                 self._submit_held()
             else:
                 self._cond.wait(wait)

@@ -83,6 +83,17 @@ def test_arrivals_that_keep_coming_are_cut_off_at_max_wait() -> None:
     assert sum(len(s) for s in engine.submissions) == 8
 
 
+def test_calls_go_straight_through_while_one_is_in_the_engine() -> None:
+    engine = RecordingEngine()
+    gate = SubmitGate(engine, quiet_s=60.0, max_wait_s=60.0)
+    gate.lanes_opened(4)
+    done = threading.Event()
+    with gate.direct():  # a lane's scoring call is in the engine: it steps anyway
+        threading.Thread(target=lambda: (gate.generate([[5]], {}, None), done.set())).start()
+        assert done.wait(5)
+    assert engine.submissions == [[[5]]]
+
+
 def test_a_closing_lane_releases_the_held_calls() -> None:
     engine = RecordingEngine()
     gate = SubmitGate(engine, quiet_s=60.0, max_wait_s=60.0)
