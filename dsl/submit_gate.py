@@ -97,12 +97,16 @@ class SubmitGate:
             self._cond.notify_all()
             return
         self._first_at = now
-        while call in self._held:
-            wait = self._time_left(time.perf_counter())
-            if wait <= 0 or self._busy >= self._lanes or self._busy > len(self._held):
-                self._submit_held()
-            else:
-                self._cond.wait(wait)
+        try:
+            while call in self._held:
+                wait = self._time_left(time.perf_counter())
+                if wait <= 0 or self._busy >= self._lanes or self._busy > len(self._held):
+                    self._submit_held()
+                else:
+                    self._cond.wait(wait)
+        except BaseException:  # e.g. Ctrl-C in the leader: the calls it held must not wait for a new one
+            self._submit_held()
+            raise
 
     def _time_left(self, now: float) -> float:
         return min(self._last_at + self.quiet_s, self._first_at + self.max_wait_s) - now

@@ -107,6 +107,39 @@ def test_a_closing_lane_releases_the_held_calls() -> None:
     assert engine.submissions == [[[7]]]
 
 
+def test_an_interrupted_leader_hands_over_what_it_held() -> None:
+    engine = RecordingEngine()
+    gate = SubmitGate(engine, quiet_s=60.0, max_wait_s=60.0)
+    gate.lanes_opened(3)
+    plain_wait = gate._cond.wait
+    second_in = threading.Event()
+
+    def wait(timeout: float | None = None) -> bool:
+        if second_in.is_set():
+            raise KeyboardInterrupt
+        return plain_wait(timeout)
+
+    gate._cond.wait = wait  # type: ignore[method-assign]
+    raised: list[BaseException] = []
+
+    def leader() -> None:
+        try:
+            gate.generate([[1]], {}, None)
+        except KeyboardInterrupt as e:
+            raised.append(e)
+
+    first = threading.Thread(target=leader)
+    first.start()
+    time.sleep(0.05)  # the first call leads and waits for the other lanes
+    second_in.set()
+    out: list[Any] = []  # the second call's arrival wakes the leader, which is interrupted
+    second = threading.Thread(target=lambda: out.extend(gate.generate([[2]], {}, None)), daemon=True)
+    second.start()
+    first.join(5), second.join(5)
+    assert raised and out and out[0]["output_ids"] == [2]
+    assert engine.submissions == [[[1], [2]]]
+
+
 def test_single_lane_and_flush_submit_at_once() -> None:
     engine = RecordingEngine()
     gate = SubmitGate(engine, quiet_s=60.0, max_wait_s=60.0)
