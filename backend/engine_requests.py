@@ -167,22 +167,16 @@ class EngineRequests:
         input_ids: list[int] | list[list[int]],
         sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
         rid: str | list[str] | None = None,
-        return_logprob: bool | None = False,
-        logprob_start_len: int | None = -1,
-        top_logprobs_num: int | None = 0,
+        **logprob: bool | int | list[bool] | list[int] | None,
     ) -> PreparedCall:
         """A blocking generate call, validated and built (grammars compiled, errors raised here) but
         not yet handed to the scheduler: `submit_prepared` hands several such calls over as one
-        arrival, so calls that different threads make at about the same time start together."""
-        specs, single = self._specs(
-            None,
-            sampling_params,
-            input_ids,
-            rid,
-            return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num,
-        )
+        arrival, so calls that different threads make at about the same time start together.
+        `logprob`: generate's return_logprob, logprob_start_len and top_logprobs_num."""
+        unknown = sorted(set(logprob) - {"return_logprob", "logprob_start_len", "top_logprobs_num"})
+        if unknown:
+            raise TypeError(f"prepare_generate() got an unexpected keyword argument {unknown[0]!r}")
+        specs, single = self._specs(None, sampling_params, input_ids, rid, **logprob)
         return self._prepare(specs, single)
 
     def submit_prepared(self, calls: list[PreparedCall]) -> None:

@@ -204,6 +204,8 @@ def test_a_prepared_call_with_a_rid_in_flight_fails_alone(engine) -> None:
     assert slow.wait()["meta_info"]["completion_tokens"] == 64
     with pytest.raises(ValueError, match="max_new_tokens"):  # validation raises in prepare
         engine.prepare_generate(ids, {"max_new_tokens": -3})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'stream'"):  # blocking calls only
+        engine.prepare_generate(ids, {"max_new_tokens": 2}, stream=True)
 
 
 def test_run_batch_through_a_gate_matches_ungated(engine) -> None:
