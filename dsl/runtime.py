@@ -120,10 +120,7 @@ class Runtime(TokenBackend):
     ) -> list[dict[str, Any]]:
         if self._gate is not None:
             return self._gate.generate(input_ids, dict(sampling), rid, **logprob)
-        with self._counted():
-            outs = self.engine.generate(
-                input_ids=input_ids, sampling_params=dict(sampling), rid=rid, **logprob
-            )
+        outs = self.engine.generate(input_ids=input_ids, sampling_params=dict(sampling), rid=rid, **logprob)
         return outs if isinstance(outs, list) else [outs]
 
     def _request_stream(
@@ -144,7 +141,7 @@ class Runtime(TokenBackend):
             return self.engine.pin_prefix(list(ids))
 
     def _counted(self) -> AbstractContextManager[None]:
-        """An engine call past the gate, which still keeps its run_batch lane busy."""
+        """An engine call past the gate (a prefix pin), which still keeps its run_batch lane busy."""
         return self._gate.direct() if self._gate is not None else nullcontext()
 
     def lanes_opened(self, n: int) -> None:

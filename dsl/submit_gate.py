@@ -69,7 +69,7 @@ class SubmitGate:
 
     @contextmanager
     def direct(self) -> Iterator[None]:
-        """A call that goes straight to the engine (streamed, scoring) still keeps its lane busy."""
+        """A call that goes straight to the engine (a prefix pin) still keeps its lane busy."""
         with self._cond:
             self._busy += 1
             self._cond.notify_all()

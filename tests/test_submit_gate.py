@@ -88,7 +88,7 @@ def test_calls_go_straight_through_while_one_is_in_the_engine() -> None:
     gate = SubmitGate(engine, quiet_s=60.0, max_wait_s=60.0)
     gate.lanes_opened(4)
     done = threading.Event()
-    with gate.direct():  # a lane's scoring call is in the engine: it steps anyway
+    with gate.direct():  # a lane's prefix pin is in the engine: it steps anyway
         threading.Thread(target=lambda: (gate.generate([[5]], {}, None), done.set())).start()
         assert done.wait(5)
     assert engine.submissions == [[[5]]]
@@ -159,7 +159,7 @@ def test_a_call_that_fails_to_prepare_leaves_no_count_behind() -> None:
     gate.lanes_opened(2)
     with pytest.raises(ValueError, match="bad prompt"):
         gate.generate([[-1]], {}, None)
-    with gate.direct():  # the other lane's streamed call keeps it busy: the next call goes at once
+    with gate.direct():  # the other lane's prefix pin keeps it busy: the next call goes at once
         t0 = time.perf_counter()
         gate.generate([[3]], {}, None)
     assert time.perf_counter() - t0 < 2.0
