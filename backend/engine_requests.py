@@ -10,7 +10,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from .constrained import attach_grammars, wait_grammars, wait_grammars_async
 from .engine_inbox import AbortRequest, AddRequests, EngineInbox
@@ -253,9 +253,9 @@ class EngineRequests:
         handle = next(self._pin_ids)
         specs, _ = self._specs(None, {"max_new_tokens": 0}, input_ids, f"pin-{uuid.uuid4().hex}")
         specs[0].pin_handle = handle
-        q: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._submit(self._make_reqs(specs, lambda k: q.put))
-        out = q.get()
+        call = self._prepare(specs, single=True)
+        self.submit_prepared([call])
+        out = cast(dict[str, Any], call.wait())
         if out["meta_info"]["finish_reason"]["type"] == "abort":
             raise RuntimeError(f"pin_prefix failed: {out['meta_info']['finish_reason'].get('message')}")
         return handle

@@ -40,6 +40,13 @@ class RecordingEngine:
                 )
 
 
+def call_in_thread(gate: SubmitGate, ids: list[int]) -> threading.Event:
+    """gate.generate([ids]) on a thread of its own; the event is set once it has its answer."""
+    done = threading.Event()
+    threading.Thread(target=lambda: (gate.generate([ids], {}, None), done.set()), daemon=True).start()
+    return done
+
+
 def run_lanes(gate: SubmitGate, n: int, start_gap_s: float = 0.0) -> list[list[dict[str, Any]]]:
     results: list[Any] = [None] * n
 
@@ -87,10 +94,8 @@ def test_calls_go_straight_through_while_one_is_in_the_engine() -> None:
     engine = RecordingEngine()
     gate = SubmitGate(engine, quiet_s=60.0, max_wait_s=60.0)
     gate.lanes_opened(4)
-    done = threading.Event()
     with gate.direct():  # a lane's prefix pin is in the engine: it steps anyway
-        threading.Thread(target=lambda: (gate.generate([[5]], {}, None), done.set())).start()
-        assert done.wait(5)
+        assert call_in_thread(gate, [5]).wait(5)
     assert engine.submissions == [[[5]]]
 
 
@@ -98,8 +103,7 @@ def test_a_closing_lane_releases_the_held_calls() -> None:
     engine = RecordingEngine()
     gate = SubmitGate(engine, quiet_s=60.0, max_wait_s=60.0)
     gate.lanes_opened(2)
-    done = threading.Event()
-    threading.Thread(target=lambda: (gate.generate([[7]], {}, None), done.set())).start()
+    done = call_in_thread(gate, [7])
     time.sleep(0.05)
     assert not done.is_set() and engine.submissions == []  # held: the other lane may still call
     gate.lane_closed()
@@ -145,8 +149,7 @@ def test_single_lane_and_flush_submit_at_once() -> None:
     gate = SubmitGate(engine, quiet_s=60.0, max_wait_s=60.0)
     assert gate.generate([[1]], {}, None)[0]["output_ids"] == [1]  # no lanes: straight through
     gate.lanes_opened(2)
-    done = threading.Event()
-    threading.Thread(target=lambda: (gate.generate([[2]], {}, None), done.set())).start()
+    done = call_in_thread(gate, [2])
     time.sleep(0.05)
     gate.flush()  # as an abort does before it names the held call's rid
     assert done.wait(5)
