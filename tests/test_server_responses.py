@@ -142,6 +142,10 @@ def test_a_function_call_and_its_output_go_round(client: openai.OpenAI, stream: 
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "unknown tool"),
         ({"frequency_penaltyy": 1}, "frequency_penaltyy"),
         (
+            {"input": [{"type": "function_call_output", "call_id": "call_9", "output": "Sunny"}]},
+            r"input\.0\.call_id: No tool call found for function call output with call_id 'call_9'",
+        ),
+        (
             {"text": {"format": {"type": "json_schema", "name": "x"}}},
             r"text\.format: .*needs json_schema\.schema",
         ),

@@ -133,6 +133,7 @@ class ResponsesRequest(_Strict):
 
     def chat_request(self, earlier: Sequence[Item] = ()) -> ChatCompletionRequest:
         """The same request as /v1/chat/completions takes it, after the earlier turns of its chain."""
+        _check_call_ids(earlier, self.items())
         body: dict[str, Any] = {
             "model": self.model,
             "messages": _messages(self.instructions, [*earlier, *self.items()]),
@@ -188,6 +189,19 @@ def _responses_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
     head = _FIELD.get(str(loc[0]), (loc[0],))
     rest = [part for part in loc[1:] if not (loc[0] == "tools" and part == "function")]
     return (*head, *rest)
+
+
+def _check_call_ids(earlier: Sequence[Item], items: list[Item]) -> None:
+    """Each function_call_output answers a function_call made before it in the conversation, as
+    OpenAI requires: an output for no call would reach the model as a tool turn nothing asked for."""
+    called = {item.call_id for item in earlier if isinstance(item, FunctionCallItem)}
+    for k, item in enumerate(items):
+        if isinstance(item, FunctionCallItem):
+            called.add(item.call_id)
+        elif isinstance(item, FunctionCallOutputItem) and item.call_id not in called:
+            msg = f"No tool call found for function call output with call_id {item.call_id!r}."
+            error = {"type": "value_error", "loc": ("input", k, "call_id"), "msg": msg, "input": item.call_id}
+            raise RequestValidationError([error])
 
 
 def _messages(instructions: str | None, items: list[Item]) -> list[dict[str, Any]]:
