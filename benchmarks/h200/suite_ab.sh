@@ -4,7 +4,8 @@
 # (writes .ab/old.tar and .ab/new.tar), then on the device, carrying .whl, .smol_tok and .ab:
 #   N=2 SUITE_ARGS="--workers engine --engine-steps decode_b1,prefix,prefix_cascade_off,forks" \
 #     bash benchmarks/h200/suite_ab.sh run
-# Every result goes into one $OUT/ab.tgz (the device returns only a few files per call).
+# Every result goes into one $OUT/ab.tgz (the device returns only a few files per call), rewritten
+# after each run.
 # An A/B longer than one call: split it by workers over back-to-back calls (SUITE_ARGS="--workers
 # engine", then "--workers radix_off,hf,server"), extract each call's ab.tgz into a folder of its
 # own, and compare: python benchmarks/suite_ab_report.py CALL1_DIR CALL2_DIR (it merges them).
@@ -29,6 +30,6 @@ for i in $(seq 1 "${N:-2}"); do
     (cd "/tmp/ab_$v/src" && PYTHONPATH="/tmp/ab_$v/site" timeout "${RUN_LIMIT:-300}" python3 benchmarks/suite.py \
       --device cuda --out "/tmp/abres/ab_${v}_$i.json" ${SUITE_ARGS:-} > "/tmp/abres/ab_${v}_$i.log" 2>&1
      echo "$v $i rc=$? $(date +%T)")
+    tar -czf "$OUT/ab.tgz" -C /tmp/abres .  # after every run: a call cut off at its limit keeps what ran
   done
 done
-tar -czf "$OUT/ab.tgz" -C /tmp/abres .
