@@ -2,7 +2,8 @@
 translation is in responses_request.py): the chat choice comes back as Responses output items (a
 message with output_text, then function_call items) with Responses usage and status, whole or as
 the Responses event stream. A finished response is stored (unless the request says store: false)
-for GET, DELETE and the next request's previous_response_id (response_store.py)."""
+for GET, DELETE, its input_items and the next request's previous_response_id (response_store.py,
+response_items.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ import itertools
 import json
 import uuid
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Query, Request
 from pydantic import BaseModel
 
 from .openai_chat import ChatChoice, ChatCtx, ChoiceEvent, choice_events, collect_choice, prepare_chat
 from .openai_shapes import Tok
 from .protocol import now
+from .response_items import input_items_page
 from .response_store import ResponseStore, StoredResponse
 from .responses_request import Item, ResponsesRequest
 from .runner import Runner, Seq
@@ -245,6 +247,20 @@ def register(app: FastAPI, runner: Runner, tok: Tok, log_user: Callable[[Request
     @app.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str) -> Any:
         return stored(response_id).response
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def input_items(
+        response_id: str,
+        after: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=100)] = 20,
+        order: Literal["asc", "desc"] = "desc",
+        include: Annotated[list[str] | None, Query()] = None,
+    ) -> Any:
+        if include:
+            raise HTTPException(
+                400, f"include {include} is not supported: input items carry no extra fields here"
+            )
+        return input_items_page(stored(response_id), after, limit, order)
 
     @app.delete("/v1/responses/{response_id}")
     async def delete(response_id: str) -> Any:

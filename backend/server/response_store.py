@@ -6,6 +6,7 @@ its chain continues: the earlier turns' items, this request's input, then this r
 
 from __future__ import annotations
 
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,8 @@ MAX_STORED_RESPONSES = 1024
 @dataclass(frozen=True)
 class StoredResponse:
     response: dict[str, Any]  # the response object as the client got it
-    conversation: tuple[Item, ...]
+    conversation: tuple[Item, ...]  # every item has an id (given at put where the client sent none)
+    inputs_end: int  # conversation[:inputs_end]: the items the response was generated from
 
 
 def output_items(output: list[dict[str, Any]]) -> list[Item]:
@@ -41,6 +43,16 @@ def output_items(output: list[dict[str, Any]]) -> list[Item]:
     return items
 
 
+_ID_PREFIX = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_"}
+
+
+def with_id(item: Item) -> Item:
+    """The item, with an id of OpenAI's shape for its type where it has none."""
+    if item.id is not None:
+        return item
+    return item.model_copy(update={"id": _ID_PREFIX[item.type] + uuid.uuid4().hex})
+
+
 class ResponseStore:
     """Stored responses by id. Used from the server's event loop only (no lock)."""
 
@@ -60,9 +72,11 @@ class ResponseStore:
         return stored
 
     def put(self, response: dict[str, Any], earlier: tuple[Item, ...], inputs: list[Item]) -> None:
-        """Keep a finished response, its conversation ending with its own output."""
-        conversation = (*earlier, *inputs, *output_items(response["output"]))
-        self._by_id[response["id"]] = StoredResponse(response, conversation)
+        """Keep a finished response, its conversation ending with its own output. Input items the
+        client sent without an id get one here, so /input_items names each the same every time."""
+        before = (*earlier, *map(with_id, inputs))
+        conversation = (*before, *output_items(response["output"]))
+        self._by_id[response["id"]] = StoredResponse(response, conversation, len(before))
         self._by_id.move_to_end(response["id"])
         while len(self._by_id) > self.max_responses:
             self._by_id.popitem(last=False)
