@@ -92,5 +92,7 @@ def test_what_cannot_be_listed_is_a_4xx_with_the_reason(client: openai.OpenAI) -
     for query, reason in (("limit=0", "limit"), ("limit=101", "limit"), ("order=up", "order")):
         bad = httpx.get(f"{url}?{query}", timeout=30)
         assert bad.status_code == 400 and reason in bad.text, (query, bad.text)
+    with pytest.raises(openai.BadRequestError, match="include"):
+        client.responses.input_items.list(made.id, include=["message.input_image.image_url"])
     included = httpx.get(f"{url}?include=message.input_image.image_url", timeout=30)
     assert included.status_code == 400 and "include" in included.text

@@ -250,12 +250,14 @@ def register(app: FastAPI, runner: Runner, tok: Tok, log_user: Callable[[Request
 
     @app.get("/v1/responses/{response_id}/input_items")
     async def input_items(
+        request: Request,
         response_id: str,
         after: str | None = None,
         limit: Annotated[int, Query(ge=1, le=100)] = 20,
         order: Literal["asc", "desc"] = "desc",
-        include: Annotated[list[str] | None, Query()] = None,
     ) -> Any:
+        query = request.query_params  # the openai client sends a list as include[]=...
+        include = query.getlist("include") + query.getlist("include[]")
         if include:
             raise HTTPException(
                 400, f"include {include} is not supported: input items carry no extra fields here"
