@@ -6,8 +6,9 @@ next one where a dead replica refuses or its pooled connection fails).
 Bodies stream through unbuffered (event streams event by event: a client never reads half an
 event); a client that goes away closes the upstream request.
 
-A stored response lives in the replica that made it: GET, DELETE and cancel of /v1/responses/{id}
-and a new response naming it as previous_response_id go to that replica (asked in turn).
+A stored response lives in the replica that made it: GET, DELETE, cancel and input_items of
+/v1/responses/{id} and a new response naming it as previous_response_id go to that replica
+(asked in turn).
 
 A streamed native /generate request whose replica dies mid-way (the upstream breaks, or ends,
 before the final event) is continued through the router on a live replica: dp_replay.py builds
