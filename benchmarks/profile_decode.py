@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import torch
+from suite_quant import one_row_kind
 
 from radixlm.backend.engine import Engine
 
@@ -25,8 +26,16 @@ def main() -> None:
     p.add_argument("--no-overlap", action="store_true")
     p.add_argument("--quantization", default=None, help="weights quantized at load: q4_0, fp8, ...")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8_e4m3")
+    p.add_argument(
+        "--one-row-kind", default=None, help="one-row GGUF matmul kind instead of the default: int8x"
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    with one_row_kind(args.one_row_kind):
+        profile(args)
+
+
+def profile(args: argparse.Namespace) -> None:
     eng = Engine(
         model_shape=args.model_shape,
         device="cuda",

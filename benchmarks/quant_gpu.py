@@ -111,6 +111,19 @@ DOT = [
 ]
 
 
+ONE_ROW_SWEEP = DP4A + INT8X + HALF2 + ACC
+
+
+def parse_configs(spec: str) -> list[QuantMatmulConfig]:
+    """kind:rows:block_k:warps[:stages], comma separated."""
+    out = []
+    for item in spec.split(","):
+        kind, *nums = item.split(":")
+        rows, block_k, warps, *stages = (int(v) for v in nums)
+        out.append(QuantMatmulConfig(kind, rows, block_k, warps, num_stages=stages[0] if stages else 1))
+    return out
+
+
 def nbytes(*ts: torch.Tensor | None) -> int:
     return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
@@ -145,7 +158,7 @@ def bench_shape(
         # the config quant_matmul runs, then the row count's CUDA-core default beside it
         cfgs = list(dict.fromkeys([choose_config(x, q), default_config(m)]))
         if sweep:
-            more = (DP4A + INT8X + HALF2 + ACC if m == 1 else []) + (FMA if m <= 8 else []) + DOT
+            more = (ONE_ROW_SWEEP if m == 1 else []) + (FMA if m <= 8 else []) + DOT
             cfgs += [
                 c
                 for c in more
@@ -202,12 +215,19 @@ def main() -> None:
     p.add_argument("--ms", default="1,2,8,16,128,2048")
     p.add_argument("--kinds", default=None, help="sweep only these kernel kinds (comma list)")
     p.add_argument("--dp4a-rows", default=None, help="rows per program the dp4a sweep tries (comma list)")
+    p.add_argument(
+        "--configs",
+        default=None,
+        help="one-row configs to time instead of the sweep's (kind:rows:block_k:warps[:stages],...)",
+    )
     args = p.parse_args()
     t0 = time.perf_counter()
     ms = [int(x) for x in args.ms.split(",")]
     kinds = set(args.kinds.split(",")) if args.kinds else None
     if args.dp4a_rows:
         DP4A[:] = dp4a_configs(tuple(int(r) for r in args.dp4a_rows.split(",")))
+    if args.configs:
+        ONE_ROW_SWEEP[:] = parse_configs(args.configs)
     res: dict[str, Any] = {
         "benchmark": "quant_gpu",
         "env": environment(),
@@ -221,7 +241,7 @@ def main() -> None:
     res["shapes"]["gate_up Q4_1"] = bench_shape("gate_up", 28672, 4096, few, "Q4_1", bool(kinds), kinds)
     res["shapes"]["gate_up Q8_0"] = bench_shape("gate_up", 28672, 4096, few, "Q8_0", bool(kinds), kinds)
     res["shapes"]["lm_head Q8_0"] = bench_shape(
-        "lm_head", 128256, 4096, [m for m in (1, 128) if m in ms] or ms[:1], "Q8_0", False
+        "lm_head", 128256, 4096, [m for m in (1, 128) if m in ms] or ms[:1], "Q8_0", bool(args.configs), kinds
     )
     # per M: the config with the least summed time over the layer shapes (the defaults to use)
     suggested = {}

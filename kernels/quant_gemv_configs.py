@@ -74,7 +74,10 @@ DP4A = QuantMatmulConfig("dp4a", 4, 1024, 4, num_stages=1)
 DP4A_LONG_K = QuantMatmulConfig("dp4a", 4, 2048, 4, num_stages=3)
 # one block of 32 values per thread (4 rows x 32 blocks over 4 warps): no barrier in the loop
 INT8X = QuantMatmulConfig("int8x", 4, 1024, 4, num_stages=1)
+INT8X_LONG_K = QuantMatmulConfig("int8x", 4, 1024, 4, num_stages=1)
 LONG_K = 8192
+# a one-row kind's config for rows of K >= LONG_K
+LONG_K_CONFIG: dict[QuantMatmulConfig, QuantMatmulConfig] = {DP4A: DP4A_LONG_K, INT8X: INT8X_LONG_K}
 
 
 def default_config(m: int) -> QuantMatmulConfig:
@@ -92,4 +95,4 @@ def choose_config(x: torch.Tensor, w: BlockShape) -> QuantMatmulConfig:
     cfg = ONE_ROW.get(w.qtype)
     if cfg is None or x.shape[0] != 1 or x.dtype not in (torch.bfloat16, torch.float16):
         return default_config(x.shape[0])
-    return DP4A_LONG_K if cfg is DP4A and w.cols >= LONG_K else cfg
+    return LONG_K_CONFIG.get(cfg, cfg) if w.cols >= LONG_K else cfg

@@ -104,7 +104,17 @@ def run_half2_case(
 
 
 def run_int8_case(
-    kind: str, qtype: str, n: int, k: int, rows: int, bk: int, dtype: str, scale: float, *, device: str
+    kind: str,
+    qtype: str,
+    n: int,
+    k: int,
+    rows: int,
+    bk: int,
+    dtype: str,
+    scale: float,
+    *,
+    device: str,
+    warps: int = 4,
 ) -> dict:
     """y from kind "dp4a" or "int8x" against the float64 matmul of gguf's dequantized weight with x
     as both round it (and with x itself), and the rounding of that reference to x's dtype."""
@@ -117,7 +127,9 @@ def run_int8_case(
     x = torch.from_numpy(rng.standard_normal((1, k)).astype(np.float32) * scale).to(
         device, getattr(torch, dtype)
     )
-    y = quant_matmul(x, repack(torch.from_numpy(raw).to(device), qtype), QuantMatmulConfig(kind, rows, bk, 4))
+    y = quant_matmul(
+        x, repack(torch.from_numpy(raw).to(device), qtype), QuantMatmulConfig(kind, rows, bk, warps)
+    )
     ref_q = quantize_x_ref(x).cpu().double() @ w.T
     ref = x.cpu().double() @ w.T
     own = ((ref_q.to(x.dtype).double() - ref_q).norm() / ref_q.norm()).item()
@@ -232,7 +244,8 @@ def test_quant_matmul_matches_gguf_under_interpreter() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_quant_matmul_matches_gguf_on_gpu() -> None:
-    from radixlm.kernels.quant_gemv import DP4A, HALF2, default_config
+    from radixlm.kernels.quant_gemv import HALF2, default_config
+    from radixlm.kernels.quant_gemv_configs import DP4A, DP4A_LONG_K, INT8X, INT8X_LONG_K
 
     for case in CASES:
         r = run_case(*case, device="cuda", dtype="float32")
@@ -264,9 +277,15 @@ def test_quant_matmul_matches_gguf_on_gpu() -> None:
                 dtype="bfloat16",
             )
             assert r["finite"] and r["err"] < 2e-2, (qtype, m, r)
-        for kind in ("dp4a", "int8x"):
-            r = run_int8_case(kind, qtype, n, k, DP4A.block_n, DP4A.block_k, "bfloat16", 1.0, device="cuda")
-            assert r["finite"] and r["err_q"] < 3 * r["round"] + 1e-5 and r["err"] < 2e-2, (qtype, kind, r)
+        for c in (DP4A, DP4A_LONG_K, INT8X, INT8X_LONG_K):  # the one-row configs choose_config gives
+            r = run_int8_case(
+                c.kind, qtype, n, k, c.block_n, c.block_k, "bfloat16", 1.0, device="cuda", warps=c.num_warps
+            )
+            assert r["finite"] and r["err_q"] < 3 * r["round"] + 1e-5 and r["err"] < 2e-2, (
+                qtype,
+                c.label(),
+                r,
+            )
         if qtype == "Q8_0":
             continue
         r = run_half2_case(qtype, n, k, HALF2.block_n, HALF2.block_k, "bfloat16", 1.0, device="cuda")
