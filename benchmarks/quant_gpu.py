@@ -34,6 +34,7 @@ from radixlm.kernels.quant_gemv import (
     quant_matmul,
     repack,
 )  # noqa: E402
+from radixlm.kernels.quant_gemv_configs import LONG_K  # noqa: E402
 from radixlm.kernels.quant_gemv_int8x import quantize_x_int8  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
@@ -208,6 +209,34 @@ def bench_shape(
     return out
 
 
+def fastest_int8x(shapes: dict[str, Any]) -> dict[str, Any] | None:
+    """The int8x configs with the least time given x already rounded: summed over the Q4_0 layer
+    shapes of K < LONG_K, and on the down projection (K >= LONG_K); with them in SUITE_INT8X's
+    form (benchmarks/suite_quant.py), or None where no int8x config was timed so."""
+    pre = {name: shapes[f"{name} Q4_0"]["by_m"].get(1, {}).get("int8x_pre_rounded_us", {}) for name in SHAPES}
+    short: dict[str, float] = {}
+    for name, (_, k) in SHAPES.items():
+        if k < LONG_K:
+            for label, us in pre[name].items():
+                short[label] = short.get(label, 0.0) + us
+    if not short or not pre["down"]:
+        return None
+    best_short = min(short, key=short.__getitem__)
+    best_long = min(pre["down"], key=pre["down"].__getitem__)
+
+    def spec(label: str) -> str:  # "int8x m16 n8 k4096 w4 s1" → "8:4096:4:1"
+        fields = dict((f[0], f[1:]) for f in label.split()[1:] if f[0] in "nkws")
+        return ":".join(fields[key] for key in "nkws")
+
+    return {
+        "short": best_short,
+        "short_us": short[best_short],
+        "long": best_long,
+        "long_us": pre["down"][best_long],
+        "suite_int8x": f"{spec(best_short)}/{spec(best_long)}",
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None)
@@ -252,6 +281,10 @@ def main() -> None:
                 totals[label] = totals.get(label, 0.0) + (us if us is not None else float("inf"))
         suggested[m] = min(totals, key=totals.__getitem__)
     res["suggested_by_m"] = suggested
+    fastest = fastest_int8x(res["shapes"])
+    if fastest:
+        res["int8x_fastest"] = fastest
+        print(f"SUITE_INT8X={fastest['suite_int8x']}  (int8x, x rounded beforehand: {fastest})")
     res["elapsed_s"] = time.perf_counter() - t0
     print(json.dumps(suggested, indent=1))
     if args.out:

@@ -10,9 +10,12 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from radixlm.kernels.quant_gemv_configs import QuantMatmulConfig
 
 # (label, Engine keyword arguments, the workloads it runs)
 VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
@@ -25,19 +28,44 @@ VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
 ONE_ROW_EXPERIMENTS: dict[str, tuple[str, str]] = {"q4_0_int8x": ("q4_0", "int8x")}
 
 
-@contextmanager
-def one_row_kind(kind: str | None) -> Iterator[None]:
-    """quant_matmul's one-row choice set to `kind`'s config for every format while inside."""
+def int8x_configs(spec: str | None) -> tuple[QuantMatmulConfig, QuantMatmulConfig]:
+    """int8x's configs for rows of K below and from LONG_K: quant_gemv_configs' own, or those spec
+    names ("rows:block_k:warps[:stages]/rows:block_k:warps[:stages]", the form SUITE_INT8X takes
+    and benchmarks/quant_gpu.py prints for its fastest)."""
     from radixlm.kernels import quant_gemv_configs as qc
 
-    saved = dict(qc.ONE_ROW)
+    if not spec:
+        return qc.INT8X, qc.INT8X_LONG_K
+    parts = [[int(v) for v in part.split(":")] for part in spec.split("/")]
+    if len(parts) != 2 or any(len(p) not in (3, 4) for p in parts):
+        raise ValueError(
+            f"SUITE_INT8X takes rows:block_k:warps[:stages]/rows:block_k:warps[:stages], got {spec!r}"
+        )
+    short, long = (
+        qc.QuantMatmulConfig("int8x", n, k, w, num_stages=st[0] if st else 1) for n, k, w, *st in parts
+    )
+    return short, long
+
+
+@contextmanager
+def one_row_kind(kind: str | None) -> Iterator[None]:
+    """quant_matmul's one-row choice set to `kind`'s config for every format while inside (for
+    int8x: SUITE_INT8X's configs where set)."""
+    from radixlm.kernels import quant_gemv_configs as qc
+
+    saved, saved_long = dict(qc.ONE_ROW), dict(qc.LONG_K_CONFIG)
     if kind is not None:
-        qc.ONE_ROW.update(dict.fromkeys(qc.ONE_ROW, {"int8x": qc.INT8X}[kind]))  # the kinds experiments name
+        configs = {"int8x": int8x_configs}[kind]  # the kinds experiments name
+        short, long = configs(os.environ.get("SUITE_INT8X"))
+        qc.ONE_ROW.update(dict.fromkeys(qc.ONE_ROW, short))
+        qc.LONG_K_CONFIG[short] = long
     try:
         yield
     finally:
         qc.ONE_ROW.clear()
         qc.ONE_ROW.update(saved)
+        qc.LONG_K_CONFIG.clear()
+        qc.LONG_K_CONFIG.update(saved_long)
 
 
 def variants(only: str | None) -> list[tuple[str, dict[str, Any], tuple[str, ...], str | None]]:

@@ -5,6 +5,7 @@ on its result."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -137,7 +138,8 @@ def test_throughput_refuses_a_run_with_aborted_requests() -> None:
 
 def test_one_row_experiments_run_only_when_named_and_restore_the_choice() -> None:
     """SUITE_QUANT_VARIANTS may name an experiment (the Q4_0 engine with another one-row kernel
-    kind); the default run never includes one, and the kind applies only inside its engine's run."""
+    kind); the default run never includes one, and the kind applies only inside its engine's run,
+    at SUITE_INT8X's configs where set."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import suite_quant
     import torch
@@ -160,6 +162,32 @@ def test_one_row_experiments_run_only_when_named_and_restore_the_choice() -> Non
         assert choose_config(row, Shape()).kind == "int8x"
     assert choose_config(row, Shape()) == default and default.kind != "int8x"
 
+    class LongShape:
+        qtype, cols = "Q4_0", 14336
+
+    long_default = choose_config(row, LongShape())
+    os.environ["SUITE_INT8X"] = "8:4096:4/16:2048:2:3"  # the sweep's fastest, short K / long K
+    try:
+        with suite_quant.one_row_kind("int8x"):
+            short, long = choose_config(row, Shape()), choose_config(row, LongShape())
+    finally:
+        del os.environ["SUITE_INT8X"]
+    assert (short.kind, short.block_n, short.block_k, short.num_warps, short.num_stages) == (
+        "int8x",
+        8,
+        4096,
+        4,
+        1,
+    )
+    assert (long.kind, long.block_n, long.block_k, long.num_warps, long.num_stages) == (
+        "int8x",
+        16,
+        2048,
+        2,
+        3,
+    )
+    assert choose_config(row, LongShape()) == long_default  # restored on leaving
+
 
 def test_the_ttft_tail_names_when_each_slow_request_was_sent() -> None:
     """A serving run's slowest first tokens come with their send times and the requests in flight
@@ -175,3 +203,25 @@ def test_the_ttft_tail_names_when_each_slow_request_was_sent() -> None:
     assert [t["sent_s"] for t in tail[:2]] == pytest.approx([0.5, 0.6])
     assert tail[0]["in_flight"] == 5  # the five sent before it, each still streaming at 0.5 s
     assert len(tail) == 5
+
+
+def test_quant_gpu_names_its_fastest_int8x_configs_in_the_form_the_suite_reads() -> None:
+    """quant_gpu.py's sweep names the int8x configs with the least time (x rounded beforehand):
+    summed over the layer shapes of K < LONG_K, and the down projection's own; the string it
+    prints is what SUITE_INT8X takes, and reads back as those two configs."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import quant_gpu
+    import suite_quant
+
+    a, b = "int8x m16 n8 k4096 w4 s1", "int8x m16 n16 k2048 w2 s3"
+    times = {"qkv": (3.0, 2.0), "o": (2.0, 2.5), "gate_up": (9.0, 8.0), "down": (6.0, 7.0)}
+    shapes = {
+        f"{name} Q4_0": {"by_m": {1: {"int8x_pre_rounded_us": {a: ta, b: tb}}}}
+        for name, (ta, tb) in times.items()
+    }
+    fastest = quant_gpu.fastest_int8x(shapes)
+    assert fastest is not None and (fastest["short"], fastest["long"]) == (b, a)
+    assert fastest["short_us"] == 12.5 and fastest["suite_int8x"] == "16:2048:2:3/8:4096:4:1"
+    short, long = suite_quant.int8x_configs(fastest["suite_int8x"])
+    assert (short.label(), long.label()) == (b, a)
+    assert quant_gpu.fastest_int8x({f"{n} Q4_0": {"by_m": {1: {}}} for n in times}) is None
