@@ -74,7 +74,7 @@ DP4A = QuantMatmulConfig("dp4a", 4, 1024, 4, num_stages=1)
 DP4A_LONG_K = QuantMatmulConfig("dp4a", 4, 2048, 4, num_stages=3)
 # one block of 32 values per thread (4 rows x 32 blocks over 4 warps): no barrier in the loop
 INT8X = QuantMatmulConfig("int8x", 4, 1024, 4, num_stages=1)
-INT8X_LONG_K = QuantMatmulConfig("int8x", 4, 1024, 4, num_stages=1)
+INT8X_LONG_K = QuantMatmulConfig("int8x", 4, 1024, 4, num_stages=1)  # INT8X's tiles
 LONG_K = 8192
 # a one-row kind's config for rows of K >= LONG_K
 LONG_K_CONFIG: dict[QuantMatmulConfig, QuantMatmulConfig] = {DP4A: DP4A_LONG_K, INT8X: INT8X_LONG_K}

@@ -115,6 +115,7 @@ def run_int8_case(
     *,
     device: str,
     warps: int = 4,
+    stages: int = 1,
 ) -> dict:
     """y from kind "dp4a" or "int8x" against the float64 matmul of gguf's dequantized weight with x
     as both round it (and with x itself), and the rounding of that reference to x's dtype."""
@@ -128,7 +129,9 @@ def run_int8_case(
         device, getattr(torch, dtype)
     )
     y = quant_matmul(
-        x, repack(torch.from_numpy(raw).to(device), qtype), QuantMatmulConfig(kind, rows, bk, warps)
+        x,
+        repack(torch.from_numpy(raw).to(device), qtype),
+        QuantMatmulConfig(kind, rows, bk, warps, num_stages=stages),
     )
     ref_q = quantize_x_ref(x).cpu().double() @ w.T
     ref = x.cpu().double() @ w.T
@@ -278,14 +281,12 @@ def test_quant_matmul_matches_gguf_on_gpu() -> None:
             )
             assert r["finite"] and r["err"] < 2e-2, (qtype, m, r)
         for c in (DP4A, DP4A_LONG_K, INT8X, INT8X_LONG_K):  # the one-row configs choose_config gives
+            tiles = (c.block_n, c.block_k, "bfloat16", 1.0)
             r = run_int8_case(
-                c.kind, qtype, n, k, c.block_n, c.block_k, "bfloat16", 1.0, device="cuda", warps=c.num_warps
+                c.kind, qtype, n, k, *tiles, device="cuda", warps=c.num_warps, stages=c.num_stages
             )
-            assert r["finite"] and r["err_q"] < 3 * r["round"] + 1e-5 and r["err"] < 2e-2, (
-                qtype,
-                c.label(),
-                r,
-            )
+            close = r["err_q"] < 3 * r["round"] + 1e-5 and r["err"] < 2e-2
+            assert r["finite"] and close, (qtype, c.label(), r)
         if qtype == "Q8_0":
             continue
         r = run_half2_case(qtype, n, k, HALF2.block_n, HALF2.block_k, "bfloat16", 1.0, device="cuda")

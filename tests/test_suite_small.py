@@ -172,20 +172,7 @@ def test_one_row_experiments_run_only_when_named_and_restore_the_choice() -> Non
             short, long = choose_config(row, Shape()), choose_config(row, LongShape())
     finally:
         del os.environ["SUITE_INT8X"]
-    assert (short.kind, short.block_n, short.block_k, short.num_warps, short.num_stages) == (
-        "int8x",
-        8,
-        4096,
-        4,
-        1,
-    )
-    assert (long.kind, long.block_n, long.block_k, long.num_warps, long.num_stages) == (
-        "int8x",
-        16,
-        2048,
-        2,
-        3,
-    )
+    assert (short.label(), long.label()) == ("int8x m16 n8 k4096 w4 s1", "int8x m16 n16 k2048 w2 s3")
     assert choose_config(row, LongShape()) == long_default  # restored on leaving
 
 
