@@ -14,27 +14,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from sm90_sass import compile_sm90, loop_opcodes  # noqa: E402
-
-KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
+from sm90_sass import one_row_loop  # noqa: E402
 
 
 def loop_counts(kernel: str, qtype: str, rows: int, block_k: int, warps: int) -> dict[str, object]:
-    common = {"QW": "*i32", "D": "*fp16", "MN": "*fp16", "Y": "*bf16"}
-    consts: dict[str, object] = dict(
-        KIND=KIND[qtype], ROWS=rows, BLOCK_B=block_k // 32, EVEN_B=True, ASM=True
-    )
-    if kernel == "int8x":
-        from radixlm.kernels.quant_gemv_int8x import _gemv_int8x_kernel as fn
-
-        pointers = {"XQ": "*i32", "XS": "*fp32", "XO": "*fp32", **common}
-    else:
-        from radixlm.kernels.quant_gemv_dp4a import _gemv_dp4a_kernel as fn
-
-        pointers = {"X4": "*i64", **common}
-        consts["X_F16"] = False
-    sass = compile_sm90(fn, pointers, consts, num_warps=warps, num_stages=1, aligned_ints=("N", "NB"))
-    (ops,) = loop_opcodes(sass)
+    ops = one_row_loop(kernel, qtype, rows, block_k, warps)
     dots = sum(n for op, n in ops.items() if op.startswith("IDP"))
     return {
         "instructions": sum(ops.values()),

@@ -1,6 +1,6 @@
 """Triton kernels compiled for sm_90 (Hopper) on any machine, with Triton's own ptxas and nvdisasm:
-opcode counts of the whole kernel and of its loops, so tests can hold a kernel's machine code to
-what its design promises without a GPU."""
+opcode counts of the whole kernel and of its loops (the one-row GGUF matmuls' at given tiles), so
+tests can hold a kernel's machine code to what its design promises without a GPU."""
 
 from __future__ import annotations
 
@@ -85,3 +85,30 @@ def loop_opcodes(sass: str) -> list[Counter[str]]:
             start = labels[target.group(1)]
             loops.append(Counter(o for a, o, _ in instrs if start <= a <= addr))
     return loops
+
+
+ONE_ROW_KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
+
+
+def one_row_loop(
+    kernel: str, qtype: str, rows: int, block_k: int, warps: int, stages: int = 1
+) -> Counter[str]:
+    """The opcodes of the loop of a one-row GGUF matmul kernel ("int8x" or "dp4a") for qtype at
+    the given tiles, bf16 x and y, K a multiple of the block step."""
+    common = {"QW": "*i32", "D": "*fp16", "MN": "*fp16", "Y": "*bf16"}
+    consts: dict[str, object] = dict(
+        KIND=ONE_ROW_KIND[qtype], ROWS=rows, BLOCK_B=block_k // 32, EVEN_B=True, ASM=True
+    )
+    if kernel == "int8x":
+        from radixlm.kernels.quant_gemv_int8x import _gemv_int8x_kernel as fn
+
+        pointers = {"XQ": "*i32", "XS": "*fp32", "XO": "*fp32", **common}
+    else:
+        from radixlm.kernels.quant_gemv_dp4a import _gemv_dp4a_kernel as fn
+
+        pointers = {"X4": "*i64", **common}
+        consts["X_F16"] = False
+    sass = compile_sm90(fn, pointers, consts, num_warps=warps, num_stages=stages, aligned_ints=("N", "NB"))
+    loops = loop_opcodes(sass)
+    assert len(loops) == 1, f"{kernel} {qtype}: expected one loop, found {len(loops)}"
+    return loops[0]

@@ -9,38 +9,18 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from sm90_sass import HAVE_NVDISASM, compile_sm90, loop_opcodes
+from sm90_sass import HAVE_NVDISASM, one_row_loop
 
 pytestmark = pytest.mark.skipif(not HAVE_NVDISASM, reason="triton ships no nvdisasm here")
-
-KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
 
 
 def one_loop(kernel: str, qtype: str) -> Counter[str]:
     """The opcodes of the matmul loop of `kernel` ("int8x" or "dp4a") for qtype at its default
-    config, bf16 x and y."""
+    config."""
     from radixlm.kernels.quant_gemv_configs import DP4A, INT8X
 
     cfg = INT8X if kernel == "int8x" else DP4A
-    common = {"QW": "*i32", "D": "*fp16", "MN": "*fp16", "Y": "*bf16"}
-    consts: dict[str, object] = dict(
-        KIND=KIND[qtype], ROWS=cfg.block_n, BLOCK_B=cfg.block_k // 32, EVEN_B=True, ASM=True
-    )
-    if kernel == "int8x":
-        from radixlm.kernels.quant_gemv_int8x import _gemv_int8x_kernel as fn
-
-        pointers = {"XQ": "*i32", "XS": "*fp32", "XO": "*fp32", **common}
-    else:
-        from radixlm.kernels.quant_gemv_dp4a import _gemv_dp4a_kernel as fn
-
-        pointers = {"X4": "*i64", **common}
-        consts["X_F16"] = False
-    sass = compile_sm90(
-        fn, pointers, consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages, aligned_ints=("N", "NB")
-    )
-    loops = loop_opcodes(sass)
-    assert len(loops) == 1, f"{kernel} {qtype}: expected one loop, found {len(loops)}"
-    return loops[0]
+    return one_row_loop(kernel, qtype, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages)
 
 
 def per_dp4a(ops: Counter[str]) -> float:
