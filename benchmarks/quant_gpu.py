@@ -21,6 +21,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_env import environment, write_result  # noqa: E402
 from kernels_common import L2_BYTES, time_fn  # noqa: E402
+from suite_quant import one_row_config  # noqa: E402
 
 from radixlm.kernels.gemv import gemv  # noqa: E402
 from radixlm.kernels.quant_blocks import quantize_blocks  # noqa: E402
@@ -117,12 +118,7 @@ ONE_ROW_SWEEP = DP4A + INT8X + HALF2 + ACC
 
 def parse_configs(spec: str) -> list[QuantMatmulConfig]:
     """kind:rows:block_k:warps[:stages], comma separated."""
-    out = []
-    for item in spec.split(","):
-        kind, *nums = item.split(":")
-        rows, block_k, warps, *stages = (int(v) for v in nums)
-        out.append(QuantMatmulConfig(kind, rows, block_k, warps, num_stages=stages[0] if stages else 1))
-    return out
+    return [one_row_config(*item.split(":", 1)) for item in spec.split(",")]
 
 
 def nbytes(*ts: torch.Tensor | None) -> int:

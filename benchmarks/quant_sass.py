@@ -14,17 +14,17 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from sm90_sass import one_row_loop  # noqa: E402
+from sm90_sass import count, one_row_loop  # noqa: E402
 
 
 def loop_counts(kernel: str, qtype: str, rows: int, block_k: int, warps: int) -> dict[str, object]:
     ops = one_row_loop(kernel, qtype, rows, block_k, warps)
-    dots = sum(n for op, n in ops.items() if op.startswith("IDP"))
+    dots = count(ops, "IDP.4A")
     return {
         "instructions": sum(ops.values()),
         "dp4a": dots,
         "per_dp4a": round(sum(ops.values()) / dots, 1),
-        "barriers": sum(n for op, n in ops.items() if op.startswith("BAR")),
+        "barriers": count(ops, "BAR"),
         "loads": {op: n for op, n in sorted(ops.items()) if op.startswith("LD")},
     }
 

@@ -28,6 +28,18 @@ VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
 ONE_ROW_EXPERIMENTS: dict[str, tuple[str, str]] = {"q4_0_int8x": ("q4_0", "int8x")}
 
 
+def one_row_config(kind: str, spec: str) -> QuantMatmulConfig:
+    """kind's config from "rows:block_k:warps[:stages]" (the form quant_gpu.py's --configs and
+    SUITE_INT8X take)."""
+    from radixlm.kernels.quant_gemv_configs import QuantMatmulConfig
+
+    nums = [int(v) for v in spec.split(":")]
+    if len(nums) not in (3, 4):
+        raise ValueError(f"a one-row config is rows:block_k:warps[:stages], got {spec!r}")
+    rows, block_k, warps, *stages = nums
+    return QuantMatmulConfig(kind, rows, block_k, warps, num_stages=stages[0] if stages else 1)
+
+
 def int8x_configs(spec: str | None) -> tuple[QuantMatmulConfig, QuantMatmulConfig]:
     """int8x's configs for rows of K below and from LONG_K: quant_gemv_configs' own, or those spec
     names ("rows:block_k:warps[:stages]/rows:block_k:warps[:stages]", the form SUITE_INT8X takes
@@ -36,15 +48,12 @@ def int8x_configs(spec: str | None) -> tuple[QuantMatmulConfig, QuantMatmulConfi
 
     if not spec:
         return qc.INT8X, qc.INT8X_LONG_K
-    parts = [[int(v) for v in part.split(":")] for part in spec.split("/")]
-    if len(parts) != 2 or any(len(p) not in (3, 4) for p in parts):
+    parts = spec.split("/")
+    if len(parts) != 2 or any(len(p.split(":")) not in (3, 4) for p in parts):
         raise ValueError(
             f"SUITE_INT8X takes rows:block_k:warps[:stages]/rows:block_k:warps[:stages], got {spec!r}"
         )
-    short, long = (
-        qc.QuantMatmulConfig("int8x", n, k, w, num_stages=st[0] if st else 1) for n, k, w, *st in parts
-    )
-    return short, long
+    return one_row_config("int8x", parts[0]), one_row_config("int8x", parts[1])
 
 
 @contextmanager

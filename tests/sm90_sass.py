@@ -62,6 +62,11 @@ def opcodes(sass: str) -> Counter[str]:
     return Counter(m.group(2) for m in _INSTR.finditer(sass))
 
 
+def count(ops: Counter[str], prefix: str) -> int:
+    """Instructions whose opcode starts with prefix ("BAR": barriers, "IDP.4A": dp4a)."""
+    return sum(n for op, n in ops.items() if op.startswith(prefix))
+
+
 def loop_opcodes(sass: str) -> list[Counter[str]]:
     """Opcode counts of each loop: the instructions from a label to a branch back to it."""
     instrs: list[tuple[int, str, str]] = []

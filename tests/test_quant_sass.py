@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from sm90_sass import HAVE_NVDISASM, one_row_loop
+from sm90_sass import HAVE_NVDISASM, count, one_row_loop
 
 pytestmark = pytest.mark.skipif(not HAVE_NVDISASM, reason="triton ships no nvdisasm here")
 
@@ -24,13 +24,13 @@ def one_loop(kernel: str, qtype: str) -> Counter[str]:
 
 
 def per_dp4a(ops: Counter[str]) -> float:
-    dots = sum(n for op, n in ops.items() if op.startswith("IDP.4A"))
+    dots = count(ops, "IDP.4A")
     assert dots > 0, "the loop runs no dp4a: the inline PTX is gone"
     return sum(ops.values()) / dots
 
 
 def barriers(ops: Counter[str]) -> int:
-    return sum(n for op, n in ops.items() if op.startswith("BAR"))
+    return count(ops, "BAR")
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
