@@ -210,11 +210,15 @@ def gemv_dp4a(
 def quantize_x_ref(x: torch.Tensor) -> torch.Tensor:
     """x [M, K] as the kernel sees it: in each block of 32, the eight values 4t..4t+3 and
     16+4t..19+4t (t < 4) share a scale max|x| / 127 and are rounded to floor(x / scale + 0.5),
-    in float32. `gemv_dp4a` equals the exact matmul of this with the dequantized weight."""
+    in float32 with IEEE division on any device. `gemv_dp4a` equals the exact matmul of this with
+    the dequantized weight."""
     xg = x.float().reshape(x.shape[0], -1, 2, 4, 4)  # [M, block, half, t, value]
     amax = xg.abs().amax(dim=(2, 4), keepdim=True)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    return (torch.floor(xg * inv + 0.5) * (amax / 127.0)).reshape(x.shape)
+    # Tensor by tensor: torch turns `127.0 / t` into 127 * (1 / t) everywhere, and `t / 127.0` on
+    # CUDA into t * (1 / 127), each one rounding more than the kernels' division.
+    c127 = torch.full_like(amax, 127.0)
+    inv = torch.where(amax > 0, c127 / amax, torch.zeros_like(amax))
+    return (torch.floor(xg * inv + 0.5) * (amax / c127)).reshape(x.shape)
 
 
 __all__ = ["DP4A_FORMATS", "gemv_dp4a", "quantize_x_ref", "word_dot"]
