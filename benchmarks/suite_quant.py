@@ -25,7 +25,10 @@ VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
 ]
 # run only where SUITE_QUANT_VARIANTS names them: a variant with another kernel kind for one
 # 16-bit row of every format, beside the default's own row of the same run
-ONE_ROW_EXPERIMENTS: dict[str, tuple[str, str]] = {"q4_0_int8x": ("q4_0", "int8x")}
+ONE_ROW_EXPERIMENTS: dict[str, tuple[str, str]] = {
+    "q4_0_int8x": ("q4_0", "int8x"),
+    "q4_0_int8x_large": ("q4_0", "int8x_large"),
+}
 
 
 def one_row_config(kind: str, spec: str) -> QuantMatmulConfig:
@@ -58,23 +61,29 @@ def int8x_configs(spec: str | None) -> tuple[QuantMatmulConfig, QuantMatmulConfi
 
 @contextmanager
 def one_row_kind(kind: str | None) -> Iterator[None]:
-    """quant_matmul's one-row choice set to `kind`'s config for every format while inside (for
-    int8x: SUITE_INT8X's configs where set)."""
+    """quant_matmul's one-row choice for every format while inside: "int8x" sets int8x's configs
+    (SUITE_INT8X's where set); "int8x_large" sets one int8x config for the large weights only
+    (SUITE_INT8X_LARGE's, rows:block_k:warps[:stages], where set; else INT8X_ONE_ROW)."""
     from radixlm.kernels import quant_gemv_configs as qc
 
-    saved, saved_long = dict(qc.ONE_ROW), dict(qc.LONG_K_CONFIG)
-    if kind is not None:
-        configs = {"int8x": int8x_configs}[kind]  # the kinds experiments name
-        short, long = configs(os.environ.get("SUITE_INT8X"))
+    tables = (qc.ONE_ROW, qc.LONG_K_CONFIG, qc.ONE_ROW_LARGE)
+    saved = [dict(t) for t in tables]
+    if kind == "int8x":
+        short, long = int8x_configs(os.environ.get("SUITE_INT8X"))
         qc.ONE_ROW.update(dict.fromkeys(qc.ONE_ROW, short))
         qc.LONG_K_CONFIG[short] = long
+    elif kind == "int8x_large":
+        spec = os.environ.get("SUITE_INT8X_LARGE")
+        large = one_row_config("int8x", spec) if spec else qc.INT8X_ONE_ROW
+        qc.ONE_ROW_LARGE.update(dict.fromkeys(qc.ONE_ROW, large))
+    elif kind is not None:
+        raise ValueError(f"no one-row experiment kind {kind!r}")
     try:
         yield
     finally:
-        qc.ONE_ROW.clear()
-        qc.ONE_ROW.update(saved)
-        qc.LONG_K_CONFIG.clear()
-        qc.LONG_K_CONFIG.update(saved_long)
+        for table, before in zip(tables, saved):
+            table.clear()
+            table.update(before)
 
 
 def variants(only: str | None) -> list[tuple[str, dict[str, Any], tuple[str, ...], str | None]]:

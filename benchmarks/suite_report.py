@@ -234,6 +234,15 @@ RATIOS: list[Ratio] = [
         ),
     ),
     Ratio(
+        "q4_int8x_large_vs_default",
+        "batch-1 decode tok/s, Q4_0 weights, one-row kernel int8x for the large weights only / the "
+        "default kind (only where SUITE_QUANT_VARIANTS names q4_0_int8x_large)",
+        lambda r: (
+            _w(r, "quant", "quant", "q4_0_int8x_large", "decode_b1", "overlap_on", "decode_tok_s")
+            / _w(r, "quant", "quant", "q4_0", "decode_b1", "overlap_on", "decode_tok_s")
+        ),
+    ),
+    Ratio(
         "fp8_b128",
         "batch of equal requests (H200: 128 x in 512 / out 256), output tok/s, FP8 weights / bf16",
         lambda r: (

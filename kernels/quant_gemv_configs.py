@@ -19,6 +19,9 @@ class BlockShape(Protocol):
     @property
     def cols(self) -> int: ...
 
+    @property
+    def rows(self) -> int: ...
+
 
 KINDS = ("acc", "fma", "dot", "half2", "dp4a", "int8x")
 
@@ -89,10 +92,21 @@ def default_config(m: int) -> QuantMatmulConfig:
 ONE_ROW: dict[str, QuantMatmulConfig] = {"Q4_0": DP4A, "Q4_1": DP4A, "Q4_K": DP4A, "Q8_0": DP4A}
 
 
+# one 16-bit row of a weight of at least LARGE_WEIGHT values: the packed config per format where it
+# differs from ONE_ROW's (none: the suite's int8x_large experiment fills it while it runs, with
+# INT8X_ONE_ROW unless told another: one weight row per one-warp program)
+LARGE_WEIGHT = 1 << 25
+INT8X_ONE_ROW = QuantMatmulConfig("int8x", 1, 1024, 1, num_stages=1)
+ONE_ROW_LARGE: dict[str, QuantMatmulConfig] = {}
+
+
 def choose_config(x: torch.Tensor, w: BlockShape) -> QuantMatmulConfig:
-    """The config `quant_matmul` runs without one: ONE_ROW's for one 16-bit row of a format it
-    lists, else the row count's default."""
+    """The config `quant_matmul` runs without one: for one 16-bit row of a format ONE_ROW lists,
+    ONE_ROW_LARGE's for a large weight where it has one, else ONE_ROW's (LONG_K_CONFIG's for
+    long rows); else the row count's default."""
     cfg = ONE_ROW.get(w.qtype)
     if cfg is None or x.shape[0] != 1 or x.dtype not in (torch.bfloat16, torch.float16):
         return default_config(x.shape[0])
+    if w.rows * w.cols >= LARGE_WEIGHT and w.qtype in ONE_ROW_LARGE:
+        return ONE_ROW_LARGE[w.qtype]
     return LONG_K_CONFIG.get(cfg, cfg) if w.cols >= LONG_K else cfg

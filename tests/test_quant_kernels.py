@@ -248,7 +248,7 @@ def test_quant_matmul_matches_gguf_under_interpreter() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_quant_matmul_matches_gguf_on_gpu() -> None:
     from radixlm.kernels.quant_gemv import HALF2, default_config
-    from radixlm.kernels.quant_gemv_configs import DP4A, DP4A_LONG_K, INT8X, INT8X_LONG_K
+    from radixlm.kernels.quant_gemv_configs import DP4A, DP4A_LONG_K, INT8X, INT8X_LONG_K, INT8X_ONE_ROW
 
     for case in CASES:
         r = run_case(*case, device="cuda", dtype="float32")
@@ -280,7 +280,8 @@ def test_quant_matmul_matches_gguf_on_gpu() -> None:
                 dtype="bfloat16",
             )
             assert r["finite"] and r["err"] < 2e-2, (qtype, m, r)
-        for c in (DP4A, DP4A_LONG_K, INT8X, INT8X_LONG_K):  # the one-row configs choose_config gives
+        # the one-row configs choose_config gives, and the large weights' candidate
+        for c in (DP4A, DP4A_LONG_K, INT8X, INT8X_LONG_K, INT8X_ONE_ROW):
             tiles = (c.block_n, c.block_k, "bfloat16", 1.0)
             r = run_int8_case(
                 c.kind, qtype, n, k, *tiles, device="cuda", warps=c.num_warps, stages=c.num_stages

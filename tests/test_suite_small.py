@@ -154,7 +154,7 @@ def test_one_row_experiments_run_only_when_named_and_restore_the_choice() -> Non
     }
 
     class Shape:
-        qtype, cols = "Q4_0", 4096
+        qtype, cols, rows = "Q4_0", 4096, 4096
 
     row = torch.zeros(1, 4096, dtype=torch.bfloat16)
     default = choose_config(row, Shape())
@@ -163,7 +163,7 @@ def test_one_row_experiments_run_only_when_named_and_restore_the_choice() -> Non
     assert choose_config(row, Shape()) == default and default.kind != "int8x"
 
     class LongShape:
-        qtype, cols = "Q4_0", 14336
+        qtype, cols, rows = "Q4_0", 14336, 4096
 
     long_default = choose_config(row, LongShape())
     os.environ["SUITE_INT8X"] = "8:4096:4/16:2048:2:3"  # the sweep's fastest, short K / long K
@@ -174,6 +174,43 @@ def test_one_row_experiments_run_only_when_named_and_restore_the_choice() -> Non
         del os.environ["SUITE_INT8X"]
     assert (short.label(), long.label()) == ("int8x m16 n8 k4096 w4 s1", "int8x m16 n16 k2048 w2 s3")
     assert choose_config(row, LongShape()) == long_default  # restored on leaving
+
+
+def test_the_large_weights_experiment_changes_only_their_config() -> None:
+    """q4_0_int8x_large runs int8x (INT8X_ONE_ROW, or SUITE_INT8X_LARGE's) for one row against a
+    weight of at least LARGE_WEIGHT values, long rows included; smaller weights keep the default
+    kind, and every choice is as before on leaving."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import suite_quant
+    import torch
+
+    from radixlm.kernels.quant_gemv_configs import INT8X_ONE_ROW, LARGE_WEIGHT, choose_config
+
+    picked = {label: kind for label, _, _, kind in suite_quant.variants("q4_0_int8x_large")}
+    assert picked == {"q4_0_int8x_large": "int8x_large"}
+
+    def shape(rows: int, cols: int) -> object:
+        return type("Shape", (), {"qtype": "Q4_0", "rows": rows, "cols": cols})()
+
+    small, just_small = shape(6144, 4096), shape(LARGE_WEIGHT // 4096 - 1, 4096)
+    large, down = shape(LARGE_WEIGHT // 4096, 4096), shape(4096, 14336)
+    x, x_long = torch.zeros(1, 4096, dtype=torch.bfloat16), torch.zeros(1, 14336, dtype=torch.bfloat16)
+    cases = [(x, small), (x, just_small), (x, large), (x_long, down)]
+    before = [choose_config(a, w) for a, w in cases]
+    assert all(c.kind != "int8x" for c in before)
+    with suite_quant.one_row_kind("int8x_large"):
+        assert [choose_config(a, w) for a, w in cases] == [before[0], before[1], INT8X_ONE_ROW, INT8X_ONE_ROW]
+        assert choose_config(torch.zeros(2, 4096, dtype=torch.bfloat16), large).kind != "int8x"
+    os.environ["SUITE_INT8X_LARGE"] = "2:2048:2"
+    try:
+        with suite_quant.one_row_kind("int8x_large"):
+            assert choose_config(x, large).label() == "int8x m16 n2 k2048 w2 s1"
+    finally:
+        del os.environ["SUITE_INT8X_LARGE"]
+    assert [choose_config(a, w) for a, w in cases] == before
+    with pytest.raises(ValueError, match="no one-row experiment kind"):
+        with suite_quant.one_row_kind("int4x"):
+            pass
 
 
 def test_the_ttft_tail_names_when_each_slow_request_was_sent() -> None:
