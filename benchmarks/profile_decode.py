@@ -27,7 +27,9 @@ def main() -> None:
     p.add_argument("--quantization", default=None, help="weights quantized at load: q4_0, fp8, ...")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8_e4m3")
     p.add_argument(
-        "--one-row-kind", default=None, help="one-row GGUF matmul kind instead of the default: int8x"
+        "--one-row-kind",
+        default=None,
+        help="one-row GGUF matmul kind for every weight instead of the default choice: int8x or dp4a",
     )
     p.add_argument("--out", default=None)
     args = p.parse_args()

@@ -27,7 +27,7 @@ VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
 # 16-bit row of every format, beside the default's own row of the same run
 ONE_ROW_EXPERIMENTS: dict[str, tuple[str, str]] = {
     "q4_0_int8x": ("q4_0", "int8x"),
-    "q4_0_int8x_large": ("q4_0", "int8x_large"),
+    "q4_0_dp4a": ("q4_0", "dp4a"),
 }
 
 
@@ -61,9 +61,9 @@ def int8x_configs(spec: str | None) -> tuple[QuantMatmulConfig, QuantMatmulConfi
 
 @contextmanager
 def one_row_kind(kind: str | None) -> Iterator[None]:
-    """quant_matmul's one-row choice for every format while inside: "int8x" sets int8x's configs
-    (SUITE_INT8X's where set); "int8x_large" sets one int8x config for the large weights only
-    (SUITE_INT8X_LARGE's, rows:block_k:warps[:stages], where set; else INT8X_ONE_ROW)."""
+    """quant_matmul's one-row choice for every format and weight while inside: "int8x" sets
+    int8x's configs (SUITE_INT8X's where set), "dp4a" the dp4a kind's (neither keeps
+    ONE_ROW_LARGE's choice for the large weights)."""
     from radixlm.kernels import quant_gemv_configs as qc
 
     tables = (qc.ONE_ROW, qc.LONG_K_CONFIG, qc.ONE_ROW_LARGE)
@@ -72,12 +72,12 @@ def one_row_kind(kind: str | None) -> Iterator[None]:
         short, long = int8x_configs(os.environ.get("SUITE_INT8X"))
         qc.ONE_ROW.update(dict.fromkeys(qc.ONE_ROW, short))
         qc.LONG_K_CONFIG[short] = long
-    elif kind == "int8x_large":
-        spec = os.environ.get("SUITE_INT8X_LARGE")
-        large = one_row_config("int8x", spec) if spec else qc.INT8X_ONE_ROW
-        qc.ONE_ROW_LARGE.update(dict.fromkeys(qc.ONE_ROW, large))
-    elif kind is not None:
+    elif kind != "dp4a" and kind is not None:
         raise ValueError(f"no one-row experiment kind {kind!r}")
+    if kind is not None:
+        qc.ONE_ROW_LARGE.clear()
+        if kind == "dp4a":
+            qc.ONE_ROW.update(dict.fromkeys(qc.ONE_ROW, qc.DP4A))
     try:
         yield
     finally:

@@ -234,11 +234,11 @@ RATIOS: list[Ratio] = [
         ),
     ),
     Ratio(
-        "q4_int8x_large_vs_default",
-        "batch-1 decode tok/s, Q4_0 weights, one-row kernel int8x for the large weights only / the "
-        "default kind (only where SUITE_QUANT_VARIANTS names q4_0_int8x_large)",
+        "q4_dp4a_vs_default",
+        "batch-1 decode tok/s, Q4_0 weights, one-row kernel dp4a for every weight / the default "
+        "choice (only where SUITE_QUANT_VARIANTS names q4_0_dp4a)",
         lambda r: (
-            _w(r, "quant", "quant", "q4_0_int8x_large", "decode_b1", "overlap_on", "decode_tok_s")
+            _w(r, "quant", "quant", "q4_0_dp4a", "decode_b1", "overlap_on", "decode_tok_s")
             / _w(r, "quant", "quant", "q4_0", "decode_b1", "overlap_on", "decode_tok_s")
         ),
     ),

@@ -92,12 +92,14 @@ def default_config(m: int) -> QuantMatmulConfig:
 ONE_ROW: dict[str, QuantMatmulConfig] = {"Q4_0": DP4A, "Q4_1": DP4A, "Q4_K": DP4A, "Q8_0": DP4A}
 
 
-# one 16-bit row of a weight of at least LARGE_WEIGHT values: the packed config per format where it
-# differs from ONE_ROW's (none: the suite's int8x_large experiment fills it while it runs, with
-# INT8X_ONE_ROW unless told another: one weight row per one-warp program)
+# one 16-bit row of a weight of at least LARGE_WEIGHT values (an 8B model's MLP, not its attention):
+# the packed config per format where it differs from ONE_ROW's. One weight row per one-warp
+# program, x rounded by the norm or SiLU-and-mul that writes it, measured faster than dp4a's on
+# the MLP shapes, Q4_0 and Q4_1 (benchmarks/results/one_row_rows_sass.md); on qkv and o dp4a
+# stays faster.
 LARGE_WEIGHT = 1 << 25
 INT8X_ONE_ROW = QuantMatmulConfig("int8x", 1, 1024, 1, num_stages=1)
-ONE_ROW_LARGE: dict[str, QuantMatmulConfig] = {}
+ONE_ROW_LARGE: dict[str, QuantMatmulConfig] = {"Q4_0": INT8X_ONE_ROW, "Q4_1": INT8X_ONE_ROW}
 
 
 def choose_config(x: torch.Tensor, w: BlockShape) -> QuantMatmulConfig:

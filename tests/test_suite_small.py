@@ -176,18 +176,18 @@ def test_one_row_experiments_run_only_when_named_and_restore_the_choice() -> Non
     assert choose_config(row, LongShape()) == long_default  # restored on leaving
 
 
-def test_the_large_weights_experiment_changes_only_their_config() -> None:
-    """q4_0_int8x_large runs int8x (INT8X_ONE_ROW, or SUITE_INT8X_LARGE's) for one row against a
-    weight of at least LARGE_WEIGHT values, long rows included; smaller weights keep the default
-    kind, and every choice is as before on leaving."""
+def test_large_weights_take_int8x_by_default_and_the_experiments_set_one_kind() -> None:
+    """By default one row against a Q4_0 weight of at least LARGE_WEIGHT values runs INT8X_ONE_ROW,
+    long rows included, smaller weights dp4a; q4_0_dp4a puts every weight on dp4a and q4_0_int8x
+    every weight on int8x's configs; every choice is as before on leaving."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import suite_quant
     import torch
 
-    from radixlm.kernels.quant_gemv_configs import INT8X_ONE_ROW, LARGE_WEIGHT, choose_config
+    from radixlm.kernels.quant_gemv_configs import DP4A, INT8X, INT8X_ONE_ROW, LARGE_WEIGHT, choose_config
 
-    picked = {label: kind for label, _, _, kind in suite_quant.variants("q4_0_int8x_large")}
-    assert picked == {"q4_0_int8x_large": "int8x_large"}
+    picked = {label: kind for label, _, _, kind in suite_quant.variants("q4_0_dp4a")}
+    assert picked == {"q4_0_dp4a": "dp4a"}
 
     def shape(rows: int, cols: int) -> object:
         return type("Shape", (), {"qtype": "Q4_0", "rows": rows, "cols": cols})()
@@ -197,16 +197,12 @@ def test_the_large_weights_experiment_changes_only_their_config() -> None:
     x, x_long = torch.zeros(1, 4096, dtype=torch.bfloat16), torch.zeros(1, 14336, dtype=torch.bfloat16)
     cases = [(x, small), (x, just_small), (x, large), (x_long, down)]
     before = [choose_config(a, w) for a, w in cases]
-    assert all(c.kind != "int8x" for c in before)
-    with suite_quant.one_row_kind("int8x_large"):
-        assert [choose_config(a, w) for a, w in cases] == [before[0], before[1], INT8X_ONE_ROW, INT8X_ONE_ROW]
-        assert choose_config(torch.zeros(2, 4096, dtype=torch.bfloat16), large).kind != "int8x"
-    os.environ["SUITE_INT8X_LARGE"] = "2:2048:2"
-    try:
-        with suite_quant.one_row_kind("int8x_large"):
-            assert choose_config(x, large).label() == "int8x m16 n2 k2048 w2 s1"
-    finally:
-        del os.environ["SUITE_INT8X_LARGE"]
+    assert before[:2] == [DP4A, DP4A] and before[2:] == [INT8X_ONE_ROW, INT8X_ONE_ROW]
+    assert choose_config(torch.zeros(2, 4096, dtype=torch.bfloat16), large).kind != "int8x"
+    with suite_quant.one_row_kind("dp4a"):
+        assert [choose_config(a, w).kind for a, w in cases] == ["dp4a"] * 4
+    with suite_quant.one_row_kind("int8x"):
+        assert [choose_config(a, w) for a, w in cases[:3]] == [INT8X] * 3
     assert [choose_config(a, w) for a, w in cases] == before
     with pytest.raises(ValueError, match="no one-row experiment kind"):
         with suite_quant.one_row_kind("int4x"):
