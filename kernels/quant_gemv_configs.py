@@ -1,6 +1,7 @@
 """Which kernel `quant_gemv.quant_matmul` runs: the kinds and their tile sizes (`QuantMatmulConfig`),
-the default per row count, and for one 16-bit row the packed kind per format. Promises: every
-config here is one `quant_matmul` accepts for the rows and formats `choose_config` gives it to."""
+the default per row count, and for one 16-bit row the packed kind per format and weight size.
+Promises: every config here is one `quant_matmul` accepts for the rows and formats
+`choose_config` gives it to."""
 
 from __future__ import annotations
 
