@@ -66,18 +66,18 @@ def one_row_kind(kind: str | None) -> Iterator[None]:
     ONE_ROW_LARGE's choice for the large weights)."""
     from radixlm.kernels import quant_gemv_configs as qc
 
+    if kind not in (None, "int8x", "dp4a"):
+        raise ValueError(f"no one-row experiment kind {kind!r}")
     tables = (qc.ONE_ROW, qc.LONG_K_CONFIG, qc.ONE_ROW_LARGE)
     saved = [dict(t) for t in tables]
     if kind == "int8x":
         short, long = int8x_configs(os.environ.get("SUITE_INT8X"))
         qc.ONE_ROW.update(dict.fromkeys(qc.ONE_ROW, short))
         qc.LONG_K_CONFIG[short] = long
-    elif kind != "dp4a" and kind is not None:
-        raise ValueError(f"no one-row experiment kind {kind!r}")
+    elif kind == "dp4a":
+        qc.ONE_ROW.update(dict.fromkeys(qc.ONE_ROW, qc.DP4A))
     if kind is not None:
         qc.ONE_ROW_LARGE.clear()
-        if kind == "dp4a":
-            qc.ONE_ROW.update(dict.fromkeys(qc.ONE_ROW, qc.DP4A))
     try:
         yield
     finally:

@@ -30,13 +30,10 @@ from .quant_gemv_configs import (
     choose_config,
     default_config,
 )
-from .quant_gemv_dp4a import DP4A_FORMATS, gemv_dp4a
+from .quant_gemv_dp4a import DP4A_FORMATS, FORMAT_KIND, gemv_dp4a
 from .quant_gemv_half2 import HALF2_FORMATS, gemv_half2, one_16bit_row
 from .quant_gemv_int8x import INT8X_FORMATS, Int8Row, gemv_int8x
 from .quant_gpu_layout import GEMV_FORMATS, GpuBlocks, dequantize, repack
-
-# kernel arithmetic per format: Q4_K's sub-blocks of 32 are Q4_1's affine form with fp32 scales
-_KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q4_K": 1}
 
 
 @triton.jit
@@ -276,7 +273,7 @@ def quant_matmul(
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_b = min(cfg.block_k // 32, triton.next_power_of_2(nb))
     args = (w.qs, w.d, w.m if w.m is not None else w.d, y)
-    common = dict(KIND=_KIND[w.qtype], BLOCK_N=cfg.block_n, BLOCK_B=block_b, EVEN_B=nb % block_b == 0)
+    common = dict(KIND=FORMAT_KIND[w.qtype], BLOCK_N=cfg.block_n, BLOCK_B=block_b, EVEN_B=nb % block_b == 0)
     if cfg.kind == "acc":
         _gemv1_kernel[(triton.cdiv(n, cfg.block_n),)](
             x, *args, n, nb, MAGIC=cfg.magic, num_warps=cfg.num_warps, **common

@@ -14,7 +14,9 @@ from ._triton import tl, triton
 from .quant_gemv_half2 import aligned_row, fp16_bits_to_f32, launch_one_row
 
 DP4A_FORMATS = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
-_KIND = {"Q4_0": 0, "Q4_1": 1, "Q4_K": 1, "Q8_0": 2}
+# the GGUF matmul kernels' KIND per format: Q4 nibbles without (0) or with (1) a per-block
+# minimum (Q4_K's sub-blocks of 32 are Q4_1's affine form once repacked), Q8 bytes (2)
+FORMAT_KIND = {"Q4_0": 0, "Q4_1": 1, "Q4_K": 1, "Q8_0": 2}
 
 # a weight word's nibbles as unsigned bytes against two words of x: low nibbles meet values 4t..4t+3
 # of the block, high nibbles values 16+4t..19+4t
@@ -199,7 +201,7 @@ def gemv_dp4a(
         qs,
         d,
         m,
-        _KIND[qtype],
+        FORMAT_KIND[qtype],
         rows,
         block_b,
         num_warps,
@@ -221,4 +223,4 @@ def quantize_x_ref(x: torch.Tensor) -> torch.Tensor:
     return (torch.floor(xg * inv + 0.5) * (amax / c127)).reshape(x.shape)
 
 
-__all__ = ["DP4A_FORMATS", "gemv_dp4a", "quantize_x_ref", "word_dot"]
+__all__ = ["DP4A_FORMATS", "FORMAT_KIND", "gemv_dp4a", "quantize_x_ref", "word_dot"]

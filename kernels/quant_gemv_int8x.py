@@ -15,10 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from ._triton import interpreting, tl, triton
-from .quant_gemv_dp4a import word_dot
+from .quant_gemv_dp4a import FORMAT_KIND, word_dot
 
 INT8X_FORMATS = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
-_KIND = {"Q4_0": 0, "Q4_1": 1, "Q4_K": 1, "Q8_0": 2}
 _QUANT_BLOCKS = 16  # x blocks per program of the rounding kernel
 
 
@@ -176,7 +175,7 @@ def gemv_int8x(
         y,
         n,
         nb,
-        KIND=_KIND[qtype],
+        KIND=FORMAT_KIND[qtype],
         ROWS=rows,
         BLOCK_B=block_b,
         EVEN_B=nb % block_b == 0,

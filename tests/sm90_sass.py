@@ -92,17 +92,16 @@ def loop_opcodes(sass: str) -> list[Counter[str]]:
     return loops
 
 
-ONE_ROW_KIND = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}
-
-
 def one_row_loop(
     kernel: str, qtype: str, rows: int, block_k: int, warps: int, stages: int = 1
 ) -> Counter[str]:
     """The opcodes of the loop of a one-row GGUF matmul kernel ("int8x" or "dp4a") for qtype at
     the given tiles, bf16 x and y, K a multiple of the block step."""
+    from radixlm.kernels.quant_gemv_dp4a import FORMAT_KIND
+
     common = {"QW": "*i32", "D": "*fp16", "MN": "*fp16", "Y": "*bf16"}
     consts: dict[str, object] = dict(
-        KIND=ONE_ROW_KIND[qtype], ROWS=rows, BLOCK_B=block_k // 32, EVEN_B=True, ASM=True
+        KIND=FORMAT_KIND[qtype], ROWS=rows, BLOCK_B=block_k // 32, EVEN_B=True, ASM=True
     )
     if kernel == "int8x":
         from radixlm.kernels.quant_gemv_int8x import _gemv_int8x_kernel as fn
