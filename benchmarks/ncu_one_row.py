@@ -21,7 +21,7 @@ from suite_quant import one_row_config  # noqa: E402
 
 from radixlm.kernels.gemv import gemv  # noqa: E402
 from radixlm.kernels.quant_blocks import quantize_blocks  # noqa: E402
-from radixlm.kernels.quant_gemv import quant_matmul, repack  # noqa: E402
+from radixlm.kernels.quant_gemv import INT8_ROW_KINDS, quant_matmul, repack  # noqa: E402
 from radixlm.kernels.quant_gemv_int8x import quantize_x_int8  # noqa: E402
 
 VARIANTS = "Q4_0/dp4a:4:1024:4,Q4_0/int8x:4:1024:4,Q4_0/int8x:8:4096:4,Q8_0/dp4a:4:1024:4"
@@ -38,7 +38,7 @@ def launches(shape: str, variants: str) -> list[tuple[str, Callable[[], object]]
         kind, rows = spec.split(":", 1)
         cfg = one_row_config(kind, rows)
         q = repack(quantize_blocks(w, qtype), qtype)
-        pre = xq if kind == "int8x" else None  # int8x's matmul alone, x rounded beforehand
+        pre = xq if kind in INT8_ROW_KINDS else None  # the matmul alone, x rounded beforehand
         out.append(
             (f"{qtype} {cfg.label()}", lambda q=q, cfg=cfg, pre=pre: quant_matmul(x, q, cfg, x_int8=pre))
         )

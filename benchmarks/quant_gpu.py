@@ -28,6 +28,7 @@ from radixlm.kernels.quant_blocks import quantize_blocks  # noqa: E402
 from radixlm.kernels.quant_gemv import (
     DEFAULTS,
     HALF2_FORMATS,
+    INT8_ROW_KINDS,
     QuantMatmulConfig,
     choose_config,
     default_config,
@@ -173,11 +174,11 @@ def bench_shape(
             except Exception as e:  # a config that does not compile here (shared memory) is skipped
                 times[c.label()] = None
                 print(f"  {c.label()}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-        # int8x with x rounded beforehand (as the model's norm or SiLU-and-mul rounds it in its own
-        # launch): the matmul alone, apart from the configs' two-launch times
+        # int8x and stream with x rounded beforehand (as the model's norm or SiLU-and-mul rounds it
+        # in its own launch): the matmul alone, apart from the configs' two-launch times
         pre = {}
         for c in cfgs:
-            if c.kind == "int8x" and times.get(c.label()) is not None:
+            if c.kind in INT8_ROW_KINDS and times.get(c.label()) is not None:
                 xq = quantize_x_int8(x)
                 fns = [lambda qq=qq, c=c, x=x, xq=xq: quant_matmul(x, qq, c, x_int8=xq) for qq in qs]
                 pre[c.label()] = time_fn(fns, label=c.label() + " pre-rounded") * 1e6
@@ -205,31 +206,71 @@ def bench_shape(
     return out
 
 
+def pre_rounded(shapes: dict[str, Any], kind: str) -> dict[str, dict[str, float]]:
+    """Per layer shape (Q4_0, one row): kind's configs' µs with x already rounded."""
+    return {
+        name: {
+            label: us
+            for label, us in shapes[f"{name} Q4_0"]["by_m"].get(1, {}).get("int8x_pre_rounded_us", {}).items()
+            if label.startswith(kind + " ")
+        }
+        for name in SHAPES
+    }
+
+
+def least(pre: dict[str, dict[str, float]], names: list[str]) -> tuple[str, float] | None:
+    """The config with the least µs summed over the named shapes (timed on all of them)."""
+    totals = {
+        label: sum(pre[n][label] for n in names)
+        for label in pre[names[0]]
+        if all(label in pre[n] for n in names)
+    }
+    return min(totals.items(), key=lambda kv: kv[1]) if totals else None
+
+
+def spec(label: str) -> str:
+    """A config label in --configs' form: "int8x m16 n8 k4096 w4 s1" → "8:4096:4:1" (a stream's
+    programs per multiprocessor, "p32", appended)."""
+    fields = dict((f[0], f[1:]) for f in label.split()[1:] if f[0] in "nkwsp")
+    return ":".join(fields[key] for key in "nkwsp" if key in fields)
+
+
 def fastest_int8x(shapes: dict[str, Any]) -> dict[str, Any] | None:
     """The int8x configs with the least time given x already rounded: summed over the Q4_0 layer
     shapes of K < LONG_K, and on the down projection (K >= LONG_K); with them in SUITE_INT8X's
     form (benchmarks/suite_quant.py), or None where no int8x config was timed so."""
-    pre = {name: shapes[f"{name} Q4_0"]["by_m"].get(1, {}).get("int8x_pre_rounded_us", {}) for name in SHAPES}
-    short: dict[str, float] = {}
-    for name, (_, k) in SHAPES.items():
-        if k < LONG_K:
-            for label, us in pre[name].items():
-                short[label] = short.get(label, 0.0) + us
-    if not short or not pre["down"]:
+    pre = pre_rounded(shapes, "int8x")
+    short = least(pre, [name for name, (_, k) in SHAPES.items() if k < LONG_K])
+    long = least(pre, ["down"])
+    if short is None or long is None:
         return None
-    best_short = min(short, key=short.__getitem__)
-    best_long = min(pre["down"], key=pre["down"].__getitem__)
-
-    def spec(label: str) -> str:  # "int8x m16 n8 k4096 w4 s1" → "8:4096:4:1"
-        fields = dict((f[0], f[1:]) for f in label.split()[1:] if f[0] in "nkws")
-        return ":".join(fields[key] for key in "nkws")
-
     return {
-        "short": best_short,
-        "short_us": short[best_short],
-        "long": best_long,
-        "long_us": pre["down"][best_long],
-        "suite_int8x": f"{spec(best_short)}/{spec(best_long)}",
+        "short": short[0],
+        "short_us": short[1],
+        "long": long[0],
+        "long_us": long[1],
+        "suite_int8x": f"{spec(short[0])}/{spec(long[0])}",
+    }
+
+
+def fastest_stream(shapes: dict[str, Any]) -> dict[str, Any] | None:
+    """The stream config with the least time on the large weights (gate_up, down) and on the rest
+    (qkv, o), x rounded beforehand, beside the default choice's time on each; SUITE_STREAM's form
+    names the rest's only where it beats the default there."""
+    pre = pre_rounded(shapes, "stream")
+    large, rest = least(pre, ["gate_up", "down"]), least(pre, ["qkv", "o"])
+    if large is None or rest is None:
+        return None
+    default = {n: shapes[f"{n} Q4_0"]["by_m"][1]["default_us"] for n in SHAPES}
+    rest_default = default["qkv"] + default["o"]
+    return {
+        "large": large[0],
+        "large_us": large[1],
+        "large_default_us": default["gate_up"] + default["down"],
+        "rest": rest[0],
+        "rest_us": rest[1],
+        "rest_default_us": rest_default,
+        "suite_stream": spec(large[0]) + (f"/{spec(rest[0])}" if rest[1] < rest_default else ""),
     }
 
 
@@ -243,7 +284,7 @@ def main() -> None:
     p.add_argument(
         "--configs",
         default=None,
-        help="one-row configs to time instead of the sweep's (kind:rows:block_k:warps[:stages],...)",
+        help="one-row configs to time instead of the sweep's (kind:rows:block_k:warps[:stages[:programs_per_sm]],...)",
     )
     args = p.parse_args()
     t0 = time.perf_counter()
@@ -281,6 +322,10 @@ def main() -> None:
     if fastest:
         res["int8x_fastest"] = fastest
         print(f"SUITE_INT8X={fastest['suite_int8x']}  (int8x, x rounded beforehand: {fastest})")
+    streaming = fastest_stream(res["shapes"])
+    if streaming:
+        res["stream_fastest"] = streaming
+        print(f"SUITE_STREAM={streaming['suite_stream']}  (stream, x rounded beforehand: {streaming})")
     res["elapsed_s"] = time.perf_counter() - t0
     print(json.dumps(suggested, indent=1))
     if args.out:

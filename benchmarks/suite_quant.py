@@ -28,15 +28,22 @@ VARIANTS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
 ONE_ROW_EXPERIMENTS: dict[str, tuple[str, str]] = {
     "q4_0_int8x": ("q4_0", "int8x"),
     "q4_0_dp4a": ("q4_0", "dp4a"),
+    "q4_0_stream": ("q4_0", "stream"),
 }
 
 
 def one_row_config(kind: str, spec: str) -> QuantMatmulConfig:
-    """kind's config from "rows:block_k:warps[:stages]" (the form quant_gpu.py's --configs and
-    SUITE_INT8X take)."""
+    """kind's config from "rows:block_k:warps[:stages]", for kind "stream"
+    "rows:block_k:warps:stages:programs_per_sm" (the forms quant_gpu.py's --configs, SUITE_INT8X
+    and SUITE_STREAM take)."""
     from radixlm.kernels.quant_gemv_configs import QuantMatmulConfig
 
     nums = [int(v) for v in spec.split(":")]
+    if kind == "stream":
+        if len(nums) != 5:
+            raise ValueError(f"a stream config is rows:block_k:warps:stages:programs_per_sm, got {spec!r}")
+        rows, block_k, warps, stages, per_sm = nums
+        return QuantMatmulConfig(kind, rows, block_k, warps, num_stages=stages, programs_per_sm=per_sm)
     if len(nums) not in (3, 4):
         raise ValueError(f"a one-row config is rows:block_k:warps[:stages], got {spec!r}")
     rows, block_k, warps, *stages = nums
@@ -63,10 +70,12 @@ def int8x_configs(spec: str | None) -> tuple[QuantMatmulConfig, QuantMatmulConfi
 def one_row_kind(kind: str | None) -> Iterator[None]:
     """quant_matmul's one-row choice for every format and weight while inside: "int8x" sets
     int8x's configs (SUITE_INT8X's where set), "dp4a" the dp4a kind's (neither keeps
-    ONE_ROW_LARGE's choice for the large weights)."""
+    ONE_ROW_LARGE's choice for the large weights); "stream" puts the large Q4 weights on
+    SUITE_STREAM's first config ("large[/rest]") and, where it names a second, every other one-row
+    matmul on that."""
     from radixlm.kernels import quant_gemv_configs as qc
 
-    if kind not in (None, "int8x", "dp4a"):
+    if kind not in (None, "int8x", "dp4a", "stream"):
         raise ValueError(f"no one-row experiment kind {kind!r}")
     tables = (qc.ONE_ROW, qc.LONG_K_CONFIG, qc.ONE_ROW_LARGE)
     saved = [dict(t) for t in tables]
@@ -76,14 +85,31 @@ def one_row_kind(kind: str | None) -> Iterator[None]:
         qc.LONG_K_CONFIG[short] = long
     elif kind == "dp4a":
         qc.ONE_ROW.update(dict.fromkeys(qc.ONE_ROW, qc.DP4A))
-    if kind is not None:
+    if kind in ("int8x", "dp4a"):
         qc.ONE_ROW_LARGE.clear()
+    if kind == "stream":
+        large, *rest = os.environ.get("SUITE_STREAM", "1:1024:1:3:32").split("/")
+        qc.ONE_ROW_LARGE.update(dict.fromkeys(qc.ONE_ROW_LARGE, one_row_config("stream", large)))
+        if rest:
+            qc.ONE_ROW.update(dict.fromkeys(qc.ONE_ROW, one_row_config("stream", rest[0])))
+            qc.LONG_K_CONFIG.clear()
     try:
         yield
     finally:
         for table, before in zip(tables, saved):
             table.clear()
             table.update(before)
+
+
+def one_row_labels() -> dict[str, dict[str, str]]:
+    """The one-row choice in force (quant_gemv_configs' tables), as config labels, for the record."""
+    from radixlm.kernels import quant_gemv_configs as qc
+
+    return {
+        "one_row": {fmt: c.label() for fmt, c in qc.ONE_ROW.items()},
+        "one_row_large": {fmt: c.label() for fmt, c in qc.ONE_ROW_LARGE.items()},
+        "long_k": {a.label(): b.label() for a, b in qc.LONG_K_CONFIG.items()},
+    }
 
 
 def variants(only: str | None) -> list[tuple[str, dict[str, Any], tuple[str, ...], str | None]]:
@@ -142,6 +168,7 @@ def quant_rows(sizes: dict[str, Any], engine_kwargs: dict[str, Any], partial: Ca
         res: dict[str, Any] = {}
         out[label] = res
         with one_row_kind(kind):
+            res["one_row_configs"] = one_row_labels()
             run_variant(res, label, engine_kwargs, kwargs, workloads, runs, partial, out)
     return out
 

@@ -243,6 +243,15 @@ RATIOS: list[Ratio] = [
         ),
     ),
     Ratio(
+        "q4_stream_vs_default",
+        "batch-1 decode tok/s, Q4_0 weights, persistent one-row kernel (SUITE_STREAM's configs) / "
+        "the default choice (only where SUITE_QUANT_VARIANTS names q4_0_stream)",
+        lambda r: (
+            _w(r, "quant", "quant", "q4_0_stream", "decode_b1", "overlap_on", "decode_tok_s")
+            / _w(r, "quant", "quant", "q4_0", "decode_b1", "overlap_on", "decode_tok_s")
+        ),
+    ),
+    Ratio(
         "fp8_b128",
         "batch of equal requests (H200: 128 x in 512 / out 256), output tok/s, FP8 weights / bf16",
         lambda r: (

@@ -2,13 +2,13 @@
 in the arrays `quant_gpu_layout.repack` makes (quants, fp16 scales and offsets), dequantized
 inside the loop so each weight byte is read once. Decode rows run on CUDA
 cores (kinds "acc" and "fma"; one 16-bit row by default "dp4a", x rounded to int8 in the matmul,
-in `quant_gemv_dp4a`, or "int8x", x rounded once before it, in `quant_gemv_int8x`, or "half2",
-packed half arithmetic, in `quant_gemv_half2`), more rows dequantize tiles into tensor-core dots
-(kind "dot"); which kind runs is `quant_gemv_configs`'s choice. fp32
-accumulation, y in x's dtype. Promises: `quant_matmul` equals `quant_matmul_ref`, the fp32
-matmul with `quant_blocks.dequantize_blocks` (itself equal to gguf's dequantization), to the
-rounding of the dot's operand dtype ("half2": of its fp16 arithmetic; "dp4a", "int8x": of x to
-int8)."""
+in `quant_gemv_dp4a`, or "int8x", x rounded once before it, in `quant_gemv_int8x`, "stream", the
+same by persistent programs, in `quant_gemv_stream`, or "half2", packed half arithmetic, in
+`quant_gemv_half2`), more rows dequantize tiles into tensor-core dots (kind "dot"); which kind
+runs is `quant_gemv_configs`'s choice. fp32 accumulation, y in x's dtype. Promises: `quant_matmul`
+equals `quant_matmul_ref`, the fp32 matmul with `quant_blocks.dequantize_blocks` (itself equal to
+gguf's dequantization), to the rounding of the dot's operand dtype ("half2": of its fp16
+arithmetic; "dp4a", "int8x", "stream": of x to int8)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from .quant_gemv_configs import (
 from .quant_gemv_dp4a import DP4A_FORMATS, FORMAT_KIND, gemv_dp4a
 from .quant_gemv_half2 import HALF2_FORMATS, gemv_half2, one_16bit_row
 from .quant_gemv_int8x import INT8X_FORMATS, Int8Row, gemv_int8x
+from .quant_gemv_stream import gemv_stream
 from .quant_gpu_layout import GEMV_FORMATS, GpuBlocks, dequantize, repack
 
 
@@ -227,9 +228,12 @@ def _validate(x: torch.Tensor, w: GpuBlocks) -> None:
         raise ValueError("quant_matmul needs at least one row of x")
 
 
+INT8_ROW_KINDS = ("int8x", "stream")  # the kinds that take x rounded to int8 beforehand
+
+
 def _check_one_row_kind(kind: str, x: torch.Tensor, qtype: str) -> None:
     """The packed one-row kinds serve one 16-bit row of their formats; anything else is refused."""
-    served = {"half2": HALF2_FORMATS, "dp4a": DP4A_FORMATS, "int8x": INT8X_FORMATS}
+    served = {"half2": HALF2_FORMATS, "dp4a": DP4A_FORMATS, "int8x": INT8X_FORMATS, "stream": INT8X_FORMATS}
     if kind in served and not (qtype in served[kind] and one_16bit_row(x)):
         raise ValueError(
             f"quant_matmul kind {kind!r} serves one bf16/fp16 row of {', '.join(served[kind])} "
@@ -238,9 +242,10 @@ def _check_one_row_kind(kind: str, x: torch.Tensor, qtype: str) -> None:
 
 
 def takes_int8_row(x: torch.Tensor, w: GpuBlocks) -> bool:
-    """Whether `quant_matmul(x, w)` runs kind "int8x" on a Triton device, so that x rounded to
-    int8 by the op that writes it (`quant_gemv_int8x.round_groups`) saves it a launch."""
-    return x.dim() == 2 and use_triton(x) and choose_config(x, w).kind == "int8x"
+    """Whether `quant_matmul(x, w)` runs a kind that takes x rounded to int8 ("int8x", "stream")
+    on a Triton device, so that x rounded by the op that writes it
+    (`quant_gemv_int8x.round_groups`) saves it a launch."""
+    return x.dim() == 2 and use_triton(x) and choose_config(x, w).kind in INT8_ROW_KINDS
 
 
 def quant_matmul(
@@ -260,11 +265,15 @@ def quant_matmul(
         return quant_matmul_ref(x, w)
     if cfg.kind == "half2":
         return gemv_half2(x, w.qs, w.d, w.m, w.qtype, cfg.block_n, cfg.block_k // 32, cfg.num_warps)
-    if x_int8 is not None and cfg.kind != "int8x":
-        raise ValueError(f"quant_matmul takes x rounded to int8 for kind 'int8x' only, not {cfg.kind!r}")
+    if x_int8 is not None and cfg.kind not in INT8_ROW_KINDS:
+        raise ValueError(
+            f"quant_matmul takes x rounded to int8 for kinds 'int8x', 'stream', not {cfg.kind!r}"
+        )
+    k = (cfg.block_n, cfg.block_k // 32, cfg.num_warps, cfg.num_stages)
     if cfg.kind == "int8x":
-        k = (cfg.block_n, cfg.block_k // 32, cfg.num_warps, cfg.num_stages)
         return gemv_int8x(x, w.qs, w.d, w.m, w.qtype, *k, x_int8=x_int8)
+    if cfg.kind == "stream":
+        return gemv_stream(x, w.qs, w.d, w.m, w.qtype, *k, cfg.programs_per_sm, x_int8=x_int8)
     if cfg.kind == "dp4a":
         return gemv_dp4a(
             x, w.qs, w.d, w.m, w.qtype, cfg.block_n, cfg.block_k // 32, cfg.num_warps, cfg.num_stages
@@ -332,6 +341,7 @@ __all__ = [
     "HALF2",
     "HALF2_FORMATS",
     "INT8X_FORMATS",
+    "INT8_ROW_KINDS",
     "KINDS",
     "ONE_ROW",
     "QuantMatmulConfig",

@@ -10,6 +10,8 @@ from typing import Protocol
 
 import torch
 
+from .quant_gemv_stream import MAX_STAGES
+
 
 class BlockShape(Protocol):
     """What the choice reads of a weight (`quant_gemv.GpuBlocks`)."""
@@ -24,7 +26,7 @@ class BlockShape(Protocol):
     def rows(self) -> int: ...
 
 
-KINDS = ("acc", "fma", "dot", "half2", "dp4a", "int8x")
+KINDS = ("acc", "fma", "dot", "half2", "dp4a", "int8x", "stream")
 
 
 @dataclass(frozen=True)
@@ -35,8 +37,9 @@ class QuantMatmulConfig:
     dots; "half2": one bf16/fp16 row of a Q4 format, block_n rows per program (a power of two
     up to 32); "dp4a": one bf16/fp16 row of any format here, x rounded to int8 and integer dot
     products (`quant_gemv_dp4a`), block_n rows per program; "int8x": x rounded alike but once per
-    call, by a launch before the matmul's (`quant_gemv_int8x`).
-    block_k counts values (a multiple
+    call, by a launch before the matmul's (`quant_gemv_int8x`); "stream": x rounded alike, by
+    programs_per_sm persistent programs per multiprocessor walking tiles of block_n rows x block_k
+    values, num_stages of them in flight (`quant_gemv_stream`). block_k counts values (a multiple
     of 32); magic: quants become floats by exponent bits instead of int-to-float conversions."""
 
     kind: str = "fma"
@@ -46,17 +49,25 @@ class QuantMatmulConfig:
     block_m: int = 16
     num_stages: int = 1
     magic: bool = False
+    programs_per_sm: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"quant_matmul kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if self.block_k < 32 or self.block_k & (self.block_k - 1):
             raise ValueError(f"quant_matmul block_k must be a power of two >= 32, got {self.block_k}")
+        if (self.kind == "stream") != (self.programs_per_sm > 0):
+            raise ValueError(
+                f"programs_per_sm >= 1 is for kind 'stream' alone, got {self.programs_per_sm} for {self.kind!r}"
+            )
+        if self.kind == "stream" and not 1 <= self.num_stages <= MAX_STAGES:
+            raise ValueError(f"kind 'stream' pipelines 1 to {MAX_STAGES} stages, got {self.num_stages}")
 
     def label(self) -> str:
+        persistent = f" p{self.programs_per_sm}" if self.programs_per_sm else ""
         return (
             f"{self.kind} m{self.block_m} n{self.block_n} k{self.block_k} w{self.num_warps} "
-            f"s{self.num_stages}{' magic' if self.magic else ''}"
+            f"s{self.num_stages}{persistent}{' magic' if self.magic else ''}"
         )
 
 

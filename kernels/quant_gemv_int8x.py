@@ -70,6 +70,19 @@ def _quantize_x_kernel(X, Q, S, OFF, NB, BLOCKS: tl.constexpr):
 
 
 @triton.jit
+def int8_tile_dot(qa, qb, d, m, xa, xb, xs, xo, KIND: tl.constexpr, ASM: tl.constexpr):
+    """[ROWS, BB] partial products of a weight tile (words qa, qb as `word_dot` takes them, block
+    scales d and offsets m) with x's int8 words xa, xb, group scales xs and block offsets xo."""
+    isum = word_dot(qa, qb, xa, xb, KIND, ASM).to(tl.float32)
+    dot = tl.sum(isum * xs, axis=2)
+    if KIND == 2:
+        return d * dot
+    if KIND == 0:  # Q4_0 values are q - 8
+        return d * (dot - 8.0 * xo)
+    return d * dot + m * xo
+
+
+@triton.jit
 def _gemv_int8x_kernel(
     XQ,
     XS,
@@ -105,22 +118,21 @@ def _gemv_int8x_kernel(
         if KIND == 2:
             qb = tl.load(words + 4)
         x_at = XQ + same[:, None, None] + blk[None, :, None] * 8 + t  # x words 0-3, then 4-7
-        isum = word_dot(qa, qb, tl.load(x_at), tl.load(x_at + 4), KIND, ASM).to(tl.float32)
-        dot = tl.sum(isum * tl.load(XS + same[:, None, None] + blk[None, :, None] * 4 + t), axis=2)
+        xa = tl.load(x_at)
+        xb = tl.load(x_at + 4)
+        xs = tl.load(XS + same[:, None, None] + blk[None, :, None] * 4 + t)
         d = tl.load(D + rows[:, None] * NB + blk[None, :]).to(tl.float32)
         if not EVEN_B:
             d = tl.where(valid[None, :], d, 0.0)
-        if KIND == 2:
-            acc += d * dot
-        else:
+        off = d  # Q8_0 has no offset term
+        if KIND != 2:
             off = tl.load(XO + same[:, None] + blk[None, :])
-            if KIND == 0:  # Q4_0 values are q - 8
-                acc += d * (dot - 8.0 * off)
-            else:
-                m = tl.load(MN + rows[:, None] * NB + blk[None, :]).to(tl.float32)
-                if not EVEN_B:
-                    m = tl.where(valid[None, :], m, 0.0)
-                acc += d * dot + m * off
+        m = d
+        if KIND == 1:
+            m = tl.load(MN + rows[:, None] * NB + blk[None, :]).to(tl.float32)
+            if not EVEN_B:
+                m = tl.where(valid[None, :], m, 0.0)
+        acc += int8_tile_dot(qa, qb, d, m, xa, xb, xs, off, KIND, ASM)
     y = tl.sum(acc, axis=1)
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=offs < N)
 
@@ -186,4 +198,4 @@ def gemv_int8x(
     return y
 
 
-__all__ = ["INT8X_FORMATS", "Int8Row", "gemv_int8x", "quantize_x_int8", "round_groups"]
+__all__ = ["INT8X_FORMATS", "Int8Row", "gemv_int8x", "int8_tile_dot", "quantize_x_int8", "round_groups"]

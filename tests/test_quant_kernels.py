@@ -56,7 +56,7 @@ HALF2_CASES = [
     ("Q4_0", 19, 160, 16, 64, "bfloat16", 1.0),
 ]
 
-# one 16-bit row, x rounded to int8 (kinds "dp4a" and "int8x"): (format, N, K, rows per program,
+# one 16-bit row, x rounded to int8 (kinds "dp4a", "int8x", "stream"): (format, N, K, rows per program,
 # block_k, x dtype, x scale)
 DP4A_CASES = [
     ("Q4_0", 37, 96, 4, 64, "float16", 1.0),
@@ -117,8 +117,10 @@ def run_int8_case(
     warps: int = 4,
     stages: int = 1,
 ) -> dict:
-    """y from kind "dp4a" or "int8x" against the float64 matmul of gguf's dequantized weight with x
-    as both round it (and with x itself), and the rounding of that reference to x's dtype."""
+    """y from kind "dp4a", "int8x" or "stream" against the float64 matmul of gguf's dequantized
+    weight with x as they round it (and with x itself), and the rounding of that reference to x's
+    dtype. "stream" runs persistent: 1 + N % 3 programs per multiprocessor (1 + N % 2 stages), so
+    several cases give a program more than one row group."""
     from radixlm.kernels.quant_gemv import QuantMatmulConfig, quant_matmul, repack
     from radixlm.kernels.quant_gemv_dp4a import quantize_x_ref
 
@@ -128,11 +130,9 @@ def run_int8_case(
     x = torch.from_numpy(rng.standard_normal((1, k)).astype(np.float32) * scale).to(
         device, getattr(torch, dtype)
     )
-    y = quant_matmul(
-        x,
-        repack(torch.from_numpy(raw).to(device), qtype),
-        QuantMatmulConfig(kind, rows, bk, warps, num_stages=stages),
-    )
+    persistent = {"num_stages": 1 + n % 2, "programs_per_sm": 1 + n % 3} if kind == "stream" else {}
+    cfg = QuantMatmulConfig(kind, rows, bk, warps, **{"num_stages": stages, **persistent})
+    y = quant_matmul(x, repack(torch.from_numpy(raw).to(device), qtype), cfg)
     ref_q = quantize_x_ref(x).cpu().double() @ w.T
     ref = x.cpu().double() @ w.T
     own = ((ref_q.to(x.dtype).double() - ref_q).norm() / ref_q.norm()).item()
@@ -237,6 +237,7 @@ def test_quant_matmul_matches_gguf_under_interpreter() -> None:
     _check_half2(out["half2"])
     _check_int8("dp4a", out["dp4a"])
     _check_int8("int8x", out["int8x"])
+    _check_int8("stream", out["stream"])
     _check_x_rounding(out["x_rounding"])
     assert len(results) == len(CASES)
     for case, r in zip(CASES, results):
@@ -254,7 +255,7 @@ def test_quant_matmul_matches_gguf_on_gpu() -> None:
         r = run_case(*case, device="cuda", dtype="float32")
         assert r["finite"] and r["err"] < 1e-5, (case, r)
     _check_half2([run_half2_case(*c, device="cuda") for c in HALF2_CASES])
-    for kind in ("dp4a", "int8x"):
+    for kind in ("dp4a", "int8x", "stream"):
         _check_int8(kind, [run_int8_case(kind, *c, device="cuda") for c in DP4A_CASES])
     _check_x_rounding(run_x_rounding(device="cuda"))
     # Llama-3.1-8B shapes in bf16 with each M's default config: bf16 operands, so ~1e-2
@@ -326,10 +327,32 @@ def test_repack_and_refusals() -> None:
         quant_matmul(torch.randn(3, 64, dtype=torch.float16), q8, QuantMatmulConfig("dp4a"))
     with pytest.raises(ValueError, match="int8x"):
         quant_matmul(torch.randn(2, 64, dtype=torch.float16), q8, QuantMatmulConfig("int8x"))
+    with pytest.raises(ValueError, match="stream"):
+        quant_matmul(
+            torch.randn(2, 64, dtype=torch.float16), q8, QuantMatmulConfig("stream", programs_per_sm=4)
+        )
+    with pytest.raises(ValueError, match="programs_per_sm"):
+        QuantMatmulConfig("stream")
+    with pytest.raises(ValueError, match="programs_per_sm"):
+        QuantMatmulConfig("int8x", programs_per_sm=4)
+    with pytest.raises(ValueError, match="1 to 8 stages"):
+        QuantMatmulConfig("stream", num_stages=9, programs_per_sm=4)
     with pytest.raises(ValueError, match="block_k"):
         QuantMatmulConfig("dot", block_k=48)
     with pytest.raises(ValueError, match="kind must be one of"):
         QuantMatmulConfig("int4")
+
+
+def test_stream_grid_is_resident_and_balanced() -> None:
+    """Kind "stream" launches at most programs_per_sm programs per multiprocessor, as few as take
+    the least rounds of row groups that cap allows (pid takes groups pid, pid + G, ...)."""
+    from radixlm.kernels.quant_gemv_stream import stream_programs
+
+    for groups, sms, per_sm in [(28672, 132, 32), (6144, 132, 32), (4096, 132, 24), (7, 132, 32), (1, 4, 1)]:
+        g = stream_programs(groups, sms, per_sm)
+        counts = [len(range(pid, groups, g)) for pid in range(g)]
+        assert 1 <= g <= sms * per_sm and max(counts) == -(-groups // (sms * per_sm)), (groups, g)
+        assert min(counts) >= max(counts) - 1 and sum(counts) == groups
 
 
 @pytest.mark.parametrize("kind,offset", [("half2", 1), ("dp4a", 1), ("dp4a", 2), ("int8x", 1)])
@@ -363,5 +386,7 @@ if __name__ == "__main__":
     half2 = [run_half2_case(*c, device="cpu") for c in HALF2_CASES]
     dp4a = [run_int8_case("dp4a", *c, device="cpu") for c in DP4A_CASES]
     int8x = [run_int8_case("int8x", *c, device="cpu") for c in DP4A_CASES]
+    stream = [run_int8_case("stream", *c, device="cpu") for c in DP4A_CASES]
     rounding = run_x_rounding(device="cpu")
-    print(json.dumps({"cases": cases, "half2": half2, "dp4a": dp4a, "int8x": int8x, "x_rounding": rounding}))
+    out = {"cases": cases, "half2": half2, "dp4a": dp4a, "int8x": int8x, "stream": stream}
+    print(json.dumps({**out, "x_rounding": rounding}))

@@ -1,0 +1,191 @@
+"""One row of x (already rounded to int8, `quant_gemv_int8x.Int8Row`) times a GGUF weight, by
+persistent programs that stream their weight rows: a program owns every G-th group of rows and walks
+its (row group, K tile) pairs in one loop that Triton software-pipelines (STAGES tiles in flight
+through asynchronous copies to shared memory, not registers), so each resident warp keeps weight
+bytes in flight across row ends, and program starts cost nothing after the first. Promises:
+`gemv_stream` equals `gemv_int8x` (the same integer dots and scales, summed in another order) to
+fp32 rounding."""
+
+from __future__ import annotations
+
+import torch
+
+from ._triton import interpreting, tl, triton
+from .quant_gemv_dp4a import FORMAT_KIND
+from .quant_gemv_int8x import INT8X_FORMATS, Int8Row, int8_tile_dot, quantize_x_int8
+
+MAX_STAGES = 8  # the software pipeline's depth: 1 loads each tile when its turn comes
+
+
+@triton.jit
+def _weight_tile(
+    QW,
+    D,
+    MN,
+    g,
+    b0,
+    N,
+    NB,
+    KIND: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    EVEN_B: tl.constexpr,
+):
+    """Row group g's blocks b0 .. b0 + BLOCK_B - 1: weight words (qa; qb: a Q8 block's second
+    half), scales d and (Q4_1, Q4_K) offsets m, both zero past the last block."""
+    WB: tl.constexpr = 8 if KIND == 2 else 4
+    rows = tl.minimum(g * ROWS + tl.arange(0, ROWS), N - 1).to(tl.int64)  # past N: re-read N-1
+    bb = b0 + tl.arange(0, BLOCK_B)
+    blk = bb if EVEN_B else tl.minimum(bb, NB - 1)
+    words = QW + rows[:, None, None] * (NB * WB) + blk[None, :, None] * WB + tl.arange(0, 4)[None, None, :]
+    qa = tl.load(words)
+    qb = qa
+    if KIND == 2:
+        qb = tl.load(words + 4)
+    d = tl.load(D + rows[:, None] * NB + blk[None, :]).to(tl.float32)
+    if not EVEN_B:
+        d = tl.where((bb < NB)[None, :], d, 0.0)
+    m = d
+    if KIND == 1:
+        m = tl.load(MN + rows[:, None] * NB + blk[None, :]).to(tl.float32)
+        if not EVEN_B:
+            m = tl.where((bb < NB)[None, :], m, 0.0)
+    return qa, qb, d, m
+
+
+@triton.jit
+def _x_tile(
+    XQ, XS, XO, b0, NB, KIND: tl.constexpr, ROWS: tl.constexpr, BLOCK_B: tl.constexpr, EVEN_B: tl.constexpr
+):
+    """x's int8 words (values 4t..4t+3, then 16+4t..19+4t), group scales and block offsets for
+    blocks b0 .. b0 + BLOCK_B - 1, shaped per row of the tile (a zero row stride) so they take
+    the weight tile's layout."""
+    bb = b0 + tl.arange(0, BLOCK_B)
+    blk = bb if EVEN_B else tl.minimum(bb, NB - 1)
+    same = tl.zeros((ROWS,), dtype=tl.int32)
+    t = tl.arange(0, 4)[None, None, :]
+    at = XQ + same[:, None, None] + blk[None, :, None] * 8 + t
+    scales = tl.load(XS + same[:, None, None] + blk[None, :, None] * 4 + t)
+    offsets = tl.zeros((ROWS, BLOCK_B), dtype=tl.float32)  # Q8_0 has no offset term
+    if KIND != 2:
+        offsets = tl.load(XO + same[:, None] + blk[None, :])
+    return tl.load(at), tl.load(at + 4), scales, offsets
+
+
+@triton.jit
+def _gemv_stream_kernel(
+    XQ,
+    XS,
+    XO,
+    QW,
+    D,
+    MN,
+    Y,
+    N,
+    NB,
+    KIND: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    EVEN_B: tl.constexpr,
+    X_WHOLE: tl.constexpr,
+    STAGES: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    """Program pid's groups of ROWS rows are pid, pid + G, ... (G programs), each walked over its
+    K tiles, (g, b0) the tile at hand. X_WHOLE (one tile spans K): x is read once, before the
+    loop."""
+    pid = tl.program_id(0)
+    progs = tl.num_programs(0)
+    groups = tl.cdiv(N, ROWS)
+    total = tl.cdiv(groups - pid, progs) * tl.cdiv(NB, BLOCK_B)
+    g = pid
+    b0 = 0
+    xa, xb, xs, xo = _x_tile(XQ, XS, XO, 0, NB, KIND, ROWS, BLOCK_B, EVEN_B)
+    acc = tl.zeros((ROWS, BLOCK_B), dtype=tl.float32)
+    for _ in tl.range(0, total, num_stages=STAGES):
+        qa, qb, d, m = _weight_tile(QW, D, MN, g, b0, N, NB, KIND, ROWS, BLOCK_B, EVEN_B)
+        if not X_WHOLE:
+            xa, xb, xs, xo = _x_tile(XQ, XS, XO, b0, NB, KIND, ROWS, BLOCK_B, EVEN_B)
+        acc += int8_tile_dot(qa, qb, d, m, xa, xb, xs, xo, KIND, ASM)
+        row_end = b0 + BLOCK_B >= NB
+        if row_end:
+            offs = g * ROWS + tl.arange(0, ROWS)
+            tl.store(Y + offs, tl.sum(acc, axis=1).to(Y.dtype.element_ty), mask=offs < N)
+            acc = tl.zeros((ROWS, BLOCK_B), dtype=tl.float32)
+        g = tl.where(row_end, g + progs, g)
+        b0 = tl.where(row_end, 0, b0 + BLOCK_B)
+
+
+_SMS: dict[int, int] = {}
+
+
+def multiprocessors(device: torch.device) -> int:
+    """The device's multiprocessor count (4 where the interpreter runs on the CPU)."""
+    if device.type != "cuda":
+        return 4
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
+def stream_programs(groups: int, sms: int, programs_per_sm: int) -> int:
+    """Programs for `groups` row groups: at most programs_per_sm per multiprocessor, each given
+    the same number of groups (the last ones one fewer at most)."""
+    per = triton.cdiv(groups, max(1, sms * programs_per_sm))
+    return triton.cdiv(groups, per)
+
+
+def gemv_stream(
+    x: torch.Tensor,
+    qs: torch.Tensor,
+    d: torch.Tensor,
+    m: torch.Tensor | None,
+    qtype: str,
+    rows: int,
+    block_b: int,
+    num_warps: int,
+    stages: int,
+    programs_per_sm: int,
+    x_int8: Int8Row | None = None,
+) -> torch.Tensor:
+    """y [1, N] in x's dtype for x [1, K] and one `GpuBlocks`' arrays, x rounded here or given
+    rounded (x_int8); rows per tile a power of two up to 64, 1 to MAX_STAGES stages."""
+    if qtype not in INT8X_FORMATS:
+        raise ValueError(f"gemv_stream serves {', '.join(INT8X_FORMATS)}, got {qtype}")
+    if rows < 1 or rows & (rows - 1) or rows > 64:
+        raise ValueError(f"gemv_stream takes a power of two up to 64 rows per tile, got {rows}")
+    if not 1 <= stages <= MAX_STAGES:
+        raise ValueError(f"gemv_stream pipelines 1 to {MAX_STAGES} stages, got {stages}")
+    if programs_per_sm < 1:
+        raise ValueError(f"gemv_stream needs at least one program per multiprocessor, got {programs_per_sm}")
+    xq = quantize_x_int8(x) if x_int8 is None else x_int8
+    if xq.q.numel() != x.shape[1]:
+        raise ValueError(f"x_int8 holds {xq.q.numel()} values for a row of {x.shape[1]}")
+    n, nb = qs.shape[0], x.shape[1] // 32
+    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    block_b = min(block_b, triton.next_power_of_2(nb))
+    grid = stream_programs(triton.cdiv(n, rows), multiprocessors(x.device), programs_per_sm)
+    _gemv_stream_kernel[(grid,)](
+        xq.q.view(torch.int32),
+        xq.scales,
+        xq.offsets,
+        qs.view(torch.int32),
+        d,
+        m if m is not None else d,
+        y,
+        n,
+        nb,
+        KIND=FORMAT_KIND[qtype],
+        ROWS=rows,
+        BLOCK_B=block_b,
+        EVEN_B=nb % block_b == 0,
+        X_WHOLE=block_b >= nb,
+        STAGES=stages,
+        ASM=not interpreting(),
+        num_warps=num_warps,
+    )
+    return y
+
+
+__all__ = ["MAX_STAGES", "gemv_stream", "multiprocessors", "stream_programs"]
