@@ -254,24 +254,25 @@ def fastest_int8x(shapes: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def fastest_stream(shapes: dict[str, Any]) -> dict[str, Any] | None:
-    """The stream config with the least time on the large weights (gate_up, down) and on the rest
-    (qkv, o), x rounded beforehand, beside the default choice's time on each; SUITE_STREAM's form
-    names the rest's only where it beats the default there."""
+    """The stream config with the least time on gate_up, on down and on the rest (qkv and o,
+    whose o needs its own rounding launch), x rounded beforehand, beside the default choice's time
+    there (int8x's with x rounded beforehand, dp4a's as it runs); SUITE_STREAM's "short/long/rest"
+    names a config only where it beats the default ("-" elsewhere)."""
     pre = pre_rounded(shapes, "stream")
-    large, rest = least(pre, ["gate_up", "down"]), least(pre, ["qkv", "o"])
-    if large is None or rest is None:
-        return None
-    default = {n: shapes[f"{n} Q4_0"]["by_m"][1]["default_us"] for n in SHAPES}
-    rest_default = default["qkv"] + default["o"]
-    return {
-        "large": large[0],
-        "large_us": large[1],
-        "large_default_us": default["gate_up"] + default["down"],
-        "rest": rest[0],
-        "rest_us": rest[1],
-        "rest_default_us": rest_default,
-        "suite_stream": spec(large[0]) + (f"/{spec(rest[0])}" if rest[1] < rest_default else ""),
-    }
+    roles = {"short": ["gate_up"], "long": ["down"], "rest": ["qkv", "o"]}
+    out: dict[str, Any] = {}
+    specs = []
+    for role, names in roles.items():
+        best = least(pre, names)
+        if best is None:
+            return None
+        rows = [shapes[f"{n} Q4_0"]["by_m"][1] for n in names]
+        default = sum(r.get("int8x_pre_rounded_us", {}).get(r["default"], r["default_us"]) for r in rows)
+        us = best[1] + (rows[-1].get("int8x_rounding_launch_us", 0.0) if role == "rest" else 0.0)
+        out[role] = {"config": best[0], "us": us, "default_us": default}
+        specs.append(spec(best[0]) if us < default else "-")
+    out["suite_stream"] = "/".join(specs)
+    return out
 
 
 def main() -> None:

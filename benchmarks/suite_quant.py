@@ -70,9 +70,9 @@ def int8x_configs(spec: str | None) -> tuple[QuantMatmulConfig, QuantMatmulConfi
 def one_row_kind(kind: str | None) -> Iterator[None]:
     """quant_matmul's one-row choice for every format and weight while inside: "int8x" sets
     int8x's configs (SUITE_INT8X's where set), "dp4a" the dp4a kind's (neither keeps
-    ONE_ROW_LARGE's choice for the large weights); "stream" puts the large Q4 weights on
-    SUITE_STREAM's first config ("large[/rest]") and, where it names a second, every other one-row
-    matmul on that."""
+    ONE_ROW_LARGE's choice for the large weights); "stream" takes SUITE_STREAM, "short/long/rest":
+    the stream configs for the large Q4 weights of K below LONG_K (gate_up), of longer K (down)
+    and the Q4 formats' other one-row matmuls, "-" keeping the default's."""
     from radixlm.kernels import quant_gemv_configs as qc
 
     if kind not in (None, "int8x", "dp4a", "stream"):
@@ -88,17 +88,32 @@ def one_row_kind(kind: str | None) -> Iterator[None]:
     if kind in ("int8x", "dp4a"):
         qc.ONE_ROW_LARGE.clear()
     if kind == "stream":
-        large, *rest = os.environ.get("SUITE_STREAM", "1:1024:1:3:32").split("/")
-        qc.ONE_ROW_LARGE.update(dict.fromkeys(qc.ONE_ROW_LARGE, one_row_config("stream", large)))
-        if rest:
-            qc.ONE_ROW.update(dict.fromkeys(qc.ONE_ROW, one_row_config("stream", rest[0])))
-            qc.LONG_K_CONFIG.clear()
+        set_stream_configs(os.environ.get("SUITE_STREAM", "1:4096:1:2:21/-/-"))
     try:
         yield
     finally:
         for table, before in zip(tables, saved):
             table.clear()
             table.update(before)
+
+
+def set_stream_configs(spec: str) -> None:
+    """quant_gemv_configs' tables as SUITE_STREAM's "short/long/rest" says (see one_row_kind)."""
+    from radixlm.kernels import quant_gemv_configs as qc
+
+    parts = spec.split("/")
+    if len(parts) != 3:
+        raise ValueError(f"SUITE_STREAM is short/long/rest ('-' keeps the default's), got {spec!r}")
+    short, long, rest = (None if p == "-" else one_row_config("stream", p) for p in parts)
+    large = dict(qc.ONE_ROW_LARGE)
+    if short is not None:
+        qc.ONE_ROW_LARGE.update(dict.fromkeys(large, short))
+    for q, before in large.items():  # down: its own config, else the one it had
+        chosen = qc.ONE_ROW_LARGE[q]
+        qc.LONG_K_CONFIG[chosen] = long or qc.LONG_K_CONFIG.get(before, before)
+    if rest is not None:  # the Q4 formats' smaller weights (not Q8_0's lm_head)
+        qc.ONE_ROW.update(dict.fromkeys(large, rest))
+        qc.LONG_K_CONFIG[rest] = rest
 
 
 def one_row_labels() -> dict[str, dict[str, str]]:

@@ -116,11 +116,11 @@ ONE_ROW_LARGE: dict[str, QuantMatmulConfig] = {"Q4_0": INT8X_ONE_ROW, "Q4_1": IN
 
 def choose_config(x: torch.Tensor, w: BlockShape) -> QuantMatmulConfig:
     """The config `quant_matmul` runs without one: for one 16-bit row of a format ONE_ROW lists,
-    ONE_ROW_LARGE's for a large weight where it has one, else ONE_ROW's (LONG_K_CONFIG's for
-    long rows); else the row count's default."""
+    ONE_ROW_LARGE's for a large weight where it has one, else ONE_ROW's, either one's
+    LONG_K_CONFIG entry for long rows; else the row count's default."""
     cfg = ONE_ROW.get(w.qtype)
     if cfg is None or x.shape[0] != 1 or x.dtype not in (torch.bfloat16, torch.float16):
         return default_config(x.shape[0])
     if w.rows * w.cols >= LARGE_WEIGHT and w.qtype in ONE_ROW_LARGE:
-        return ONE_ROW_LARGE[w.qtype]
+        cfg = ONE_ROW_LARGE[w.qtype]
     return LONG_K_CONFIG.get(cfg, cfg) if w.cols >= LONG_K else cfg

@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 import torch
 
+from radixlm.kernels.quant_gemv_configs import QuantMatmulConfig
+
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
 
 # (format, M, N, K, kind, block_m, block_n, block_k[, magic]): N not a multiple of block_n, K / 32
@@ -56,6 +58,10 @@ HALF2_CASES = [
     ("Q4_0", 19, 160, 16, 64, "bfloat16", 1.0),
 ]
 
+STREAM_CANDIDATES = [
+    QuantMatmulConfig("stream", 1, 4096, 1, num_stages=2, programs_per_sm=21),
+    QuantMatmulConfig("stream", 1, 16384, 8, num_stages=3, programs_per_sm=5),
+]
 # one 16-bit row, x rounded to int8 (kinds "dp4a", "int8x", "stream"): (format, N, K, rows per program,
 # block_k, x dtype, x scale)
 DP4A_CASES = [
@@ -116,11 +122,12 @@ def run_int8_case(
     device: str,
     warps: int = 4,
     stages: int = 1,
+    per_sm: int = 0,
 ) -> dict:
     """y from kind "dp4a", "int8x" or "stream" against the float64 matmul of gguf's dequantized
     weight with x as they round it (and with x itself), and the rounding of that reference to x's
-    dtype. "stream" runs persistent: 1 + N % 3 programs per multiprocessor (1 + N % 2 stages), so
-    several cases give a program more than one row group."""
+    dtype. "stream" runs per_sm programs per multiprocessor, by default (0) 1 + N % 3 of them and
+    1 + N % 2 stages, so several cases give a program more than one row group."""
     from radixlm.kernels.quant_gemv import QuantMatmulConfig, quant_matmul, repack
     from radixlm.kernels.quant_gemv_dp4a import quantize_x_ref
 
@@ -131,6 +138,8 @@ def run_int8_case(
         device, getattr(torch, dtype)
     )
     persistent = {"num_stages": 1 + n % 2, "programs_per_sm": 1 + n % 3} if kind == "stream" else {}
+    if per_sm:
+        persistent = {"num_stages": stages, "programs_per_sm": per_sm}
     cfg = QuantMatmulConfig(kind, rows, bk, warps, **{"num_stages": stages, **persistent})
     y = quant_matmul(x, repack(torch.from_numpy(raw).to(device), qtype), cfg)
     ref_q = quantize_x_ref(x).cpu().double() @ w.T
@@ -281,12 +290,12 @@ def test_quant_matmul_matches_gguf_on_gpu() -> None:
                 dtype="bfloat16",
             )
             assert r["finite"] and r["err"] < 2e-2, (qtype, m, r)
-        # the one-row configs choose_config gives, and the large weights' candidate
-        for c in (DP4A, DP4A_LONG_K, INT8X, INT8X_LONG_K, INT8X_ONE_ROW):
+        # the one-row configs choose_config gives, and the persistent candidates: x read once per
+        # program where one tile spans K (K = 4096 at 4096 values, 14336 at 16384), else per tile
+        for c in (DP4A, DP4A_LONG_K, INT8X, INT8X_LONG_K, INT8X_ONE_ROW, *STREAM_CANDIDATES):
             tiles = (c.block_n, c.block_k, "bfloat16", 1.0)
-            r = run_int8_case(
-                c.kind, qtype, n, k, *tiles, device="cuda", warps=c.num_warps, stages=c.num_stages
-            )
+            more = {"warps": c.num_warps, "stages": c.num_stages, "per_sm": c.programs_per_sm}
+            r = run_int8_case(c.kind, qtype, n, k, *tiles, device="cuda", **more)
             close = r["err_q"] < 3 * r["round"] + 1e-5 and r["err"] < 2e-2
             assert r["finite"] and close, (qtype, c.label(), r)
         if qtype == "Q8_0":

@@ -179,8 +179,8 @@ def test_one_row_experiments_run_only_when_named_and_restore_the_choice() -> Non
 def test_large_weights_take_int8x_by_default_and_the_experiments_set_one_kind() -> None:
     """By default one row against a Q4_0 weight of at least LARGE_WEIGHT values runs INT8X_ONE_ROW,
     long rows included, smaller weights dp4a; q4_0_dp4a puts every weight on dp4a and q4_0_int8x
-    every weight on int8x's configs, q4_0_stream the large weights (and, named, the rest) on
-    SUITE_STREAM's; every choice is as before on leaving."""
+    every weight on int8x's configs, q4_0_stream gate_up, down and the other Q4 weights on
+    SUITE_STREAM's where it names one; every choice is as before on leaving."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import suite_quant
     import torch
@@ -205,21 +205,27 @@ def test_large_weights_take_int8x_by_default_and_the_experiments_set_one_kind() 
     with suite_quant.one_row_kind("int8x"):
         assert [choose_config(a, w) for a, w in cases[:3]] == [INT8X] * 3
     assert [choose_config(a, w) for a, w in cases] == before
-    for spec, want in [
-        ("1:2048:1:2:32", ["dp4a", "dp4a", "stream m16 n1 k2048 w1 s2 p32"]),
-        (
-            "1:2048:1:2:32/2:1024:1:1:16",
-            ["stream m16 n2 k1024 w1 s1 p16"] * 2 + ["stream m16 n1 k2048 w1 s2 p32"],
-        ),
+    shape_q8 = type("Shape", (), {"qtype": "Q8_0", "rows": 128256, "cols": 4096})()
+    q8_before = choose_config(x, shape_q8)
+    short, long, rest = (
+        "stream m16 n1 k4096 w1 s2 p21",
+        "stream m16 n1 k16384 w8 s3 p5",
+        "stream m16 n2 k1024 w1 s1 p16",
+    )
+    for spec, want in [  # small, just small, large (gate_up), down
+        ("1:4096:1:2:21/-/-", [DP4A.label(), DP4A.label(), short, INT8X_ONE_ROW.label()]),
+        ("-/1:16384:8:3:5/-", [DP4A.label(), DP4A.label(), INT8X_ONE_ROW.label(), long]),
+        ("1:4096:1:2:21/1:16384:8:3:5/2:1024:1:1:16", [rest, rest, short, long]),
     ]:
-        os.environ["SUITE_STREAM"] = spec  # the large weights' config[/every other one-row's]
+        os.environ["SUITE_STREAM"] = spec
         try:
             with suite_quant.one_row_kind("stream"):
-                got = [choose_config(a, w) for a, w in cases]
+                got = [choose_config(a, w).label() for a, w in cases]
+                q8 = choose_config(x, shape_q8)
         finally:
             del os.environ["SUITE_STREAM"]
-        assert [c.label() if c.kind == "stream" else c.kind for c in got[:3]] == want, spec
-        assert got[3] == got[2]  # down, a large weight of long rows, as gate_up
+        assert got == want, spec
+        assert q8 == q8_before, spec  # Q8_0 (the lm_head) keeps its kernel
     assert [choose_config(a, w) for a, w in cases] == before
     with pytest.raises(ValueError, match="no one-row experiment kind"):
         with suite_quant.one_row_kind("int4x"):
