@@ -70,6 +70,61 @@ def _quantize_x_kernel(X, Q, S, OFF, NB, BLOCKS: tl.constexpr):
 
 
 @triton.jit
+def weight_tile(
+    QW,
+    D,
+    MN,
+    g,
+    b0,
+    N,
+    NB,
+    KIND: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    EVEN_B: tl.constexpr,
+):
+    """Row group g's blocks b0 .. b0 + BLOCK_B - 1: weight words (qa; qb: a Q8 block's second
+    half), scales d and (Q4_1, Q4_K) offsets m, both zero past the last block."""
+    WB: tl.constexpr = 8 if KIND == 2 else 4
+    rows = tl.minimum(g * ROWS + tl.arange(0, ROWS), N - 1).to(tl.int64)  # past N: re-read N-1
+    bb = b0 + tl.arange(0, BLOCK_B)
+    blk = bb if EVEN_B else tl.minimum(bb, NB - 1)
+    words = QW + rows[:, None, None] * (NB * WB) + blk[None, :, None] * WB + tl.arange(0, 4)[None, None, :]
+    qa = tl.load(words)
+    qb = qa
+    if KIND == 2:
+        qb = tl.load(words + 4)
+    d = tl.load(D + rows[:, None] * NB + blk[None, :]).to(tl.float32)
+    if not EVEN_B:
+        d = tl.where((bb < NB)[None, :], d, 0.0)
+    m = d
+    if KIND == 1:
+        m = tl.load(MN + rows[:, None] * NB + blk[None, :]).to(tl.float32)
+        if not EVEN_B:
+            m = tl.where((bb < NB)[None, :], m, 0.0)
+    return qa, qb, d, m
+
+
+@triton.jit
+def x_tile(
+    XQ, XS, XO, b0, NB, KIND: tl.constexpr, ROWS: tl.constexpr, BLOCK_B: tl.constexpr, EVEN_B: tl.constexpr
+):
+    """x's int8 words (values 4t..4t+3, then 16+4t..19+4t), group scales and block offsets for
+    blocks b0 .. b0 + BLOCK_B - 1, shaped per row of the tile (a zero row stride) so they take
+    the weight tile's layout."""
+    bb = b0 + tl.arange(0, BLOCK_B)
+    blk = bb if EVEN_B else tl.minimum(bb, NB - 1)
+    same = tl.zeros((ROWS,), dtype=tl.int32)
+    t = tl.arange(0, 4)[None, None, :]
+    at = XQ + same[:, None, None] + blk[None, :, None] * 8 + t
+    scales = tl.load(XS + same[:, None, None] + blk[None, :, None] * 4 + t)
+    offsets = tl.zeros((ROWS, BLOCK_B), dtype=tl.float32)  # Q8_0 has no offset term
+    if KIND != 2:
+        offsets = tl.load(XO + same[:, None] + blk[None, :])
+    return tl.load(at), tl.load(at + 4), scales, offsets
+
+
+@triton.jit
 def int8_tile_dot(qa, qb, d, m, xa, xb, xs, xo, KIND: tl.constexpr, ASM: tl.constexpr):
     """[ROWS, BB] partial products of a weight tile (words qa, qb as `word_dot` takes them, block
     scales d and offsets m) with x's int8 words xa, xb, group scales xs and block offsets xo."""
@@ -102,37 +157,12 @@ def _gemv_int8x_kernel(
     """ROWS weight rows per program over [ROWS, BLOCK_B, 4] word tiles. x's words, scales and
     offsets are addressed per row too (a zero row stride): Triton then lays them out as the weight
     tile is, so no shared-memory exchange or barrier enters the loop; the repeated reads hit L1."""
-    WB: tl.constexpr = 8 if KIND == 2 else 4  # weight words per block of 32 quants
     offs = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    rows = tl.minimum(offs, N - 1).to(tl.int64)  # rows past N re-read N-1, never stored
-    same = rows * 0
-    bb = tl.arange(0, BLOCK_B)
-    t = tl.arange(0, 4)[None, None, :]
     acc = tl.zeros((ROWS, BLOCK_B), dtype=tl.float32)
     for b0 in range(0, NB, BLOCK_B):
-        valid = (b0 + bb) < NB
-        blk = b0 + bb if EVEN_B else tl.minimum(b0 + bb, NB - 1)
-        words = QW + rows[:, None, None] * (NB * WB) + blk[None, :, None] * WB + t
-        qa = tl.load(words)
-        qb = qa
-        if KIND == 2:
-            qb = tl.load(words + 4)
-        x_at = XQ + same[:, None, None] + blk[None, :, None] * 8 + t  # x words 0-3, then 4-7
-        xa = tl.load(x_at)
-        xb = tl.load(x_at + 4)
-        xs = tl.load(XS + same[:, None, None] + blk[None, :, None] * 4 + t)
-        d = tl.load(D + rows[:, None] * NB + blk[None, :]).to(tl.float32)
-        if not EVEN_B:
-            d = tl.where(valid[None, :], d, 0.0)
-        off = d  # Q8_0 has no offset term
-        if KIND != 2:
-            off = tl.load(XO + same[:, None] + blk[None, :])
-        m = d
-        if KIND == 1:
-            m = tl.load(MN + rows[:, None] * NB + blk[None, :]).to(tl.float32)
-            if not EVEN_B:
-                m = tl.where(valid[None, :], m, 0.0)
-        acc += int8_tile_dot(qa, qb, d, m, xa, xb, xs, off, KIND, ASM)
+        qa, qb, d, m = weight_tile(QW, D, MN, tl.program_id(0), b0, N, NB, KIND, ROWS, BLOCK_B, EVEN_B)
+        xa, xb, xs, xo = x_tile(XQ, XS, XO, b0, NB, KIND, ROWS, BLOCK_B, EVEN_B)
+        acc += int8_tile_dot(qa, qb, d, m, xa, xb, xs, xo, KIND, ASM)
     y = tl.sum(acc, axis=1)
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=offs < N)
 
@@ -198,4 +228,13 @@ def gemv_int8x(
     return y
 
 
-__all__ = ["INT8X_FORMATS", "Int8Row", "gemv_int8x", "int8_tile_dot", "quantize_x_int8", "round_groups"]
+__all__ = [
+    "INT8X_FORMATS",
+    "Int8Row",
+    "gemv_int8x",
+    "int8_tile_dot",
+    "quantize_x_int8",
+    "round_groups",
+    "weight_tile",
+    "x_tile",
+]

@@ -12,64 +12,9 @@ import torch
 
 from ._triton import interpreting, tl, triton
 from .quant_gemv_dp4a import FORMAT_KIND
-from .quant_gemv_int8x import INT8X_FORMATS, Int8Row, int8_tile_dot, quantize_x_int8
+from .quant_gemv_int8x import INT8X_FORMATS, Int8Row, int8_tile_dot, quantize_x_int8, weight_tile, x_tile
 
 MAX_STAGES = 8  # the software pipeline's depth: 1 loads each tile when its turn comes
-
-
-@triton.jit
-def _weight_tile(
-    QW,
-    D,
-    MN,
-    g,
-    b0,
-    N,
-    NB,
-    KIND: tl.constexpr,
-    ROWS: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    EVEN_B: tl.constexpr,
-):
-    """Row group g's blocks b0 .. b0 + BLOCK_B - 1: weight words (qa; qb: a Q8 block's second
-    half), scales d and (Q4_1, Q4_K) offsets m, both zero past the last block."""
-    WB: tl.constexpr = 8 if KIND == 2 else 4
-    rows = tl.minimum(g * ROWS + tl.arange(0, ROWS), N - 1).to(tl.int64)  # past N: re-read N-1
-    bb = b0 + tl.arange(0, BLOCK_B)
-    blk = bb if EVEN_B else tl.minimum(bb, NB - 1)
-    words = QW + rows[:, None, None] * (NB * WB) + blk[None, :, None] * WB + tl.arange(0, 4)[None, None, :]
-    qa = tl.load(words)
-    qb = qa
-    if KIND == 2:
-        qb = tl.load(words + 4)
-    d = tl.load(D + rows[:, None] * NB + blk[None, :]).to(tl.float32)
-    if not EVEN_B:
-        d = tl.where((bb < NB)[None, :], d, 0.0)
-    m = d
-    if KIND == 1:
-        m = tl.load(MN + rows[:, None] * NB + blk[None, :]).to(tl.float32)
-        if not EVEN_B:
-            m = tl.where((bb < NB)[None, :], m, 0.0)
-    return qa, qb, d, m
-
-
-@triton.jit
-def _x_tile(
-    XQ, XS, XO, b0, NB, KIND: tl.constexpr, ROWS: tl.constexpr, BLOCK_B: tl.constexpr, EVEN_B: tl.constexpr
-):
-    """x's int8 words (values 4t..4t+3, then 16+4t..19+4t), group scales and block offsets for
-    blocks b0 .. b0 + BLOCK_B - 1, shaped per row of the tile (a zero row stride) so they take
-    the weight tile's layout."""
-    bb = b0 + tl.arange(0, BLOCK_B)
-    blk = bb if EVEN_B else tl.minimum(bb, NB - 1)
-    same = tl.zeros((ROWS,), dtype=tl.int32)
-    t = tl.arange(0, 4)[None, None, :]
-    at = XQ + same[:, None, None] + blk[None, :, None] * 8 + t
-    scales = tl.load(XS + same[:, None, None] + blk[None, :, None] * 4 + t)
-    offsets = tl.zeros((ROWS, BLOCK_B), dtype=tl.float32)  # Q8_0 has no offset term
-    if KIND != 2:
-        offsets = tl.load(XO + same[:, None] + blk[None, :])
-    return tl.load(at), tl.load(at + 4), scales, offsets
 
 
 @triton.jit
@@ -100,12 +45,12 @@ def _gemv_stream_kernel(
     total = tl.cdiv(groups - pid, progs) * tl.cdiv(NB, BLOCK_B)
     g = pid
     b0 = 0
-    xa, xb, xs, xo = _x_tile(XQ, XS, XO, 0, NB, KIND, ROWS, BLOCK_B, EVEN_B)
+    xa, xb, xs, xo = x_tile(XQ, XS, XO, 0, NB, KIND, ROWS, BLOCK_B, EVEN_B)
     acc = tl.zeros((ROWS, BLOCK_B), dtype=tl.float32)
     for _ in tl.range(0, total, num_stages=STAGES):
-        qa, qb, d, m = _weight_tile(QW, D, MN, g, b0, N, NB, KIND, ROWS, BLOCK_B, EVEN_B)
+        qa, qb, d, m = weight_tile(QW, D, MN, g, b0, N, NB, KIND, ROWS, BLOCK_B, EVEN_B)
         if not X_WHOLE:
-            xa, xb, xs, xo = _x_tile(XQ, XS, XO, b0, NB, KIND, ROWS, BLOCK_B, EVEN_B)
+            xa, xb, xs, xo = x_tile(XQ, XS, XO, b0, NB, KIND, ROWS, BLOCK_B, EVEN_B)
         acc += int8_tile_dot(qa, qb, d, m, xa, xb, xs, xo, KIND, ASM)
         row_end = b0 + BLOCK_B >= NB
         if row_end:
