@@ -93,10 +93,11 @@ def loop_opcodes(sass: str) -> list[Counter[str]]:
 
 
 def one_row_loop(
-    kernel: str, qtype: str, rows: int, block_k: int, warps: int, stages: int = 1
+    kernel: str, qtype: str, rows: int, block_k: int, warps: int, stages: int = 1, x_whole: bool = False
 ) -> Counter[str]:
-    """The opcodes of the loop of a one-row GGUF matmul kernel ("int8x" or "dp4a") for qtype at
-    the given tiles, bf16 x and y, K a multiple of the block step."""
+    """The opcodes of the loop of a one-row GGUF matmul kernel ("int8x", "dp4a" or "stream") for
+    qtype at the given tiles, bf16 x and y, K a multiple of the block step ("stream": one tile
+    spanning K where x_whole)."""
     from radixlm.kernels.quant_gemv_dp4a import FORMAT_KIND
 
     common = {"QW": "*i32", "D": "*fp16", "MN": "*fp16", "Y": "*bf16"}
@@ -107,6 +108,11 @@ def one_row_loop(
         from radixlm.kernels.quant_gemv_int8x import _gemv_int8x_kernel as fn
 
         pointers = {"XQ": "*i32", "XS": "*fp32", "XO": "*fp32", **common}
+    elif kernel == "stream":
+        from radixlm.kernels.quant_gemv_stream import _gemv_stream_kernel as fn
+
+        pointers = {"XQ": "*i32", "XS": "*fp32", "XO": "*fp32", **common}
+        consts.update(X_WHOLE=x_whole, STAGES=stages)
     else:
         from radixlm.kernels.quant_gemv_dp4a import _gemv_dp4a_kernel as fn
 

@@ -2,7 +2,9 @@
 machine. "int8x" reads x already rounded to int8 and holds whole blocks per thread: its loop
 must keep no barrier and few instructions per `dp4a`. "dp4a", which rounds x inside every program,
 is the control: its loop exchanges x through shared memory behind barriers and spends over
-twice the instructions per `dp4a`, the cost "int8x" exists to remove."""
+twice the instructions per `dp4a`, the cost "int8x" exists to remove. "stream" with one tile
+spanning K pipelines the weights alone: asynchronous copies to shared memory, no load that waits
+in the loop, x read before it."""
 
 from __future__ import annotations
 
@@ -43,3 +45,17 @@ def test_int8x_loop_has_no_barrier_and_few_instructions(qtype: str) -> None:
 def test_dp4a_control_pays_for_rounding_x_in_the_loop() -> None:
     ops = one_loop("dp4a", "Q4_0")
     assert barriers(ops) > 0 and per_dp4a(ops) > 2 * per_dp4a(one_loop("int8x", "Q4_0")), ops.most_common(12)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_stream_loop_copies_weights_ahead_and_reads_x_once(qtype: str) -> None:
+    """1 row x 4,096 values x 1 warp (K = 4,096: one tile spans K): at 2 stages the loop's global
+    reads are asynchronous copies of the weight tile alone (a 16-byte copy per block a thread
+    holds, two for Q8_0), none a load that waits; at 1 stage Triton pipelines nothing."""
+    from radixlm.kernels.quant_gemv_dp4a import FORMAT_KIND
+
+    piped = one_row_loop("stream", qtype, 1, 4096, 1, 2, x_whole=True)
+    per_thread = 4096 // 32 // 32 * (2 if FORMAT_KIND[qtype] == 2 else 1)
+    assert count(piped, "LDG.E") == 0, piped.most_common(12)
+    assert count(piped, "LDGSTS.E.BYPASS.128") == per_thread, piped.most_common(12)
+    assert count(one_row_loop("stream", qtype, 1, 4096, 1, 1, x_whole=True), "LDGSTS") == 0
