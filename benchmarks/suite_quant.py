@@ -113,7 +113,6 @@ def set_stream_configs(spec: str) -> None:
         qc.LONG_K_CONFIG[chosen] = long or qc.LONG_K_CONFIG.get(before, before)
     if rest is not None:  # the Q4 formats' smaller weights (not Q8_0's lm_head)
         qc.ONE_ROW.update(dict.fromkeys(large, rest))
-        qc.LONG_K_CONFIG[rest] = rest
 
 
 def one_row_labels() -> dict[str, dict[str, str]]:

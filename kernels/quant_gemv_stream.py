@@ -14,7 +14,7 @@ from ._triton import interpreting, tl, triton
 from .quant_gemv_dp4a import FORMAT_KIND
 from .quant_gemv_int8x import INT8X_FORMATS, Int8Row, int8_tile_dot, quantize_x_int8, weight_tile, x_tile
 
-MAX_STAGES = 8  # the software pipeline's depth: 1 loads each tile when its turn comes
+MAX_STAGES = 8  # the deepest pipeline a config may ask for; at 1 each tile is loaded when its turn comes
 
 
 @triton.jit

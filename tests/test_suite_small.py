@@ -216,6 +216,7 @@ def test_large_weights_take_int8x_by_default_and_the_experiments_set_one_kind() 
         ("1:4096:1:2:21/-/-", [DP4A.label(), DP4A.label(), short, INT8X_ONE_ROW.label()]),
         ("-/1:16384:8:3:5/-", [DP4A.label(), DP4A.label(), INT8X_ONE_ROW.label(), long]),
         ("1:4096:1:2:21/1:16384:8:3:5/2:1024:1:1:16", [rest, rest, short, long]),
+        ("1:4096:1:2:21/1:16384:8:3:5/1:4096:1:2:21", [short, short, short, long]),  # rest = short
     ]:
         os.environ["SUITE_STREAM"] = spec
         try:
