@@ -181,6 +181,49 @@ def quantize_x_int8(x: torch.Tensor) -> Int8Row:
     return out
 
 
+@dataclass(frozen=True)
+class Int8Launch:
+    """What the int8-row matmul kernels ("int8x", "stream") are launched with: their pointer and
+    size arguments (x's arrays, the weight's, y, N, NB), the constexprs they share, and y."""
+
+    args: tuple[torch.Tensor | int, ...]
+    consts: dict[str, int | bool]
+    y: torch.Tensor
+    n: int
+    nb: int
+    block_b: int
+
+
+def int8_launch(
+    name: str,
+    x: torch.Tensor,
+    qs: torch.Tensor,
+    d: torch.Tensor,
+    m: torch.Tensor | None,
+    qtype: str,
+    rows: int,
+    block_b: int,
+    x_int8: Int8Row | None,
+) -> Int8Launch:
+    """Checks name's arguments, rounds x unless x_int8 is x already rounded, and lays out the
+    launch: y [1, N] in x's dtype, the tile's blocks at most K's."""
+    if qtype not in INT8X_FORMATS:
+        raise ValueError(f"{name} serves {', '.join(INT8X_FORMATS)}, got {qtype}")
+    if rows < 1 or rows & (rows - 1) or rows > 64:
+        raise ValueError(f"{name} takes a power of two up to 64 rows per tile, got {rows}")
+    xq = quantize_x_int8(x) if x_int8 is None else x_int8
+    n, nb = qs.shape[0], x.shape[1] // 32
+    if xq.q.numel() != x.shape[1]:
+        raise ValueError(f"x_int8 holds {xq.q.numel()} values for a row of {x.shape[1]}")
+    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    block_b = min(block_b, triton.next_power_of_2(nb))
+    args = (xq.q.view(torch.int32), xq.scales, xq.offsets, qs.view(torch.int32), d, m if m is not None else d)
+    consts: dict[str, int | bool] = dict(
+        KIND=FORMAT_KIND[qtype], ROWS=rows, BLOCK_B=block_b, EVEN_B=nb % block_b == 0, ASM=not interpreting()
+    )
+    return Int8Launch((*args, y, n, nb), consts, y, n, nb, block_b)
+
+
 def gemv_int8x(
     x: torch.Tensor,
     qs: torch.Tensor,
@@ -197,41 +240,18 @@ def gemv_int8x(
     launches, x's rounding and the matmul, or the matmul alone where x_int8 is x already rounded
     (by `quantize_x_int8`, or fused into the op that wrote x); rows per program a power of two up
     to 64."""
-    if qtype not in INT8X_FORMATS:
-        raise ValueError(f"gemv_int8x serves {', '.join(INT8X_FORMATS)}, got {qtype}")
-    if rows < 1 or rows & (rows - 1) or rows > 64:
-        raise ValueError(f"gemv_int8x takes a power of two up to 64 rows per program, got {rows}")
-    xq = quantize_x_int8(x) if x_int8 is None else x_int8
-    n, nb = qs.shape[0], x.shape[1] // 32
-    if xq.q.numel() != x.shape[1]:
-        raise ValueError(f"x_int8 holds {xq.q.numel()} values for a row of {x.shape[1]}")
-    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    block_b = min(block_b, triton.next_power_of_2(nb))
-    _gemv_int8x_kernel[(triton.cdiv(n, rows),)](
-        xq.q.view(torch.int32),
-        xq.scales,
-        xq.offsets,
-        qs.view(torch.int32),
-        d,
-        m if m is not None else d,
-        y,
-        n,
-        nb,
-        KIND=FORMAT_KIND[qtype],
-        ROWS=rows,
-        BLOCK_B=block_b,
-        EVEN_B=nb % block_b == 0,
-        ASM=not interpreting(),
-        num_warps=num_warps,
-        num_stages=num_stages,
-    )
-    return y
+    launch = int8_launch("gemv_int8x", x, qs, d, m, qtype, rows, block_b, x_int8)
+    grid = (triton.cdiv(launch.n, rows),)
+    _gemv_int8x_kernel[grid](*launch.args, **launch.consts, num_warps=num_warps, num_stages=num_stages)
+    return launch.y
 
 
 __all__ = [
     "INT8X_FORMATS",
+    "Int8Launch",
     "Int8Row",
     "gemv_int8x",
+    "int8_launch",
     "int8_tile_dot",
     "quantize_x_int8",
     "round_groups",

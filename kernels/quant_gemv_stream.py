@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import interpreting, tl, triton
-from .quant_gemv_dp4a import FORMAT_KIND
-from .quant_gemv_int8x import INT8X_FORMATS, Int8Row, int8_tile_dot, quantize_x_int8, weight_tile, x_tile
+from ._triton import tl, triton
+from .quant_gemv_int8x import Int8Row, int8_launch, int8_tile_dot, weight_tile, x_tile
 
 MAX_STAGES = 8  # the deepest pipeline a config may ask for; at 1 each tile is loaded when its turn comes
 
@@ -96,41 +95,17 @@ def gemv_stream(
 ) -> torch.Tensor:
     """y [1, N] in x's dtype for x [1, K] and one `GpuBlocks`' arrays, x rounded here or given
     rounded (x_int8); rows per tile a power of two up to 64, 1 to MAX_STAGES stages."""
-    if qtype not in INT8X_FORMATS:
-        raise ValueError(f"gemv_stream serves {', '.join(INT8X_FORMATS)}, got {qtype}")
-    if rows < 1 or rows & (rows - 1) or rows > 64:
-        raise ValueError(f"gemv_stream takes a power of two up to 64 rows per tile, got {rows}")
     if not 1 <= stages <= MAX_STAGES:
         raise ValueError(f"gemv_stream pipelines 1 to {MAX_STAGES} stages, got {stages}")
     if programs_per_sm < 1:
         raise ValueError(f"gemv_stream needs at least one program per multiprocessor, got {programs_per_sm}")
-    xq = quantize_x_int8(x) if x_int8 is None else x_int8
-    if xq.q.numel() != x.shape[1]:
-        raise ValueError(f"x_int8 holds {xq.q.numel()} values for a row of {x.shape[1]}")
-    n, nb = qs.shape[0], x.shape[1] // 32
-    y = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    block_b = min(block_b, triton.next_power_of_2(nb))
-    grid = stream_programs(triton.cdiv(n, rows), multiprocessors(x.device), programs_per_sm)
+    launch = int8_launch("gemv_stream", x, qs, d, m, qtype, rows, block_b, x_int8)
+    grid = stream_programs(triton.cdiv(launch.n, rows), multiprocessors(x.device), programs_per_sm)
+    whole = launch.block_b >= launch.nb
     _gemv_stream_kernel[(grid,)](
-        xq.q.view(torch.int32),
-        xq.scales,
-        xq.offsets,
-        qs.view(torch.int32),
-        d,
-        m if m is not None else d,
-        y,
-        n,
-        nb,
-        KIND=FORMAT_KIND[qtype],
-        ROWS=rows,
-        BLOCK_B=block_b,
-        EVEN_B=nb % block_b == 0,
-        X_WHOLE=block_b >= nb,
-        STAGES=stages,
-        ASM=not interpreting(),
-        num_warps=num_warps,
+        *launch.args, **launch.consts, X_WHOLE=whole, STAGES=stages, num_warps=num_warps
     )
-    return y
+    return launch.y
 
 
 __all__ = ["MAX_STAGES", "gemv_stream", "multiprocessors", "stream_programs"]
