@@ -44,7 +44,8 @@ def _gemv_stream_kernel(
     total = tl.cdiv(groups - pid, progs) * tl.cdiv(NB, BLOCK_B)
     g = pid
     b0 = 0
-    xa, xb, xs, xo = x_tile(XQ, XS, XO, 0, NB, KIND, ROWS, BLOCK_B, EVEN_B)
+    if X_WHOLE:
+        xa, xb, xs, xo = x_tile(XQ, XS, XO, 0, NB, KIND, ROWS, BLOCK_B, EVEN_B)
     acc = tl.zeros((ROWS, BLOCK_B), dtype=tl.float32)
     for _ in tl.range(0, total, num_stages=STAGES):
         qa, qb, d, m = weight_tile(QW, D, MN, g, b0, N, NB, KIND, ROWS, BLOCK_B, EVEN_B)
