@@ -4,6 +4,7 @@ says whether an op on tensor `t` should launch its Triton kernel (CUDA, or the i
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -69,6 +70,47 @@ def _squeeze_interpreted_scalars() -> None:
 
 if HAS_TRITON and interpreting():
     _squeeze_interpreted_scalars()
+
+
+_HAS_GDC = HAS_TRITON and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")
+
+
+@functools.cache
+def _device_has_pdl(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_args(t: torch.Tensor) -> dict[str, bool]:
+    """Launch keywords for a kernel that calls `pdl_wait(PDL)` first, on tensor t's device:
+    programmatic dependent launch (sm_90+, compiled, RADIXLM_PDL not "0") lets the kernel's
+    programs be placed while the kernel ahead of it drains, inside CUDA graphs too, which hides
+    most of the gap between the many small launches of a decode step."""
+    on = (
+        _HAS_GDC
+        and t.is_cuda
+        and not interpreting()
+        and os.environ.get("RADIXLM_PDL", "1") != "0"
+        and _device_has_pdl(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    )
+    return {"PDL": on, "launch_pdl": on}
+
+
+if _HAS_GDC:
+
+    @triton.jit
+    def pdl_wait(PDL: tl.constexpr):
+        """First thing in a kernel launched with `pdl_args`: wait until the kernel ahead has
+        finished and its writes are visible (nothing is read or written before), then let the
+        next kernel be placed."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+
+else:
+
+    @triton.jit
+    def pdl_wait(PDL: tl.constexpr):
+        pass
 
 
 def use_triton(t: torch.Tensor) -> bool:
@@ -140,6 +182,8 @@ __all__ = [
     "tl",
     "interpreting",
     "use_triton",
+    "pdl_args",
+    "pdl_wait",
     "next_pow2",
     "dot_precision",
     "mma",

@@ -17,7 +17,7 @@ from typing import Literal, overload
 import torch
 
 from ._attn_common import finish_state, online_update, widen_e4m3_f16
-from ._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
+from ._triton import dot_precision, mma, next_pow2, pdl_args, pdl_wait, tl, triton, use_triton
 from .decode_splits import choose_decode_splits, decode_block_n
 from .kv_quant import dequantize_kv, widen_f16, widen_v_in_registers
 from .merge_state import merge_splits as merge_splits  # re-exported: split-K decode's second stage
@@ -65,7 +65,9 @@ def _decode_partial_kernel(
     WRITE_LSE: tl.constexpr,
     HAS_K_SCALE: tl.constexpr,
     HAS_V_SCALE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     b = tl.program_id(0)
     hb = tl.program_id(1)
     split = tl.program_id(2)
@@ -342,6 +344,7 @@ def decode_partial(
         HAS_V_SCALE=v_scale is not None,
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_args(q),
     )
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ._triton import dot_precision, mma, next_pow2, tl, triton, use_triton
+from ._triton import dot_precision, mma, next_pow2, pdl_args, pdl_wait, tl, triton, use_triton
 
 MAX_M = 8
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -81,7 +81,9 @@ def _gemv_fma_kernel(
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # rows past N re-read row N-1 (loads stay unmasked); their outputs are never stored
     w_ptrs = W + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * stride_wn + tl.arange(0, BLOCK_K)[None, :]
@@ -124,7 +126,9 @@ def _gemv_dot_kernel(
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     DOT_PREC: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_idx = tl.arange(0, BLOCK_M)
@@ -228,6 +232,7 @@ def launch_gemv(
         HAS_BIAS=bias is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **pdl_args(x),
     )
     grid = (triton.cdiv(n, cfg.block_n),)
     b = bias.contiguous() if bias is not None else y

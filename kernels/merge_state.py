@@ -9,7 +9,7 @@ from typing import Literal, overload
 
 import torch
 
-from ._triton import next_pow2, split_block, tl, triton, use_triton
+from ._triton import next_pow2, pdl_args, pdl_wait, split_block, tl, triton, use_triton
 
 
 @triton.jit
@@ -151,8 +151,10 @@ def _merge_splits_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program per (row, head): softmax-weighted sum of the per-split partial outputs."""
+    pdl_wait(PDL)
     n = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -197,6 +199,7 @@ def merge_splits(
         BLOCK_S=split_block(s),
         WRITE_LSE=out_lse is not None,
         num_warps=4 if d >= 128 else 2,
+        **pdl_args(out),
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ._triton import interpreting, tl, triton
+from ._triton import interpreting, pdl_args, pdl_wait, tl, triton
 
 HALF2_FORMATS = ("Q4_0", "Q4_1", "Q4_K")
 # 1024 + v from the fp16 bit pattern 0x6400 | v; minus 8 for Q4_0's signed quants
@@ -213,10 +213,12 @@ def _gemv_half2_kernel(
     EVEN_B: tl.constexpr,
     X_F16: tl.constexpr,
     ASM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """ROWS weight rows per program over [ROWS, BLOCK_B, 4] word tiles: a thread holds whole
     words of many rows, so x's pairs are loaded and converted once for all of them; products
     are summed per word and reduced once at the end."""
+    pdl_wait(PDL)
     offs = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rows = tl.minimum(offs, N - 1).to(tl.int64)[:, None, None]  # rows past N re-read N-1, never stored
     bb = tl.arange(0, BLOCK_B)[None, :, None]
@@ -282,6 +284,7 @@ def launch_one_row(
         ASM=not interpreting(),
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_args(x),
     )
     return y
 

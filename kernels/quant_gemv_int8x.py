@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._triton import interpreting, tl, triton
+from ._triton import interpreting, pdl_args, pdl_wait, tl, triton
 from .quant_gemv_dp4a import FORMAT_KIND, word_dot
 
 INT8X_FORMATS = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
@@ -65,7 +65,8 @@ def round_groups(X, Q, S, OFF, blk0, NB, BLOCKS: tl.constexpr):
 
 
 @triton.jit
-def _quantize_x_kernel(X, Q, S, OFF, NB, BLOCKS: tl.constexpr):
+def _quantize_x_kernel(X, Q, S, OFF, NB, BLOCKS: tl.constexpr, PDL: tl.constexpr):
+    pdl_wait(PDL)
     round_groups(X, Q, S, OFF, tl.program_id(0) * BLOCKS, NB, BLOCKS)
 
 
@@ -153,10 +154,12 @@ def _gemv_int8x_kernel(
     BLOCK_B: tl.constexpr,
     EVEN_B: tl.constexpr,
     ASM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """ROWS weight rows per program over [ROWS, BLOCK_B, 4] word tiles. x's words, scales and
     offsets are addressed per row too (a zero row stride): Triton then lays them out as the weight
     tile is, so no shared-memory exchange or barrier enters the loop; the repeated reads hit L1."""
+    pdl_wait(PDL)
     offs = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     acc = tl.zeros((ROWS, BLOCK_B), dtype=tl.float32)
     for b0 in range(0, NB, BLOCK_B):
@@ -176,7 +179,7 @@ def quantize_x_int8(x: torch.Tensor) -> Int8Row:
     nb = x.shape[1] // 32
     out = Int8Row.empty(x.shape[1], x.device)
     _quantize_x_kernel[(triton.cdiv(nb, _QUANT_BLOCKS),)](
-        x, out.q, out.scales, out.offsets, nb, BLOCKS=_QUANT_BLOCKS, enable_fp_fusion=False
+        x, out.q, out.scales, out.offsets, nb, BLOCKS=_QUANT_BLOCKS, enable_fp_fusion=False, **pdl_args(x)
     )
     return out
 
@@ -184,7 +187,8 @@ def quantize_x_int8(x: torch.Tensor) -> Int8Row:
 @dataclass(frozen=True)
 class Int8Launch:
     """What the int8-row matmul kernels ("int8x", "stream") are launched with: their pointer and
-    size arguments (x's arrays, the weight's, y, N, NB), the constexprs they share, and y."""
+    size arguments (x's arrays, the weight's, y, N, NB), the constexprs and launch options they
+    share, and y."""
 
     args: tuple[torch.Tensor | int, ...]
     consts: dict[str, int | bool]
@@ -219,7 +223,12 @@ def int8_launch(
     block_b = min(block_b, triton.next_power_of_2(nb))
     args = (xq.q.view(torch.int32), xq.scales, xq.offsets, qs.view(torch.int32), d, m if m is not None else d)
     consts: dict[str, int | bool] = dict(
-        KIND=FORMAT_KIND[qtype], ROWS=rows, BLOCK_B=block_b, EVEN_B=nb % block_b == 0, ASM=not interpreting()
+        KIND=FORMAT_KIND[qtype],
+        ROWS=rows,
+        BLOCK_B=block_b,
+        EVEN_B=nb % block_b == 0,
+        ASM=not interpreting(),
+        **pdl_args(x),
     )
     return Int8Launch((*args, y, n, nb), consts, y, n, nb, block_b)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import next_pow2, tl, triton, use_triton
+from ._triton import next_pow2, pdl_args, pdl_wait, tl, triton, use_triton
 from .quant_gemv_int8x import Int8Row, round_groups
 
 
@@ -31,7 +31,9 @@ def _rmsnorm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     ROUND: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
@@ -90,6 +92,7 @@ def _launch(
             BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
             enable_fp_fusion=rounded is None,  # the rounding is torch's only without contraction
+            **pdl_args(x2),
         )
     return y.view(shape), (r_out.view(shape) if r_out is not None else None)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import next_pow2, tl, triton, use_triton
+from ._triton import next_pow2, pdl_args, pdl_wait, tl, triton, use_triton
 from .kv_quant import is_fp8
 from .kv_store import kv_store_ref, quantize_rows
 
@@ -129,9 +129,11 @@ def _rotary_kernel(
     BLOCK_HALF: tl.constexpr,
     STORE_KV: tl.constexpr,
     QUANT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """STORE_KV: Ko is the pool's K buffer and k's output row is Loc[tok]; v is copied to Vbuf.
     QUANT: the pool is fp8, quantized with KScale / VScale per KV head."""
+    pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + tok)
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -254,6 +256,7 @@ def _launch(
             STORE_KV=store is not None,
             QUANT=scales is not None,
             num_warps=4,
+            **pdl_args(q),
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._triton import tl, triton, use_triton
+from ._triton import pdl_args, pdl_wait, tl, triton, use_triton
 from .quant_gemv_int8x import Int8Row, round_groups
 
 _BLOCK = 1024
@@ -29,7 +29,9 @@ def _silu_mul_kernel(
     n_cols,
     ROUND: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_cols
@@ -87,6 +89,7 @@ def _launch(gate: torch.Tensor, up: torch.Tensor, rounded: Int8Row | None) -> to
             BLOCK=_BLOCK,
             num_warps=4,
             enable_fp_fusion=rounded is None,  # the rounding is torch's only without contraction
+            **pdl_args(g2),
         )
     return out.view(shape)
 

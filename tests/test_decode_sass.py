@@ -44,6 +44,7 @@ def sass_opcodes(v_in_registers: bool) -> Counter[str]:
         WRITE_LSE=False,
         HAS_K_SCALE=False,
         HAS_V_SCALE=False,
+        PDL=True,
     )
     strides = tuple(name for name in fn.arg_names if name.startswith("stride"))
     sass = compile_sm90(

@@ -5,22 +5,24 @@
 #   N=2 SUITE_ARGS="--workers engine --engine-steps decode_b1,prefix,prefix_cascade_off,forks" \
 #     bash benchmarks/h200/suite_ab.sh run
 # Every result goes into one $OUT/ab.tgz (the device returns only a few files per call), rewritten
-# after each run.
+# after each run. AB=DIR packs into / runs from DIR instead of .ab (two A/Bs carried in one call);
+# give suite_ab_report.py the same folder (--packs DIR).
 # An A/B longer than one call: split it by workers over back-to-back calls (SUITE_ARGS="--workers
 # engine", then "--workers radix_off,hf,server"), extract each call's ab.tgz into a folder of its
 # own, and compare: python benchmarks/suite_ab_report.py CALL1_DIR CALL2_DIR (it merges them).
 set -u
+AB=${AB:-.ab}
 if [ "${1:-}" = pack ]; then
-  mkdir -p .ab
-  git archive "$2" -o .ab/old.tar -- . ':!benchmarks/results' ':!docs'
-  git archive "$3" -o .ab/new.tar -- . ':!benchmarks/results' ':!docs'
+  mkdir -p "$AB"
+  git archive "$2" -o "$AB/old.tar" -- . ':!benchmarks/results' ':!docs'
+  git archive "$3" -o "$AB/new.tar" -- . ':!benchmarks/results' ':!docs'
   exit 0
 fi
 ROOT=$PWD
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false RADIXLM_DEFAULT_MODEL=$ROOT/.smol_tok
 for v in ${VERSIONS:-old new}; do  # each version installed into its own folder (INSTALLED=1: done)
   [ -n "${INSTALLED:-}" ] && break
-  W=/tmp/ab_$v; rm -rf "$W"; mkdir -p "$W/src"; tar -xf ".ab/$v.tar" -C "$W/src"
+  W=/tmp/ab_$v; rm -rf "$W"; mkdir -p "$W/src"; tar -xf "$AB/$v.tar" -C "$W/src"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$W/site" "$ROOT"/.whl/*.whl || exit 1
   (cd "$W/src" && python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$W/site" .) || exit 1
 done
