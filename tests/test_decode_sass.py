@@ -13,11 +13,9 @@ from sm90_sass import HAVE_NVDISASM, compile_sm90, opcodes
 pytestmark = pytest.mark.skipif(not HAVE_NVDISASM, reason="triton ships no nvdisasm here")
 
 
-def sass_opcodes(v_in_registers: bool) -> Counter[str]:
-    """Opcode counts of _decode_partial_kernel for an fp8 pool, bf16 q, Llama-3 heads (GQA 4,
-    D 128), the default fp8 tile (128 keys, 4 warps, 3 stages)."""
-    from radixlm.kernels.decode_attention import _decode_partial_kernel as fn
-
+def fp8_decode_signature(v_in_registers: bool) -> tuple[dict[str, str], dict[str, object]]:
+    """_decode_partial_kernel's pointer types and constexprs for an fp8 pool, bf16 q, Llama-3
+    heads (GQA 4, D 128), the default fp8 tile (128 keys), PDL on."""
     pointers = {
         "Q": "*bf16",
         "K": "*fp8e4nv",
@@ -46,6 +44,14 @@ def sass_opcodes(v_in_registers: bool) -> Counter[str]:
         HAS_V_SCALE=False,
         PDL=True,
     )
+    return pointers, constexprs
+
+
+def sass_opcodes(v_in_registers: bool) -> Counter[str]:
+    """Opcode counts of _decode_partial_kernel as `fp8_decode_signature` has it, 4 warps, 3 stages."""
+    from radixlm.kernels.decode_attention import _decode_partial_kernel as fn
+
+    pointers, constexprs = fp8_decode_signature(v_in_registers)
     strides = tuple(name for name in fn.arg_names if name.startswith("stride"))
     sass = compile_sm90(
         fn,

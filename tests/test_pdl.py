@@ -11,6 +11,7 @@ import re
 import pytest
 import torch
 from sm90_sass import HAVE_NVDISASM, compile_sm90
+from test_decode_sass import fp8_decode_signature
 
 from radixlm.kernels import _triton
 from radixlm.kernels._triton import pdl_args
@@ -59,24 +60,7 @@ def _kernels() -> dict[str, tuple[object, dict[str, str], dict[str, object], tup
         ),
         "decode_partial": (
             decode_attention._decode_partial_kernel,
-            {n: bf16 for n in ("Q", "K", "V", "Out")}
-            | {n: i64 for n in ("ReqToToken", "ReqIdx", "SeqLens", "KvStart")}
-            | {n: f32 for n in ("MidO", "MidLse", "OutLse", "KScale", "VScale")},
-            dict(
-                GROUP=4,
-                HEAD_DIM=128,
-                BLOCK_H=16,
-                BLOCK_N=64,
-                BLOCK_D=128,
-                HAS_START=False,
-                DOT_PREC="tf32",
-                WIDEN_F16=False,
-                V_IN_REGISTERS=False,
-                DIRECT=False,
-                WRITE_LSE=False,
-                HAS_K_SCALE=False,
-                HAS_V_SCALE=False,
-            ),
+            *fp8_decode_signature(True),
             ("sm_scale",),
         ),
         "merge_splits": (
