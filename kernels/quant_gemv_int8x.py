@@ -158,20 +158,16 @@ def _gemv_int8x_kernel(
 ):
     """ROWS weight rows per program over [ROWS, BLOCK_B, 4] word tiles. x's words, scales and
     offsets are addressed per row too (a zero row stride): Triton then lays them out as the weight
-    tile is, so no shared-memory exchange or barrier enters the loop; the repeated reads hit L1.
-    The weights are no kernel's output: the first tile's loads go out before the PDL wait, so they
-    overlap the kernel ahead."""
-    pid = tl.program_id(0)
-    qa, qb, d, m = weight_tile(QW, D, MN, pid, 0, N, NB, KIND, ROWS, BLOCK_B, EVEN_B)
+    tile is, so no shared-memory exchange or barrier enters the loop; the repeated reads hit L1."""
     pdl_wait(PDL)
-    xa, xb, xs, xo = x_tile(XQ, XS, XO, 0, NB, KIND, ROWS, BLOCK_B, EVEN_B)
-    acc = int8_tile_dot(qa, qb, d, m, xa, xb, xs, xo, KIND, ASM)
-    for b0 in range(BLOCK_B, NB, BLOCK_B):
-        qa, qb, d, m = weight_tile(QW, D, MN, pid, b0, N, NB, KIND, ROWS, BLOCK_B, EVEN_B)
+    offs = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    acc = tl.zeros((ROWS, BLOCK_B), dtype=tl.float32)
+    for b0 in range(0, NB, BLOCK_B):
+        qa, qb, d, m = weight_tile(QW, D, MN, tl.program_id(0), b0, N, NB, KIND, ROWS, BLOCK_B, EVEN_B)
         xa, xb, xs, xo = x_tile(XQ, XS, XO, b0, NB, KIND, ROWS, BLOCK_B, EVEN_B)
         acc += int8_tile_dot(qa, qb, d, m, xa, xb, xs, xo, KIND, ASM)
-    offs = pid * ROWS + tl.arange(0, ROWS)
-    tl.store(Y + offs, tl.sum(acc, axis=1).to(Y.dtype.element_ty), mask=offs < N)
+    y = tl.sum(acc, axis=1)
+    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=offs < N)
 
 
 def quantize_x_int8(x: torch.Tensor) -> Int8Row:
