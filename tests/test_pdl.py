@@ -2,7 +2,8 @@
 each kernel waits for the kernel ahead (`griddepcontrol.wait`, SASS `ACQBULK`) before its first
 global memory access and then releases the next (`PREEXIT`); with PDL off neither is there. A
 kernel that touched memory before the wait could read its producer's output half-written. The
-launch keywords turn PDL on only where it runs: compiled, on CUDA, not switched off."""
+launch keywords turn PDL on only where asked for (RADIXLM_PDL=1) and where it runs: compiled, on
+CUDA, sm_90 and up."""
 
 from __future__ import annotations
 
@@ -154,10 +155,13 @@ def test_kernel_without_pdl_has_no_wait() -> None:
     assert "ACQBULK" not in ops and "PREEXIT" not in ops
 
 
-def test_pdl_off_on_cpu_and_when_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pdl_only_when_asked_for_and_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RADIXLM_PDL", "1")
     assert pdl_args(torch.zeros(1)) == {"PDL": False, "launch_pdl": False}
     if torch.cuda.is_available():
         t = torch.zeros(1, device="cuda")
+        monkeypatch.delenv("RADIXLM_PDL")
+        assert pdl_args(t) == {"PDL": False, "launch_pdl": False}
         monkeypatch.setenv("RADIXLM_PDL", "0")
         assert pdl_args(t) == {"PDL": False, "launch_pdl": False}
         monkeypatch.setenv("RADIXLM_PDL", "1")
