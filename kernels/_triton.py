@@ -73,6 +73,7 @@ if HAS_TRITON and interpreting():
 
 
 _HAS_GDC = HAS_TRITON and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")
+PDL_REQUESTED = os.environ.get("RADIXLM_PDL", "0") == "1"  # read once: pdl_args runs on every launch
 
 
 @functools.cache
@@ -82,15 +83,15 @@ def _device_has_pdl(index: int) -> bool:
 
 def pdl_args(t: torch.Tensor) -> dict[str, bool]:
     """Launch keywords for a kernel that calls `pdl_wait(PDL)` first, on tensor t's device:
-    programmatic dependent launch (sm_90+, compiled, RADIXLM_PDL=1) lets the kernel's programs be
+    programmatic dependent launch (sm_90+, compiled, RADIXLM_PDL=1 at import) lets the kernel's programs be
     placed while the kernel ahead of it drains, inside CUDA graphs too, hiding part of the gap
     between a decode step's many small launches. Off unless asked for: on an H100 it sped up bf16
     batch-1 decode and slowed Q4_0's (benchmarks/results/pdl_h100.md)."""
     on = (
-        _HAS_GDC
+        PDL_REQUESTED
+        and _HAS_GDC
         and t.is_cuda
         and not interpreting()
-        and os.environ.get("RADIXLM_PDL", "0") == "1"
         and _device_has_pdl(t.device.index if t.device.index is not None else torch.cuda.current_device())
     )
     return {"PDL": on, "launch_pdl": on}

@@ -156,15 +156,26 @@ def test_kernel_without_pdl_has_no_wait() -> None:
 
 
 def test_pdl_only_when_asked_for_and_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RADIXLM_PDL", "1")
+    import os
+    import subprocess
+    import sys
+
+    read = "from radixlm.kernels._triton import PDL_REQUESTED; print(PDL_REQUESTED)"
+    for value, asked in ((None, "False"), ("0", "False"), ("1", "True")):
+        env = {k: v for k, v in os.environ.items() if k != "RADIXLM_PDL"}
+        if value is not None:
+            env["RADIXLM_PDL"] = value
+        out = subprocess.run(
+            [sys.executable, "-c", read], env=env, capture_output=True, text=True, check=True
+        )
+        assert out.stdout.strip() == asked, (value, out.stdout, out.stderr)
+    monkeypatch.setattr(_triton, "PDL_REQUESTED", True)
     assert pdl_args(torch.zeros(1)) == {"PDL": False, "launch_pdl": False}
     if torch.cuda.is_available():
         t = torch.zeros(1, device="cuda")
-        monkeypatch.delenv("RADIXLM_PDL")
+        monkeypatch.setattr(_triton, "PDL_REQUESTED", False)
         assert pdl_args(t) == {"PDL": False, "launch_pdl": False}
-        monkeypatch.setenv("RADIXLM_PDL", "0")
-        assert pdl_args(t) == {"PDL": False, "launch_pdl": False}
-        monkeypatch.setenv("RADIXLM_PDL", "1")
+        monkeypatch.setattr(_triton, "PDL_REQUESTED", True)
         hopper = torch.cuda.get_device_capability()[0] >= 9
         assert pdl_args(t)["PDL"] == (hopper and _triton._HAS_GDC and not _triton.interpreting())
 
@@ -189,7 +200,7 @@ def test_engine_decodes_alike_with_and_without_pdl(
     params = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
     outs: dict[tuple[str, str | None], list[list[int]]] = {}
     for pdl in ("0", "1"):
-        monkeypatch.setenv("RADIXLM_PDL", pdl)
+        monkeypatch.setattr(_triton, "PDL_REQUESTED", pdl == "1")
         for quant in (None, "q4_0"):
             eng = Engine(
                 model_path=str(path),
