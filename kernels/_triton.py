@@ -83,10 +83,10 @@ def _device_has_pdl(index: int) -> bool:
 
 def pdl_args(t: torch.Tensor) -> dict[str, bool]:
     """Launch keywords for a kernel that calls `pdl_wait(PDL)` first, on tensor t's device:
-    programmatic dependent launch (sm_90+, compiled, RADIXLM_PDL=1 at import) lets the kernel's programs be
-    placed while the kernel ahead of it drains, inside CUDA graphs too, hiding part of the gap
-    between a decode step's many small launches. Off unless asked for: on an H100 it sped up bf16
-    batch-1 decode and slowed Q4_0's (benchmarks/results/pdl_h100.md)."""
+    programmatic dependent launch (sm_90+, compiled, RADIXLM_PDL=1 at import) lets the kernel's
+    programs be placed while the kernel ahead of it drains, inside CUDA graphs too, hiding part
+    of the gap between a decode step's many small launches. Off unless asked for: on an H100 it
+    sped up bf16 batch-1 decode and slowed Q4_0's (benchmarks/results/pdl_h100.md)."""
     on = (
         PDL_REQUESTED
         and _HAS_GDC

@@ -7,7 +7,10 @@ CUDA, sm_90 and up."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -156,10 +159,6 @@ def test_kernel_without_pdl_has_no_wait() -> None:
 
 
 def test_pdl_only_when_asked_for_and_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-    import subprocess
-    import sys
-
     read = "from radixlm.kernels._triton import PDL_REQUESTED; print(PDL_REQUESTED)"
     for value, asked in ((None, "False"), ("0", "False"), ("1", "True")):
         env = {k: v for k, v in os.environ.items() if k != "RADIXLM_PDL"}
