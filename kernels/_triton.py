@@ -73,7 +73,47 @@ if HAS_TRITON and interpreting():
 
 
 _HAS_GDC = HAS_TRITON and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")
-PDL_REQUESTED = os.environ.get("RADIXLM_PDL", "0") == "1"  # read once: pdl_args runs on every launch
+
+# The kernels that call `pdl_wait` first, by the names RADIXLM_PDL takes (their profiler names
+# less the leading underscore and the `_kernel` suffix).
+PDL_KERNELS = (
+    "rmsnorm",
+    "rotary",
+    "decode_partial",
+    "merge_splits",
+    "silu_mul",
+    "quantize_x",
+    "gemv_int8x",
+    "gemv_stream",
+    "gemv_dp4a",
+    "gemv_half2",
+    "gemv_fma",
+    "gemv_dot",
+)
+
+
+def pdl_kernels_from(value: str) -> frozenset[str]:
+    """The kernels a RADIXLM_PDL value turns PDL on for: "0" or empty none, "1" all, else a
+    comma-separated list of `PDL_KERNELS` names."""
+    value = value.strip()
+    if value in ("", "0"):
+        return frozenset()
+    if value == "1":
+        return frozenset(PDL_KERNELS)
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    unknown = sorted(names - set(PDL_KERNELS))
+    if unknown:
+        raise ValueError(
+            f"RADIXLM_PDL: unknown kernel(s) {', '.join(unknown)}; "
+            f"give 0, 1 or a comma-separated list of {', '.join(PDL_KERNELS)}"
+        )
+    return frozenset(names)
+
+
+PDL_ON = pdl_kernels_from(os.environ.get("RADIXLM_PDL", "0"))  # read once: pdl_args runs on every launch
+# Where a PDL kernel lets the next one be placed: right after its wait (the next kernel's programs
+# queue on free SM slots while this one runs), or only as its programs exit.
+PDL_TRIGGER_EARLY = True
 
 
 @functools.cache
@@ -81,31 +121,35 @@ def _device_has_pdl(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def pdl_args(t: torch.Tensor) -> dict[str, bool]:
-    """Launch keywords for a kernel that calls `pdl_wait(PDL)` first, on tensor t's device:
-    programmatic dependent launch (sm_90+, compiled, RADIXLM_PDL=1 at import) lets the kernel's
-    programs be placed while the kernel ahead of it drains, inside CUDA graphs too, hiding part
-    of the gap between a decode step's many small launches. Off unless asked for: on an H100 it
-    sped up bf16 batch-1 decode and slowed Q4_0's (benchmarks/results/pdl_h100.md)."""
+def pdl_args(t: torch.Tensor, kernel: str) -> dict[str, int | bool]:
+    """Launch keywords for a `PDL_KERNELS` kernel, which calls `pdl_wait(PDL)` first, on tensor
+    t's device: programmatic dependent launch (sm_90+, compiled, the kernel named in RADIXLM_PDL
+    at import) lets the kernel's programs be placed while the kernel ahead of it drains, inside
+    CUDA graphs too, hiding part of the gap between a decode step's many small launches. Off
+    unless asked for: on an H100 it sped up bf16 batch-1 decode and slowed Q4_0's
+    (benchmarks/results/pdl_h100.md)."""
     on = (
-        PDL_REQUESTED
+        kernel in PDL_ON
         and _HAS_GDC
         and t.is_cuda
         and not interpreting()
         and _device_has_pdl(t.device.index if t.device.index is not None else torch.cuda.current_device())
     )
-    return {"PDL": on, "launch_pdl": on}
+    mode = (1 if PDL_TRIGGER_EARLY else 2) if on else 0
+    return {"PDL": mode, "launch_pdl": on}
 
 
 if _HAS_GDC:
 
     @triton.jit
     def pdl_wait(PDL: tl.constexpr):
-        """First thing in a kernel launched with `pdl_args`: wait until the kernel ahead has
-        finished and its writes are visible (nothing is read or written before), then let the
-        next kernel be placed."""
-        if PDL:
+        """First thing in a kernel launched with `pdl_args`: PDL 0 does nothing; otherwise wait
+        until the kernel ahead has finished and its writes are visible (nothing is read or
+        written before), then, for PDL 1, let the next kernel be placed at once (PDL 2 leaves
+        that to the programs' exit)."""
+        if PDL > 0:
             tl.extra.cuda.gdc_wait()
+        if PDL == 1:
             tl.extra.cuda.gdc_launch_dependents()
 
 else:
@@ -184,7 +228,9 @@ __all__ = [
     "tl",
     "interpreting",
     "use_triton",
+    "PDL_KERNELS",
     "pdl_args",
+    "pdl_kernels_from",
     "pdl_wait",
     "next_pow2",
     "dot_precision",

@@ -344,7 +344,7 @@ def decode_partial(
         HAS_V_SCALE=v_scale is not None,
         num_warps=num_warps,
         num_stages=num_stages,
-        **pdl_args(q),
+        **pdl_args(q, "decode_partial"),
     )
 
 

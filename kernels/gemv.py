@@ -232,7 +232,7 @@ def launch_gemv(
         HAS_BIAS=bias is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **pdl_args(x),
+        **pdl_args(x, "gemv_" + cfg.kind),
     )
     grid = (triton.cdiv(n, cfg.block_n),)
     b = bias.contiguous() if bias is not None else y

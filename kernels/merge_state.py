@@ -199,7 +199,7 @@ def merge_splits(
         BLOCK_S=split_block(s),
         WRITE_LSE=out_lse is not None,
         num_warps=4 if d >= 128 else 2,
-        **pdl_args(out),
+        **pdl_args(out, "merge_splits"),
     )
 
 

@@ -179,7 +179,14 @@ def quantize_x_int8(x: torch.Tensor) -> Int8Row:
     nb = x.shape[1] // 32
     out = Int8Row.empty(x.shape[1], x.device)
     _quantize_x_kernel[(triton.cdiv(nb, _QUANT_BLOCKS),)](
-        x, out.q, out.scales, out.offsets, nb, BLOCKS=_QUANT_BLOCKS, enable_fp_fusion=False, **pdl_args(x)
+        x,
+        out.q,
+        out.scales,
+        out.offsets,
+        nb,
+        BLOCKS=_QUANT_BLOCKS,
+        enable_fp_fusion=False,
+        **pdl_args(x, "quantize_x"),
     )
     return out
 
@@ -228,7 +235,7 @@ def int8_launch(
         BLOCK_B=block_b,
         EVEN_B=nb % block_b == 0,
         ASM=not interpreting(),
-        **pdl_args(x),
+        **pdl_args(x, name),
     )
     return Int8Launch((*args, y, n, nb), consts, y, n, nb, block_b)
 

@@ -92,7 +92,7 @@ def _launch(
             BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
             enable_fp_fusion=rounded is None,  # the rounding is torch's only without contraction
-            **pdl_args(x2),
+            **pdl_args(x2, "rmsnorm"),
         )
     return y.view(shape), (r_out.view(shape) if r_out is not None else None)
 

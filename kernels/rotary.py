@@ -256,7 +256,7 @@ def _launch(
             STORE_KV=store is not None,
             QUANT=scales is not None,
             num_warps=4,
-            **pdl_args(q),
+            **pdl_args(q, "rotary"),
         )
 
 

@@ -89,7 +89,7 @@ def _launch(gate: torch.Tensor, up: torch.Tensor, rounded: Int8Row | None) -> to
             BLOCK=_BLOCK,
             num_warps=4,
             enable_fp_fusion=rounded is None,  # the rounding is torch's only without contraction
-            **pdl_args(g2),
+            **pdl_args(g2, "silu_mul"),
         )
     return out.view(shape)
 

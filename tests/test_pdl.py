@@ -18,7 +18,7 @@ from sm90_sass import HAVE_NVDISASM, compile_sm90
 from test_decode_sass import fp8_decode_signature
 
 from radixlm.kernels import _triton
-from radixlm.kernels._triton import pdl_args
+from radixlm.kernels._triton import PDL_KERNELS, pdl_args, pdl_kernels_from
 
 # opcodes that read or write global memory (loads, stores, async copies, atomics, reductions)
 _MEMORY = re.compile(r"^(LDG|STG|LDGSTS|ATOMG|ATOM|RED|LD|ST)(\.|$)")
@@ -85,20 +85,20 @@ def _kernels() -> dict[str, tuple[object, dict[str, str], dict[str, object], tup
             dict(BLOCKS=16),
             (),
         ),
-        "int8x": (quant_gemv_int8x._gemv_int8x_kernel, _INT8_X | _ONE_ROW, _ONE_ROW_CONSTS, ()),
-        "stream": (
+        "gemv_int8x": (quant_gemv_int8x._gemv_int8x_kernel, _INT8_X | _ONE_ROW, _ONE_ROW_CONSTS, ()),
+        "gemv_stream": (
             quant_gemv_stream._gemv_stream_kernel,
             _INT8_X | _ONE_ROW,
             _ONE_ROW_CONSTS | dict(X_WHOLE=True, STAGES=2),
             (),
         ),
-        "dp4a": (
+        "gemv_dp4a": (
             quant_gemv_dp4a._gemv_dp4a_kernel,
             {"X4": "*i64"} | _ONE_ROW,
             _ONE_ROW_CONSTS | {"X_F16": False},
             (),
         ),
-        "half2": (
+        "gemv_half2": (
             quant_gemv_half2._gemv_half2_kernel,
             {"XW": "*i32"} | _ONE_ROW,
             _ONE_ROW_CONSTS | {"X_F16": False},
@@ -119,33 +119,21 @@ def _kernels() -> dict[str, tuple[object, dict[str, str], dict[str, object], tup
     }
 
 
-def _opcodes(name: str, pdl: bool) -> list[str]:
+def _opcodes(name: str, pdl: int) -> list[str]:
     fn, pointers, consts, floats = _kernels()[name]
     sass = compile_sm90(fn, pointers, {**consts, "PDL": pdl}, num_warps=4, num_stages=2, floats=floats)
     return [m.group(1) for m in _OP.finditer(sass)]
 
 
-KERNELS = [
-    "rmsnorm",
-    "rotary",
-    "decode_partial",
-    "merge_splits",
-    "silu_mul",
-    "quantize_x",
-    "int8x",
-    "stream",
-    "dp4a",
-    "half2",
-    "gemv_fma",
-    "gemv_dot",
-]
+def test_every_pdl_kernel_is_checked() -> None:
+    assert sorted(_kernels()) == sorted(PDL_KERNELS)
 
 
 @pytest.mark.skipif(not HAVE_NVDISASM, reason="triton ships no nvdisasm here")
 @pytest.mark.skipif(not _triton._HAS_GDC, reason="this Triton has no griddepcontrol intrinsics")
-@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("name", PDL_KERNELS)
 def test_kernel_waits_before_touching_memory(name: str) -> None:
-    ops = _opcodes(name, pdl=True)
+    ops = _opcodes(name, pdl=1)
     memory = [i for i, op in enumerate(ops) if _MEMORY.match(op)]
     assert memory, f"{name}: no global memory access found; the opcode pattern is stale"
     assert "ACQBULK" in ops, f"{name}: compiled with PDL but never waits for the kernel ahead"
@@ -154,14 +142,26 @@ def test_kernel_waits_before_touching_memory(name: str) -> None:
 
 
 @pytest.mark.skipif(not HAVE_NVDISASM, reason="triton ships no nvdisasm here")
-def test_kernel_without_pdl_has_no_wait() -> None:
-    ops = _opcodes("rmsnorm", pdl=False)
-    assert "ACQBULK" not in ops and "PREEXIT" not in ops
+@pytest.mark.skipif(not _triton._HAS_GDC, reason="this Triton has no griddepcontrol intrinsics")
+def test_pdl_modes_compile_apart() -> None:
+    """PDL 0: neither instruction; 2: the wait but no early release (the next kernel is placed as
+    this one's programs exit)."""
+    off, exit_only = _opcodes("rmsnorm", pdl=0), _opcodes("rmsnorm", pdl=2)
+    assert "ACQBULK" not in off and "PREEXIT" not in off
+    assert "ACQBULK" in exit_only and "PREEXIT" not in exit_only
+
+
+def test_radixlm_pdl_names_kernels() -> None:
+    assert pdl_kernels_from("") == pdl_kernels_from("0") == frozenset()
+    assert pdl_kernels_from("1") == frozenset(PDL_KERNELS)
+    assert pdl_kernels_from(" rmsnorm, rotary ,") == {"rmsnorm", "rotary"}
+    with pytest.raises(ValueError, match="unknown kernel.*rms_norm.*comma-separated list of rmsnorm"):
+        pdl_kernels_from("rms_norm,rotary")
 
 
 def test_pdl_only_when_asked_for_and_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    read = "from radixlm.kernels._triton import PDL_REQUESTED; print(PDL_REQUESTED)"
-    for value, asked in ((None, "False"), ("0", "False"), ("1", "True")):
+    read = "from radixlm.kernels._triton import PDL_ON; print(sorted(PDL_ON))"
+    for value, asked in ((None, "[]"), ("0", "[]"), ("silu_mul,rmsnorm", "['rmsnorm', 'silu_mul']")):
         env = {k: v for k, v in os.environ.items() if k != "RADIXLM_PDL"}
         if value is not None:
             env["RADIXLM_PDL"] = value
@@ -169,15 +169,17 @@ def test_pdl_only_when_asked_for_and_on_cuda(monkeypatch: pytest.MonkeyPatch) ->
             [sys.executable, "-c", read], env=env, capture_output=True, text=True, check=True
         )
         assert out.stdout.strip() == asked, (value, out.stdout, out.stderr)
-    monkeypatch.setattr(_triton, "PDL_REQUESTED", True)
-    assert pdl_args(torch.zeros(1)) == {"PDL": False, "launch_pdl": False}
+    off = {"PDL": 0, "launch_pdl": False}
+    monkeypatch.setattr(_triton, "PDL_ON", frozenset(PDL_KERNELS))
+    assert pdl_args(torch.zeros(1), "rmsnorm") == off
     if torch.cuda.is_available():
         t = torch.zeros(1, device="cuda")
-        monkeypatch.setattr(_triton, "PDL_REQUESTED", False)
-        assert pdl_args(t) == {"PDL": False, "launch_pdl": False}
-        monkeypatch.setattr(_triton, "PDL_REQUESTED", True)
-        hopper = torch.cuda.get_device_capability()[0] >= 9
-        assert pdl_args(t)["PDL"] == (hopper and _triton._HAS_GDC and not _triton.interpreting())
+        monkeypatch.setattr(_triton, "PDL_ON", frozenset({"rotary"}))
+        assert pdl_args(t, "rmsnorm") == off
+        runs = torch.cuda.get_device_capability()[0] >= 9 and _triton._HAS_GDC and not _triton.interpreting()
+        assert pdl_args(t, "rotary") == ({"PDL": 1, "launch_pdl": True} if runs else off)
+        monkeypatch.setattr(_triton, "PDL_TRIGGER_EARLY", False)
+        assert pdl_args(t, "rotary")["PDL"] == (2 if runs else 0)
 
 
 @pytest.mark.gpu
@@ -192,7 +194,6 @@ def test_engine_decodes_alike_with_and_without_pdl(
     from test_engine_hf_parity import _tiny_model
 
     from radixlm.backend.engine import Engine
-    from radixlm.kernels.rmsnorm import _rmsnorm_kernel
 
     _, path = _tiny_model("llama3", tmp_path, default_model_dir)
     rng = torch.Generator().manual_seed(3)
@@ -200,7 +201,7 @@ def test_engine_decodes_alike_with_and_without_pdl(
     params = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
     outs: dict[tuple[str, str | None], list[list[int]]] = {}
     for pdl in ("0", "1"):
-        monkeypatch.setattr(_triton, "PDL_REQUESTED", pdl == "1")
+        monkeypatch.setattr(_triton, "PDL_ON", pdl_kernels_from(pdl))
         for quant in (None, "q4_0"):
             eng = Engine(
                 model_path=str(path),
@@ -219,7 +220,9 @@ def test_engine_decodes_alike_with_and_without_pdl(
                 eng.shutdown()
     assert outs["1", None] == outs["0", None]
     assert outs["1", "q4_0"] == outs["0", "q4_0"]
-    launched = [
-        k.metadata.launch_pdl for cache in _rmsnorm_kernel.device_caches.values() for k in cache[0].values()
-    ]
-    assert any(launched) == (torch.cuda.get_device_capability()[0] >= 9 and _triton._HAS_GDC)
+    hopper = torch.cuda.get_device_capability()[0] >= 9 and _triton._HAS_GDC
+    for name, (kernel, *_) in _kernels().items():  # each launch site passes its kernel's own name
+        launched = [
+            k.metadata.launch_pdl for cache in kernel.device_caches.values() for k in cache[0].values()
+        ]
+        assert not launched or any(launched) == hopper, name
