@@ -114,6 +114,10 @@ PDL_ON = pdl_kernels_from(os.environ.get("RADIXLM_PDL", "0"))  # read once: pdl_
 # Where a PDL kernel lets the next one be placed: right after its wait (the next kernel's programs
 # queue on free SM slots while this one runs), or only as its programs exit.
 PDL_TRIGGER_EARLY = True
+# L2 bytes a one-row quantized matmul launched with PDL asks for ahead of its wait (its weight rows:
+# they do not depend on the kernel ahead), over all its programs; 0 asks for none.
+PDL_PREFETCH_BYTES = 0
+PREFETCH_CHUNKS = 128  # bulk prefetches per program at most (one per thread of a 4-warp program)
 
 
 @functools.cache
@@ -140,6 +144,7 @@ def pdl_args(t: torch.Tensor, kernel: str) -> dict[str, int | bool]:
 
 
 if _HAS_GDC:
+    _PREFETCH_CHUNKS = tl.constexpr(PREFETCH_CHUNKS)
 
     @triton.jit
     def pdl_wait(PDL: tl.constexpr):
@@ -152,11 +157,42 @@ if _HAS_GDC:
         if PDL == 1:
             tl.extra.cuda.gdc_launch_dependents()
 
+    @triton.jit
+    def prefetch_l2(ptr, nbytes):
+        """Ask L2 for nbytes at ptr (16-byte aligned) in up to PREFETCH_CHUNKS bulk prefetches
+        (sm_90 `cp.async.bulk.prefetch.L2`, whole 16-byte units, none past nbytes), without
+        waiting for them."""
+        chunk = ((nbytes + _PREFETCH_CHUNKS - 1) // _PREFETCH_CHUNKS + 15) & ~15
+        start = tl.arange(0, _PREFETCH_CHUNKS).to(tl.int64) * chunk
+        size = (tl.minimum(tl.maximum(nbytes - start, 0), chunk) & ~15).to(tl.int32)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
+            "=r,l,r",
+            [ptr.to(tl.pointer_type(tl.int8)) + start, size],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
 else:
 
     @triton.jit
     def pdl_wait(PDL: tl.constexpr):
         pass
+
+    @triton.jit
+    def prefetch_l2(ptr, nbytes):
+        pass
+
+
+def prefetch_bytes(pdl: int, weight: torch.Tensor, row_bytes: int, rows: int, programs: int) -> int:
+    """Bytes each program of a PDL-launched matmul over `rows` weight rows per program asks L2 for
+    before its wait (`prefetch_l2`): its rows, cut so the grid asks for PDL_PREFETCH_BYTES at
+    most; 0 without PDL, or where the rows do not start on 16-byte boundaries."""
+    if not pdl or PDL_PREFETCH_BYTES <= 0 or weight.data_ptr() % 16 or row_bytes % 16:
+        return 0
+    per = min(rows * row_bytes, PDL_PREFETCH_BYTES // programs)
+    return per if per >= 16 else 0
 
 
 def use_triton(t: torch.Tensor) -> bool:
@@ -232,6 +268,8 @@ __all__ = [
     "pdl_args",
     "pdl_kernels_from",
     "pdl_wait",
+    "prefetch_bytes",
+    "prefetch_l2",
     "next_pow2",
     "dot_precision",
     "mma",

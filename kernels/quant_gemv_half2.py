@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ._triton import interpreting, pdl_args, pdl_wait, tl, triton
+from ._triton import interpreting, pdl_args, pdl_wait, prefetch_bytes, prefetch_l2, tl, triton
 
 HALF2_FORMATS = ("Q4_0", "Q4_1", "Q4_K")
 # 1024 + v from the fp16 bit pattern 0x6400 | v; minus 8 for Q4_0's signed quants
@@ -207,6 +207,7 @@ def _gemv_half2_kernel(
     Y,
     N,
     NB,
+    PF_BYTES,
     KIND: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_B: tl.constexpr,
@@ -214,10 +215,13 @@ def _gemv_half2_kernel(
     X_F16: tl.constexpr,
     ASM: tl.constexpr,
     PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     """ROWS weight rows per program over [ROWS, BLOCK_B, 4] word tiles: a thread holds whole
     words of many rows, so x's pairs are loaded and converted once for all of them; products
     are summed per word and reduced once at the end."""
+    if PREFETCH:
+        prefetch_rows(QW, tl.program_id(0), N, NB * 4, PF_BYTES, ROWS)
     pdl_wait(PDL)
     offs = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rows = tl.minimum(offs, N - 1).to(tl.int64)[:, None, None]  # rows past N re-read N-1, never stored
@@ -238,6 +242,16 @@ def _gemv_half2_kernel(
         acc += _row_words(QW, D, MN, rows, blk, valid, xa, xb, xc, xd, xs, NB, KIND, EVEN_B, X_F16, ASM)
     y = tl.sum(tl.sum(acc, axis=2), axis=1) * 16.0
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=offs < N)
+
+
+@triton.jit
+def prefetch_rows(QW, g, N, ROW_WORDS, PF_BYTES, ROWS: tl.constexpr):
+    """Ask L2 for up to PF_BYTES of row group g's weight words (rows g * ROWS .., ROW_WORDS int32
+    words each), none past row N - 1: the rows do not depend on the kernel ahead, so a program
+    launched early (PDL) fetches them while that kernel drains."""
+    row0 = g.to(tl.int64) * ROWS
+    left = (N - row0) * ROW_WORDS * 4
+    prefetch_l2(QW + row0 * ROW_WORDS, tl.minimum(left, PF_BYTES))
 
 
 def aligned_row(x: torch.Tensor, align: int) -> torch.Tensor:
@@ -268,7 +282,10 @@ def launch_one_row(
     n, nb = qs.shape[0], x.shape[1] // 32
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
     block_b = min(block_b, triton.next_power_of_2(nb))
-    kernel[(triton.cdiv(n, rows),)](
+    pdl = pdl_args(x, kernel.__name__[1:].removesuffix("_kernel"))  # gemv_half2 or gemv_dp4a
+    programs = triton.cdiv(n, rows)
+    pf = prefetch_bytes(pdl["PDL"], qs, qs[0].numel() * qs.element_size(), rows, programs)
+    kernel[(programs,)](
         x_words,
         qs.view(torch.int32),
         d,
@@ -276,6 +293,7 @@ def launch_one_row(
         y,
         n,
         nb,
+        pf,
         KIND=kind,
         ROWS=rows,
         BLOCK_B=block_b,
@@ -284,7 +302,8 @@ def launch_one_row(
         ASM=not interpreting(),
         num_warps=num_warps,
         num_stages=num_stages,
-        **pdl_args(x, kernel.__name__[1:].removesuffix("_kernel")),  # gemv_half2 or gemv_dp4a
+        PREFETCH=pf > 0,
+        **pdl,
     )
     return y
 
