@@ -114,8 +114,8 @@ PDL_ON = pdl_kernels_from(os.environ.get("RADIXLM_PDL", "0"))  # read once: pdl_
 # Where a PDL kernel lets the next one be placed: right after its wait (the next kernel's programs
 # queue on free SM slots while this one runs), or only as its programs exit.
 PDL_TRIGGER_EARLY = True
-# L2 bytes a one-row quantized matmul launched with PDL asks for ahead of its wait (its weight rows:
-# they do not depend on the kernel ahead), over all its programs; 0 asks for none.
+# L2 bytes a one-row matmul (bf16 or quantized) launched with PDL asks for ahead of its wait (its
+# weight rows: they do not depend on the kernel ahead), over all its programs; 0 asks for none.
 PDL_PREFETCH_BYTES = 0
 PREFETCH_CHUNKS = 128  # bulk prefetches per program at most (one per thread of a 4-warp program)
 
@@ -183,6 +183,18 @@ else:
     @triton.jit
     def prefetch_l2(ptr, nbytes):
         pass
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def prefetch_rows(W, g, N, ROW_ELEMS, PF_BYTES, ROWS: tl.constexpr):
+        """Ask L2 for up to PF_BYTES of a weight's row group g (rows g * ROWS .., ROW_ELEMS
+        elements of W's type each, contiguous), none past row N - 1: weights do not depend on
+        the kernel ahead, so a program launched early (PDL) fetches them while it drains."""
+        row0 = g.to(tl.int64) * ROWS
+        left = (N - row0) * ROW_ELEMS * (W.dtype.element_ty.primitive_bitwidth // 8)
+        prefetch_l2(W + row0 * ROW_ELEMS, tl.minimum(left, PF_BYTES))
 
 
 def prefetch_bytes(pdl: int, weight: torch.Tensor, row_bytes: int, rows: int, programs: int) -> int:
@@ -270,6 +282,7 @@ __all__ = [
     "pdl_wait",
     "prefetch_bytes",
     "prefetch_l2",
+    "prefetch_rows",
     "next_pow2",
     "dot_precision",
     "mma",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import pdl_wait, tl, triton
-from .quant_gemv_half2 import aligned_row, fp16_bits_to_f32, launch_one_row, prefetch_rows
+from ._triton import pdl_wait, prefetch_rows, tl, triton
+from .quant_gemv_half2 import aligned_row, fp16_bits_to_f32, launch_one_row
 
 DP4A_FORMATS = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
 # the GGUF matmul kernels' KIND per format: Q4 nibbles without (0) or with (1) a per-block

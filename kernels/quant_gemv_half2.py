@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ._triton import interpreting, pdl_args, pdl_wait, prefetch_bytes, prefetch_l2, tl, triton
+from ._triton import interpreting, pdl_args, pdl_wait, prefetch_bytes, prefetch_rows, tl, triton
 
 HALF2_FORMATS = ("Q4_0", "Q4_1", "Q4_K")
 # 1024 + v from the fp16 bit pattern 0x6400 | v; minus 8 for Q4_0's signed quants
@@ -242,16 +242,6 @@ def _gemv_half2_kernel(
         acc += _row_words(QW, D, MN, rows, blk, valid, xa, xb, xc, xd, xs, NB, KIND, EVEN_B, X_F16, ASM)
     y = tl.sum(tl.sum(acc, axis=2), axis=1) * 16.0
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=offs < N)
-
-
-@triton.jit
-def prefetch_rows(QW, g, N, ROW_WORDS, PF_BYTES, ROWS: tl.constexpr):
-    """Ask L2 for up to PF_BYTES of row group g's weight words (rows g * ROWS .., ROW_WORDS int32
-    words each), none past row N - 1: the rows do not depend on the kernel ahead, so a program
-    launched early (PDL) fetches them while that kernel drains."""
-    row0 = g.to(tl.int64) * ROWS
-    left = (N - row0) * ROW_WORDS * 4
-    prefetch_l2(QW + row0 * ROW_WORDS, tl.minimum(left, PF_BYTES))
 
 
 def aligned_row(x: torch.Tensor, align: int) -> torch.Tensor:

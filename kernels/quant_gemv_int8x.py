@@ -14,9 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._triton import interpreting, pdl_args, pdl_wait, prefetch_bytes, tl, triton
+from ._triton import interpreting, pdl_args, pdl_wait, prefetch_bytes, prefetch_rows, tl, triton
 from .quant_gemv_dp4a import FORMAT_KIND, word_dot
-from .quant_gemv_half2 import prefetch_rows
 
 INT8X_FORMATS = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
 _QUANT_BLOCKS = 16  # x blocks per program of the rounding kernel

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import pdl_wait, tl, triton
-from .quant_gemv_half2 import prefetch_rows
+from ._triton import pdl_wait, prefetch_rows, tl, triton
 from .quant_gemv_int8x import Int8Row, int8_launch, int8_tile_dot, weight_tile, x_tile
 
 MAX_STAGES = 8  # the deepest pipeline a config may ask for; at 1 each tile is loaded when its turn comes

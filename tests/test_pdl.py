@@ -107,7 +107,16 @@ def _kernels() -> dict[str, tuple[object, dict[str, str], dict[str, object], tup
         "gemv_fma": (
             gemv._gemv_fma_kernel,
             {"X": bf16, "W": bf16, "WS": f32, "B": bf16, "Y": bf16},
-            dict(M=1, BLOCK_M=2, BLOCK_N=4, BLOCK_K=512, EVEN_K=True, HAS_BIAS=False, HAS_SCALE=False),
+            dict(
+                M=1,
+                BLOCK_M=2,
+                BLOCK_N=4,
+                BLOCK_K=512,
+                EVEN_K=True,
+                HAS_BIAS=False,
+                HAS_SCALE=False,
+                PREFETCH=False,
+            ),
             (),
         ),
         "gemv_dot": (
@@ -154,7 +163,7 @@ def test_pdl_modes_compile_apart() -> None:
 
 @pytest.mark.skipif(not HAVE_NVDISASM, reason="triton ships no nvdisasm here")
 @pytest.mark.skipif(not _triton._HAS_GDC, reason="this Triton has no griddepcontrol intrinsics")
-@pytest.mark.parametrize("name", ["gemv_dp4a", "gemv_int8x", "gemv_half2", "gemv_stream"])
+@pytest.mark.parametrize("name", ["gemv_dp4a", "gemv_int8x", "gemv_half2", "gemv_stream", "gemv_fma"])
 def test_weight_prefetch_comes_before_the_wait(name: str) -> None:
     """The weight rows are asked of L2 (`UBLKPF`) ahead of the wait, and nothing else touches
     memory before it."""

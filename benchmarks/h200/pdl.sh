@@ -6,7 +6,7 @@ source benchmarks/h200/setup.sh
 export RADIXLM_DEFAULT_MODEL=$PWD/.smol_tok
 [ -n "${SKIP_TEST:-}" ] || T_TAIL=12 t 120 python3 -m pytest -q -p no:cacheprovider tests/test_pdl.py
 Q4_SETTINGS=${Q4_SETTINGS:-"0 1 1:exit 1:pf=8 1:pf=24 1:exit:pf=8 -gemv_int8x,gemv_dp4a gemv_int8x,gemv_dp4a gemv_int8x,gemv_dp4a:pf=8 -gemv_dp4a -gemv_int8x -rmsnorm"}
-BF16_SETTINGS=${BF16_SETTINGS:-"0 1 1:exit -gemv_fma,gemv_dot"}
+BF16_SETTINGS=${BF16_SETTINGS:-"0 1 1:pf=8 1:pf=24 1:exit -gemv_fma,gemv_dot"}
 T_TAIL=30 t 280 python3 benchmarks/pdl_sweep.py --quantization q4_0 --settings $Q4_SETTINGS \
   --rounds "${ROUNDS:-2}" --out "$OUT/pdl_sweep_q4_0.json"
 T_TAIL=30 t 200 python3 benchmarks/pdl_sweep.py --quantization none --settings $BF16_SETTINGS \
