@@ -5,9 +5,8 @@ the suite's decode_b1 times (overlap on and off, median of three). Says where PD
 by kernel. GPU only.
 
 A setting is a RADIXLM_PDL value ("0", "1", "rmsnorm,rotary"), or "-a,b" for every kernel but a
-and b; suffixes: ":exit" lets the next kernel be placed only as the programs exit instead of right
-after the wait, ":pf=MB" has a quantized matmul's grid ask L2 for that many MB of its weights
-ahead of its wait."""
+and b; a ":exit" suffix lets the next kernel be placed only as the programs exit instead of right
+after the wait."""
 
 from __future__ import annotations
 
@@ -26,30 +25,23 @@ from radixlm.backend.engine import Engine
 from radixlm.kernels import _triton
 
 
-def parse_setting(setting: str) -> tuple[frozenset[str], bool, int]:
-    """(kernels PDL is on for, whether they release the next kernel right after their wait, L2
-    bytes a quantized matmul's grid asks for ahead of its wait)."""
-    value, *suffixes = setting.split(":")
-    early, prefetch = True, 0
-    for suffix in suffixes:
-        if suffix == "exit":
-            early = False
-        elif suffix.startswith("pf="):
-            prefetch = int(float(suffix[3:]) * (1 << 20))
-        else:
-            raise ValueError(f"setting {setting!r}: suffixes are ':exit' and ':pf=MB'")
+def parse_setting(setting: str) -> tuple[frozenset[str], bool]:
+    """(kernels PDL is on for, whether they release the next kernel right after their wait)."""
+    value, _, trigger = setting.partition(":")
+    if trigger not in ("", "exit"):
+        raise ValueError(f"setting {setting!r}: the only suffix is ':exit'")
     if value.startswith("-"):
         kernels = frozenset(_triton.PDL_KERNELS) - _triton.pdl_kernels_from(value[1:])
     else:
         kernels = _triton.pdl_kernels_from(value)
-    return kernels, early, prefetch
+    return kernels, trigger != "exit"
 
 
 def apply_setting(engine: Engine, setting: str) -> None:
     """Switch PDL and capture the decode graphs again on the scheduler thread, between steps."""
 
     def recapture() -> None:
-        _triton.PDL_ON, _triton.PDL_TRIGGER_EARLY, _triton.PDL_PREFETCH_BYTES = parse_setting(setting)
+        _triton.PDL_ON, _triton.PDL_TRIGGER_EARLY = parse_setting(setting)
         runner = engine.runner
         runner.graph_runner = None  # free the old graphs' memory first
         runner.graph_runner = try_create(runner.graph_target(), *runner._graph_args)

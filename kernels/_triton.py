@@ -114,10 +114,6 @@ PDL_ON = pdl_kernels_from(os.environ.get("RADIXLM_PDL", "0"))  # read once: pdl_
 # Where a PDL kernel lets the next one be placed: right after its wait (the next kernel's programs
 # queue on free SM slots while this one runs), or only as its programs exit.
 PDL_TRIGGER_EARLY = True
-# L2 bytes a one-row matmul (bf16 or quantized) launched with PDL asks for ahead of its wait (its
-# weight rows: they do not depend on the kernel ahead), over all its programs; 0 asks for none.
-PDL_PREFETCH_BYTES = 0
-PREFETCH_CHUNKS = 128  # bulk prefetches per program at most (one per thread of a 4-warp program)
 
 
 @functools.cache
@@ -144,7 +140,6 @@ def pdl_args(t: torch.Tensor, kernel: str) -> dict[str, int | bool]:
 
 
 if _HAS_GDC:
-    _PREFETCH_CHUNKS = tl.constexpr(PREFETCH_CHUNKS)
 
     @triton.jit
     def pdl_wait(PDL: tl.constexpr):
@@ -157,54 +152,11 @@ if _HAS_GDC:
         if PDL == 1:
             tl.extra.cuda.gdc_launch_dependents()
 
-    @triton.jit
-    def prefetch_l2(ptr, nbytes):
-        """Ask L2 for nbytes at ptr (16-byte aligned) in up to PREFETCH_CHUNKS bulk prefetches
-        (sm_90 `cp.async.bulk.prefetch.L2`, whole 16-byte units, none past nbytes), without
-        waiting for them."""
-        chunk = ((nbytes + _PREFETCH_CHUNKS - 1) // _PREFETCH_CHUNKS + 15) & ~15
-        start = tl.arange(0, _PREFETCH_CHUNKS).to(tl.int64) * chunk
-        size = (tl.minimum(tl.maximum(nbytes - start, 0), chunk) & ~15).to(tl.int32)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
-            "=r,l,r",
-            [ptr.to(tl.pointer_type(tl.int8)) + start, size],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
 else:
 
     @triton.jit
     def pdl_wait(PDL: tl.constexpr):
         pass
-
-    @triton.jit
-    def prefetch_l2(ptr, nbytes):
-        pass
-
-
-if HAS_TRITON:
-
-    @triton.jit
-    def prefetch_rows(W, g, N, ROW_ELEMS, PF_BYTES, ROWS: tl.constexpr):
-        """Ask L2 for up to PF_BYTES of a weight's row group g (rows g * ROWS .., ROW_ELEMS
-        elements of W's type each, contiguous), none past row N - 1: weights do not depend on
-        the kernel ahead, so a program launched early (PDL) fetches them while it drains."""
-        row0 = g.to(tl.int64) * ROWS
-        left = (N - row0) * ROW_ELEMS * (W.dtype.element_ty.primitive_bitwidth // 8)
-        prefetch_l2(W + row0 * ROW_ELEMS, tl.minimum(left, PF_BYTES))
-
-
-def prefetch_bytes(pdl: int, weight: torch.Tensor, row_bytes: int, rows: int, programs: int) -> int:
-    """Bytes each program of a PDL-launched matmul over `rows` weight rows per program asks L2 for
-    before its wait (`prefetch_l2`): its rows, cut so the grid asks for PDL_PREFETCH_BYTES at
-    most; 0 without PDL, or where the rows do not start on 16-byte boundaries."""
-    if not pdl or PDL_PREFETCH_BYTES <= 0 or weight.data_ptr() % 16 or row_bytes % 16:
-        return 0
-    per = min(rows * row_bytes, PDL_PREFETCH_BYTES // programs)
-    return per if per >= 16 else 0
 
 
 def use_triton(t: torch.Tensor) -> bool:
@@ -280,9 +232,6 @@ __all__ = [
     "pdl_args",
     "pdl_kernels_from",
     "pdl_wait",
-    "prefetch_bytes",
-    "prefetch_l2",
-    "prefetch_rows",
     "next_pow2",
     "dot_precision",
     "mma",

@@ -9,18 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ._triton import (
-    dot_precision,
-    mma,
-    next_pow2,
-    pdl_args,
-    pdl_wait,
-    prefetch_bytes,
-    prefetch_rows,
-    tl,
-    triton,
-    use_triton,
-)
+from ._triton import dot_precision, mma, next_pow2, pdl_args, pdl_wait, tl, triton, use_triton
 
 MAX_M = 8
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -85,7 +74,6 @@ def _gemv_fma_kernel(
     stride_xm,
     stride_wn,
     stride_ym,
-    PF_BYTES,
     M: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -94,10 +82,7 @@ def _gemv_fma_kernel(
     HAS_BIAS: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
-    if PREFETCH:
-        prefetch_rows(W, tl.program_id(0), N, stride_wn, PF_BYTES, BLOCK_N)
     pdl_wait(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # rows past N re-read row N-1 (loads stay unmasked); their outputs are never stored
@@ -239,7 +224,6 @@ def launch_gemv(
     if n == 0 or k == 0:
         return y.zero_() if k == 0 else y
     block_k = min(cfg.block_k, max(16, next_pow2(k)))
-    pdl = pdl_args(x, "gemv_" + cfg.kind)
     common = dict(
         M=m,
         BLOCK_N=cfg.block_n,
@@ -248,7 +232,7 @@ def launch_gemv(
         HAS_BIAS=bias is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **pdl,
+        **pdl_args(x, "gemv_" + cfg.kind),
     )
     grid = (triton.cdiv(n, cfg.block_n),)
     b = bias.contiguous() if bias is not None else y
@@ -268,9 +252,6 @@ def launch_gemv(
             **common,
         )
     else:
-        pf = prefetch_bytes(
-            pdl["PDL"], weight, weight.stride(0) * weight.element_size(), cfg.block_n, grid[0]
-        )
         _gemv_fma_kernel[grid](
             x,
             weight,
@@ -282,10 +263,8 @@ def launch_gemv(
             x.stride(0),
             weight.stride(0),
             y.stride(0),
-            pf,
             BLOCK_M=max(2, next_pow2(m)),
             HAS_SCALE=scale is not None,
-            PREFETCH=pf > 0,
             **common,
         )
     return y

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import pdl_wait, prefetch_rows, tl, triton
+from ._triton import pdl_wait, tl, triton
 from .quant_gemv_half2 import aligned_row, fp16_bits_to_f32, launch_one_row
 
 DP4A_FORMATS = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
@@ -132,7 +132,6 @@ def _gemv_dp4a_kernel(
     Y,
     N,
     NB,
-    PF_BYTES,
     KIND: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_B: tl.constexpr,
@@ -140,14 +139,11 @@ def _gemv_dp4a_kernel(
     X_F16: tl.constexpr,
     ASM: tl.constexpr,
     PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     """ROWS weight rows per program over [ROWS, BLOCK_B, 4] word tiles; x is quantized once per
     tile of blocks and its words reused for every row."""
-    WB: tl.constexpr = 8 if KIND == 2 else 4  # words per block of 32 quants
-    if PREFETCH:
-        prefetch_rows(QW, tl.program_id(0), N, NB * WB, PF_BYTES, ROWS)
     pdl_wait(PDL)
+    WB: tl.constexpr = 8 if KIND == 2 else 4  # words per block of 32 quants
     offs = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rows = tl.minimum(offs, N - 1).to(tl.int64)  # rows past N re-read N-1, never stored
     bb = tl.arange(0, BLOCK_B)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ._triton import interpreting, pdl_args, pdl_wait, prefetch_bytes, prefetch_rows, tl, triton
+from ._triton import interpreting, pdl_args, pdl_wait, tl, triton
 
 HALF2_FORMATS = ("Q4_0", "Q4_1", "Q4_K")
 # 1024 + v from the fp16 bit pattern 0x6400 | v; minus 8 for Q4_0's signed quants
@@ -207,7 +207,6 @@ def _gemv_half2_kernel(
     Y,
     N,
     NB,
-    PF_BYTES,
     KIND: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_B: tl.constexpr,
@@ -215,13 +214,10 @@ def _gemv_half2_kernel(
     X_F16: tl.constexpr,
     ASM: tl.constexpr,
     PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     """ROWS weight rows per program over [ROWS, BLOCK_B, 4] word tiles: a thread holds whole
     words of many rows, so x's pairs are loaded and converted once for all of them; products
     are summed per word and reduced once at the end."""
-    if PREFETCH:
-        prefetch_rows(QW, tl.program_id(0), N, NB * 4, PF_BYTES, ROWS)
     pdl_wait(PDL)
     offs = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rows = tl.minimum(offs, N - 1).to(tl.int64)[:, None, None]  # rows past N re-read N-1, never stored
@@ -272,10 +268,7 @@ def launch_one_row(
     n, nb = qs.shape[0], x.shape[1] // 32
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
     block_b = min(block_b, triton.next_power_of_2(nb))
-    pdl = pdl_args(x, kernel.__name__[1:].removesuffix("_kernel"))  # gemv_half2 or gemv_dp4a
-    programs = triton.cdiv(n, rows)
-    pf = prefetch_bytes(pdl["PDL"], qs, qs[0].numel() * qs.element_size(), rows, programs)
-    kernel[(programs,)](
+    kernel[(triton.cdiv(n, rows),)](
         x_words,
         qs.view(torch.int32),
         d,
@@ -283,7 +276,6 @@ def launch_one_row(
         y,
         n,
         nb,
-        pf,
         KIND=kind,
         ROWS=rows,
         BLOCK_B=block_b,
@@ -292,8 +284,7 @@ def launch_one_row(
         ASM=not interpreting(),
         num_warps=num_warps,
         num_stages=num_stages,
-        PREFETCH=pf > 0,
-        **pdl,
+        **pdl_args(x, kernel.__name__[1:].removesuffix("_kernel")),  # gemv_half2 or gemv_dp4a
     )
     return y
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._triton import interpreting, pdl_args, pdl_wait, prefetch_bytes, prefetch_rows, tl, triton
+from ._triton import interpreting, pdl_args, pdl_wait, tl, triton
 from .quant_gemv_dp4a import FORMAT_KIND, word_dot
 
 INT8X_FORMATS = ("Q4_0", "Q4_1", "Q4_K", "Q8_0")
@@ -149,20 +149,16 @@ def _gemv_int8x_kernel(
     Y,
     N,
     NB,
-    PF_BYTES,
     KIND: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_B: tl.constexpr,
     EVEN_B: tl.constexpr,
     ASM: tl.constexpr,
     PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     """ROWS weight rows per program over [ROWS, BLOCK_B, 4] word tiles. x's words, scales and
     offsets are addressed per row too (a zero row stride): Triton then lays them out as the weight
     tile is, so no shared-memory exchange or barrier enters the loop; the repeated reads hit L1."""
-    if PREFETCH:
-        prefetch_rows(QW, tl.program_id(0), N, NB * (8 if KIND == 2 else 4), PF_BYTES, ROWS)
     pdl_wait(PDL)
     offs = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     acc = tl.zeros((ROWS, BLOCK_B), dtype=tl.float32)
@@ -198,8 +194,8 @@ def quantize_x_int8(x: torch.Tensor) -> Int8Row:
 @dataclass(frozen=True)
 class Int8Launch:
     """What the int8-row matmul kernels ("int8x", "stream") are launched with: their pointer and
-    size arguments (x's arrays, the weight's, y, N, NB, the bytes each program prefetches), the
-    constexprs and launch options they share, and y."""
+    size arguments (x's arrays, the weight's, y, N, NB), the constexprs and launch options they
+    share, and y."""
 
     args: tuple[torch.Tensor | int, ...]
     consts: dict[str, int | bool]
@@ -233,18 +229,15 @@ def int8_launch(
     y = torch.empty(1, n, dtype=x.dtype, device=x.device)
     block_b = min(block_b, triton.next_power_of_2(nb))
     args = (xq.q.view(torch.int32), xq.scales, xq.offsets, qs.view(torch.int32), d, m if m is not None else d)
-    pdl = pdl_args(x, name)
-    pf = prefetch_bytes(pdl["PDL"], qs, qs[0].numel() * qs.element_size(), rows, triton.cdiv(n, rows))
     consts: dict[str, int | bool] = dict(
         KIND=FORMAT_KIND[qtype],
         ROWS=rows,
         BLOCK_B=block_b,
         EVEN_B=nb % block_b == 0,
         ASM=not interpreting(),
-        PREFETCH=pf > 0,
-        **pdl,
+        **pdl_args(x, name),
     )
-    return Int8Launch((*args, y, n, nb, pf), consts, y, n, nb, block_b)
+    return Int8Launch((*args, y, n, nb), consts, y, n, nb, block_b)
 
 
 def gemv_int8x(

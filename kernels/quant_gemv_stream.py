@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._triton import pdl_wait, prefetch_rows, tl, triton
+from ._triton import pdl_wait, tl, triton
 from .quant_gemv_int8x import Int8Row, int8_launch, int8_tile_dot, weight_tile, x_tile
 
 MAX_STAGES = 8  # the deepest pipeline a config may ask for; at 1 each tile is loaded when its turn comes
@@ -27,7 +27,6 @@ def _gemv_stream_kernel(
     Y,
     N,
     NB,
-    PF_BYTES,
     KIND: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK_B: tl.constexpr,
@@ -36,13 +35,10 @@ def _gemv_stream_kernel(
     STAGES: tl.constexpr,
     ASM: tl.constexpr,
     PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     """Program pid's groups of ROWS rows are pid, pid + G, ... (G programs), each walked over its
     K tiles, (g, b0) the tile at hand. X_WHOLE (one tile spans K): x is read once, before the
     loop."""
-    if PREFETCH:  # the first row group's weights
-        prefetch_rows(QW, tl.program_id(0), N, NB * (8 if KIND == 2 else 4), PF_BYTES, ROWS)
     pdl_wait(PDL)
     pid = tl.program_id(0)
     progs = tl.num_programs(0)

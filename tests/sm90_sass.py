@@ -102,13 +102,7 @@ def one_row_loop(
 
     common = {"QW": "*i32", "D": "*fp16", "MN": "*fp16", "Y": "*bf16"}
     consts: dict[str, object] = dict(
-        KIND=FORMAT_KIND[qtype],
-        ROWS=rows,
-        BLOCK_B=block_k // 32,
-        EVEN_B=True,
-        ASM=True,
-        PDL=True,
-        PREFETCH=False,
+        KIND=FORMAT_KIND[qtype], ROWS=rows, BLOCK_B=block_k // 32, EVEN_B=True, ASM=True, PDL=True
     )
     if kernel == "int8x":
         from radixlm.kernels.quant_gemv_int8x import _gemv_int8x_kernel as fn

@@ -26,7 +26,7 @@ _OP = re.compile(r"/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
 _ONE_ROW = {"QW": "*i32", "D": "*fp16", "MN": "*fp16", "Y": "*bf16"}
 _INT8_X = {"XQ": "*i32", "XS": "*fp32", "XO": "*fp32"}
-_ONE_ROW_CONSTS = dict(KIND=1, ROWS=1, BLOCK_B=32, EVEN_B=True, ASM=True, PREFETCH=False)
+_ONE_ROW_CONSTS = dict(KIND=1, ROWS=1, BLOCK_B=32, EVEN_B=True, ASM=True)
 
 
 def _kernels() -> dict[str, tuple[object, dict[str, str], dict[str, object], tuple[str, ...]]]:
@@ -107,16 +107,7 @@ def _kernels() -> dict[str, tuple[object, dict[str, str], dict[str, object], tup
         "gemv_fma": (
             gemv._gemv_fma_kernel,
             {"X": bf16, "W": bf16, "WS": f32, "B": bf16, "Y": bf16},
-            dict(
-                M=1,
-                BLOCK_M=2,
-                BLOCK_N=4,
-                BLOCK_K=512,
-                EVEN_K=True,
-                HAS_BIAS=False,
-                HAS_SCALE=False,
-                PREFETCH=False,
-            ),
+            dict(M=1, BLOCK_M=2, BLOCK_N=4, BLOCK_K=512, EVEN_K=True, HAS_BIAS=False, HAS_SCALE=False),
             (),
         ),
         "gemv_dot": (
@@ -128,10 +119,9 @@ def _kernels() -> dict[str, tuple[object, dict[str, str], dict[str, object], tup
     }
 
 
-def _opcodes(name: str, pdl: int, **more: object) -> list[str]:
+def _opcodes(name: str, pdl: int) -> list[str]:
     fn, pointers, consts, floats = _kernels()[name]
-    consts = {**consts, "PDL": pdl, **more}
-    sass = compile_sm90(fn, pointers, consts, num_warps=4, num_stages=2, floats=floats)
+    sass = compile_sm90(fn, pointers, {**consts, "PDL": pdl}, num_warps=4, num_stages=2, floats=floats)
     return [m.group(1) for m in _OP.finditer(sass)]
 
 
@@ -159,18 +149,6 @@ def test_pdl_modes_compile_apart() -> None:
     off, exit_only = _opcodes("rmsnorm", pdl=0), _opcodes("rmsnorm", pdl=2)
     assert "ACQBULK" not in off and "PREEXIT" not in off
     assert "ACQBULK" in exit_only and "PREEXIT" not in exit_only
-
-
-@pytest.mark.skipif(not HAVE_NVDISASM, reason="triton ships no nvdisasm here")
-@pytest.mark.skipif(not _triton._HAS_GDC, reason="this Triton has no griddepcontrol intrinsics")
-@pytest.mark.parametrize("name", ["gemv_dp4a", "gemv_int8x", "gemv_half2", "gemv_stream", "gemv_fma"])
-def test_weight_prefetch_comes_before_the_wait(name: str) -> None:
-    """The weight rows are asked of L2 (`UBLKPF`) ahead of the wait, and nothing else touches
-    memory before it."""
-    ops = _opcodes(name, pdl=1, PREFETCH=True)
-    memory = [i for i, op in enumerate(ops) if _MEMORY.match(op)]
-    assert "UBLKPF.L2" in ops and ops.index("UBLKPF.L2") < ops.index("ACQBULK") < memory[0], name
-    assert "UBLKPF.L2" not in _opcodes(name, pdl=1, PREFETCH=False)
 
 
 def test_radixlm_pdl_names_kernels() -> None:
@@ -210,9 +188,8 @@ def test_engine_decodes_alike_with_and_without_pdl(
     tmp_path, default_model_dir, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A tiny random Llama 3 on the GPU, bf16 and Q4_0 (one-row GGUF kernels), CUDA graphs and
-    overlap on: the same kernels with and without the waits (and the quantized matmuls' weight
-    prefetch ahead of them) give the same greedy tokens, and with PDL on (Hopper) the kernels
-    really were launched with it."""
+    overlap on: the same kernels with and without the waits give the same greedy tokens, and with
+    PDL on (Hopper) the kernels really were launched with it."""
     from gpu_helpers import mem_fraction
     from test_engine_hf_parity import _tiny_model
 
@@ -225,7 +202,6 @@ def test_engine_decodes_alike_with_and_without_pdl(
     outs: dict[tuple[str, str | None], list[list[int]]] = {}
     for pdl in ("0", "1"):
         monkeypatch.setattr(_triton, "PDL_ON", pdl_kernels_from(pdl))
-        monkeypatch.setattr(_triton, "PDL_PREFETCH_BYTES", 1 << 20 if pdl == "1" else 0)
         for quant in (None, "q4_0"):
             eng = Engine(
                 model_path=str(path),
