@@ -145,7 +145,9 @@ def measure_cascade_costs(runner: ModelRunner) -> CascadeCostModel | None:
                 runner.kv_pool.v_buffers[0],
                 runner.req_table.table,
             )
-            bs, length = 8, min(512, c.context_len)
+            # a batch the decode graphs hold (their largest may be under 8)
+            bs = min(8, graphs.max_bs) if graphs is not None and graphs.enabled else 8
+            length = min(512, c.context_len)
             q = torch.randn(bs, c.num_heads, c.head_dim, dtype=runner.dtype, device=dev)
             rows = torch.full((bs,), row, dtype=torch.int64, device=dev)
             seq = torch.full((bs,), length, dtype=torch.int64, device=dev)

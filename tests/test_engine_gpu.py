@@ -90,3 +90,20 @@ def test_llama_8b_shape_random_weights_generates():
             assert all(a >= 4 for a in agree)
     finally:
         eng.shutdown()
+
+
+def test_engine_starts_with_decode_graphs_under_eight():
+    """Start-up times the cascade costs on a decode batch the graphs hold, even where the largest
+    graph is under the batch of 8 it would otherwise time."""
+    from radixlm.backend.engine import Engine
+
+    eng = Engine(
+        model_shape="smollm2-tiny", device="cuda", mem_fraction_static=mem_fraction(0.1), cuda_graph_max_bs=4
+    )
+    try:
+        assert eng.runner.graph_runner is not None and eng.runner.graph_runner.max_bs == 4
+        params = {"max_new_tokens": 8, "ignore_eos": True, "temperature": 0}
+        outs = eng.generate(input_ids=[[1, 2, 3], [4, 5], [6]], sampling_params=params)
+        assert [len(o["output_ids"]) for o in outs] == [8, 8, 8]
+    finally:
+        eng.shutdown()
