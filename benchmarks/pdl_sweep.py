@@ -4,9 +4,9 @@ turn with the decode graphs captured again under it, rounds alternating the sett
 the suite's decode_b1 times (overlap on and off, median of three). Says where PDL pays, kernel
 by kernel. GPU only.
 
-A setting is a RADIXLM_PDL value ("0", "1", "rmsnorm,rotary"), or "-a,b" for every kernel but a
-and b; a ":exit" suffix lets the next kernel be placed only as the programs exit instead of right
-after the wait."""
+A setting is a RADIXLM_PDL value ("0", "1", "rmsnorm,rotary"), or "all-a,b" for every kernel but
+a and b; then the kernels that release the next one right after their wait: the default's set
+(no suffix), none (":exit": all release as their programs exit), or ":early=a,b"."""
 
 from __future__ import annotations
 
@@ -25,23 +25,29 @@ from radixlm.backend.engine import Engine
 from radixlm.kernels import _triton
 
 
-def parse_setting(setting: str) -> tuple[frozenset[str], bool]:
-    """(kernels PDL is on for, whether they release the next kernel right after their wait)."""
-    value, _, trigger = setting.partition(":")
-    if trigger not in ("", "exit"):
-        raise ValueError(f"setting {setting!r}: the only suffix is ':exit'")
-    if value.startswith("-"):
-        kernels = frozenset(_triton.PDL_KERNELS) - _triton.pdl_kernels_from(value[1:])
+def parse_setting(setting: str) -> tuple[frozenset[str], frozenset[str]]:
+    """(kernels PDL is on for, those that release the next kernel right after their wait)."""
+    value, *suffixes = setting.split(":")
+    early = _triton.PDL_EARLY
+    for suffix in suffixes:
+        if suffix == "exit":
+            early = frozenset()
+        elif suffix.startswith("early="):
+            early = _triton.pdl_kernels_from(suffix[6:])
+        else:
+            raise ValueError(f"setting {setting!r}: the suffixes are ':exit' and ':early=a,b'")
+    if value.startswith("all-"):
+        kernels = frozenset(_triton.PDL_KERNELS) - _triton.pdl_kernels_from(value[4:])
     else:
         kernels = _triton.pdl_kernels_from(value)
-    return kernels, trigger != "exit"
+    return kernels, early
 
 
 def apply_setting(engine: Engine, setting: str) -> None:
     """Switch PDL and capture the decode graphs again on the scheduler thread, between steps."""
 
     def recapture() -> None:
-        _triton.PDL_ON, _triton.PDL_TRIGGER_EARLY = parse_setting(setting)
+        _triton.PDL_ON, _triton.PDL_EARLY = parse_setting(setting)
         runner = engine.runner
         runner.graph_runner = None  # free the old graphs' memory first
         runner.graph_runner = try_create(runner.graph_target(), *runner._graph_args)
@@ -58,7 +64,7 @@ def sweep(quantization: str | None, settings: list[str], rounds: int, model_shap
         device="cuda",
         context_length=4096,
         quantization=quantization,
-        cuda_graph_max_bs=4,  # batch-1 timing; keeps each capture short
+        cuda_graph_max_bs=8,  # batch-1 timing; keeps each capture short
     )
     res: dict[str, Any] = {"engine_start_s": time.perf_counter() - t0, "runs": {s: [] for s in settings}}
     try:

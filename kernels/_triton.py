@@ -111,9 +111,11 @@ def pdl_kernels_from(value: str) -> frozenset[str]:
 
 
 PDL_ON = pdl_kernels_from(os.environ.get("RADIXLM_PDL", "0"))  # read once: pdl_args runs on every launch
-# Where a PDL kernel lets the next one be placed: right after its wait (the next kernel's programs
-# queue on free SM slots while this one runs), or only as its programs exit.
-PDL_TRIGGER_EARLY = True
+# The PDL kernels that let the next one be placed right after their wait (its programs then queue
+# on free SM slots while this one runs); the others release it only as their programs exit. The
+# one-row quantized matmuls release late: early, they slowed batch-1 Q4_0 decode on an H100
+# (0.93x), late with the rest early it ran 1.03x (benchmarks/results/pdl_h100.md).
+PDL_EARLY: frozenset[str] = frozenset(PDL_KERNELS) - {"gemv_int8x", "gemv_stream", "gemv_dp4a", "gemv_half2"}
 
 
 @functools.cache
@@ -126,8 +128,8 @@ def pdl_args(t: torch.Tensor, kernel: str) -> dict[str, int | bool]:
     t's device: programmatic dependent launch (sm_90+, compiled, the kernel named in RADIXLM_PDL
     at import) lets the kernel's programs be placed while the kernel ahead of it drains, inside
     CUDA graphs too, hiding part of the gap between a decode step's many small launches. Off
-    unless asked for: on an H100 it sped up bf16 batch-1 decode and slowed Q4_0's
-    (benchmarks/results/pdl_h100.md)."""
+    unless asked for: it sped up batch-1 decode on an H100 (bf16 1.025x, Q4_0 1.03x), but the
+    other workloads have yet to be timed with it (benchmarks/results/pdl_h100.md)."""
     on = (
         kernel in PDL_ON
         and _HAS_GDC
@@ -135,7 +137,7 @@ def pdl_args(t: torch.Tensor, kernel: str) -> dict[str, int | bool]:
         and not interpreting()
         and _device_has_pdl(t.device.index if t.device.index is not None else torch.cuda.current_device())
     )
-    mode = (1 if PDL_TRIGGER_EARLY else 2) if on else 0
+    mode = (1 if kernel in PDL_EARLY else 2) if on else 0
     return {"PDL": mode, "launch_pdl": on}
 
 

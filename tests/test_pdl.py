@@ -178,7 +178,7 @@ def test_pdl_only_when_asked_for_and_on_cuda(monkeypatch: pytest.MonkeyPatch) ->
         assert pdl_args(t, "rmsnorm") == off
         runs = torch.cuda.get_device_capability()[0] >= 9 and _triton._HAS_GDC and not _triton.interpreting()
         assert pdl_args(t, "rotary") == ({"PDL": 1, "launch_pdl": True} if runs else off)
-        monkeypatch.setattr(_triton, "PDL_TRIGGER_EARLY", False)
+        monkeypatch.setattr(_triton, "PDL_EARLY", frozenset({"rmsnorm"}))
         assert pdl_args(t, "rotary")["PDL"] == (2 if runs else 0)
 
 
