@@ -10,6 +10,8 @@
 # An A/B longer than one call: split it by workers over back-to-back calls (SUITE_ARGS="--workers
 # engine", then "--workers radix_off,hf,server"), extract each call's ab.tgz into a folder of its
 # own, and compare: python benchmarks/suite_ab_report.py CALL1_DIR CALL2_DIR (it merges them).
+# ENV_old / ENV_new: environment settings for one version's runs, e.g. a switch judged on one
+# code version packed twice: pack HEAD HEAD, then ENV_new="RADIXLM_PDL=1".
 set -u
 AB=${AB:-.ab}
 if [ "${1:-}" = pack ]; then
@@ -29,7 +31,8 @@ done
 mkdir -p /tmp/abres
 for i in $(seq 1 "${N:-2}"); do
   for v in ${VERSIONS:-old new}; do
-    (cd "/tmp/ab_$v/src" && PYTHONPATH="/tmp/ab_$v/site" timeout "${RUN_LIMIT:-300}" python3 benchmarks/suite.py \
+    settings="ENV_$v"
+    (cd "/tmp/ab_$v/src" && env ${!settings:-} PYTHONPATH="/tmp/ab_$v/site" timeout "${RUN_LIMIT:-300}" python3 benchmarks/suite.py \
       --device cuda --out "/tmp/abres/ab_${v}_$i.json" ${SUITE_ARGS:-} > "/tmp/abres/ab_${v}_$i.log" 2>&1
      echo "$v $i rc=$? $(date +%T)")
     tar -czf "$OUT/ab.tgz" -C /tmp/abres .  # after every run: a call cut off at its limit keeps what ran
