@@ -24,11 +24,13 @@ from radixlm.backend.cuda_graph_runner import try_create
 from radixlm.backend.engine import Engine
 from radixlm.kernels import _triton
 
+DEFAULT_EARLY = _triton.PDL_EARLY  # before any setting replaces it
+
 
 def parse_setting(setting: str) -> tuple[frozenset[str], frozenset[str]]:
     """(kernels PDL is on for, those that release the next kernel right after their wait)."""
     value, *suffixes = setting.split(":")
-    early = _triton.PDL_EARLY
+    early = DEFAULT_EARLY
     for suffix in suffixes:
         if suffix == "exit":
             early = frozenset()
