@@ -1,6 +1,7 @@
 """Triton import guard and dispatch rule shared by the kernel files. Promises: importing any
 kernel module works without Triton (the `*_ref` torch functions stay usable); `use_triton(t)`
-says whether an op on tensor `t` should launch its Triton kernel (CUDA, or the interpreter)."""
+says whether an op on tensor `t` should launch its Triton kernel (CUDA, or the interpreter).
+Every launch names `enable_fp_fusion` (Triton 3.10 turns its default off)."""
 
 from __future__ import annotations
 

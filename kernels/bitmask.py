@@ -101,5 +101,13 @@ def apply_token_bitmask_triton_(
     idx = indices if indices is not None else bitmask  # dummy pointer when unused
     grid = (batch, triton.cdiv(vocab, block))
     _apply_bitmask_kernel[grid](
-        logits, bitmask, idx, vocab, words, logits.stride(0), HAS_INDICES=indices is not None, BLOCK=block
+        logits,
+        bitmask,
+        idx,
+        vocab,
+        words,
+        logits.stride(0),
+        HAS_INDICES=indices is not None,
+        BLOCK=block,
+        enable_fp_fusion=True,
     )

@@ -121,6 +121,7 @@ def cascade_partial(
         DOT_PREC=dot_precision(q.dtype),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
+        enable_fp_fusion=True,
     )
 
 
@@ -144,4 +145,5 @@ def cascade_merge(
         BLOCK_D=next_pow2(d),
         BLOCK_S=split_block(s),
         num_warps=4 if d >= 128 else 2,
+        enable_fp_fusion=True,
     )

@@ -147,6 +147,7 @@ def _shared_launch(
         DOT_PREC=dot_precision(q.dtype),
         num_warps=num_warps,
         num_stages=num_stages,
+        enable_fp_fusion=True,
     )
 
 

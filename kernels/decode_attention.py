@@ -345,6 +345,7 @@ def decode_partial(
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_args(q, "decode_partial"),
+        enable_fp_fusion=True,
     )
 
 

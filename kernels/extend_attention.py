@@ -343,6 +343,7 @@ def extend_attention(
         DOT_PREC=dot_precision(q.dtype),
         num_warps=num_warps,
         num_stages=num_stages,
+        enable_fp_fusion=True,
     )
     return apply_v_scale(out, v_scale)
 

@@ -127,6 +127,7 @@ def quantize_rows(x: torch.Tensor, block_k: int | None = None) -> tuple[torch.Te
         BLOCK_K=block,
         ONE_BLOCK=k <= block,
         num_warps=warps,
+        enable_fp_fusion=True,
     )
     return q, scale
 
@@ -190,6 +191,7 @@ def scale_outer(
         n,
         HAS_BIAS=bias is not None,
         BLOCK=SCALE_BLOCK,
+        enable_fp_fusion=True,
     )
     return out
 

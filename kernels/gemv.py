@@ -250,6 +250,7 @@ def launch_gemv(
             BLOCK_M=16,
             DOT_PREC=dot_precision(x.dtype),
             **common,
+            enable_fp_fusion=True,
         )
     else:
         _gemv_fma_kernel[grid](
@@ -266,6 +267,7 @@ def launch_gemv(
             BLOCK_M=max(2, next_pow2(m)),
             HAS_SCALE=scale is not None,
             **common,
+            enable_fp_fusion=True,
         )
     return y
 

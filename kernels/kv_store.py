@@ -127,6 +127,7 @@ def kv_store(
             BLOCK=block,
             QUANT=quant,
             num_warps=4,
+            enable_fp_fusion=True,
         )
 
 

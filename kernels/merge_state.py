@@ -120,6 +120,7 @@ def merge_state(
             BLOCK_D=next_pow2(d),
             WRITE_LSE=return_lse,
             num_warps=1 if d <= 128 else 2,
+            enable_fp_fusion=True,
         )
     if return_lse:
         assert lse is not None
@@ -200,6 +201,7 @@ def merge_splits(
         WRITE_LSE=out_lse is not None,
         num_warps=4 if d >= 128 else 2,
         **pdl_args(out, "merge_splits"),
+        enable_fp_fusion=True,
     )
 
 

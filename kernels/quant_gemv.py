@@ -285,7 +285,7 @@ def quant_matmul(
     common = dict(KIND=FORMAT_KIND[w.qtype], BLOCK_N=cfg.block_n, BLOCK_B=block_b, EVEN_B=nb % block_b == 0)
     if cfg.kind == "acc":
         _gemv1_kernel[(triton.cdiv(n, cfg.block_n),)](
-            x, *args, n, nb, MAGIC=cfg.magic, num_warps=cfg.num_warps, **common
+            x, *args, n, nb, MAGIC=cfg.magic, num_warps=cfg.num_warps, **common, enable_fp_fusion=True
         )
     elif cfg.kind == "fma":
         _fma_kernel[(triton.cdiv(n, cfg.block_n),)](
@@ -300,6 +300,7 @@ def quant_matmul(
             MAGIC=cfg.magic,
             num_warps=cfg.num_warps,
             **common,
+            enable_fp_fusion=True,
         )
     else:
         _dot_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))](
@@ -315,6 +316,7 @@ def quant_matmul(
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
             **common,
+            enable_fp_fusion=True,
         )
     return y
 

@@ -284,6 +284,7 @@ def launch_one_row(
         ASM=not interpreting(),
         num_warps=num_warps,
         num_stages=num_stages,
+        enable_fp_fusion=True,
         **pdl_args(x, kernel.__name__[1:].removesuffix("_kernel")),  # gemv_half2 or gemv_dp4a
     )
     return y

@@ -258,7 +258,9 @@ def gemv_int8x(
     to 64."""
     launch = int8_launch("gemv_int8x", x, qs, d, m, qtype, rows, block_b, x_int8)
     grid = (triton.cdiv(launch.n, rows),)
-    _gemv_int8x_kernel[grid](*launch.args, **launch.consts, num_warps=num_warps, num_stages=num_stages)
+    _gemv_int8x_kernel[grid](
+        *launch.args, **launch.consts, num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=True
+    )
     return launch.y
 
 

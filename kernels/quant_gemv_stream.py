@@ -106,7 +106,12 @@ def gemv_stream(
     grid = stream_programs(triton.cdiv(launch.n, rows), multiprocessors(x.device), programs_per_sm)
     whole = launch.block_b >= launch.nb
     _gemv_stream_kernel[(grid,)](
-        *launch.args, **launch.consts, X_WHOLE=whole, STAGES=stages, num_warps=num_warps
+        *launch.args,
+        **launch.consts,
+        X_WHOLE=whole,
+        STAGES=stages,
+        num_warps=num_warps,
+        enable_fp_fusion=True,
     )
     return launch.y
 

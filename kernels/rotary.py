@@ -257,6 +257,7 @@ def _launch(
             QUANT=scales is not None,
             num_warps=4,
             **pdl_args(q, "rotary"),
+            enable_fp_fusion=True,
         )
 
 
