@@ -164,6 +164,13 @@ def test_docs_page_assets_all_come_from_the_server(srv: ServerThread) -> None:
         assert got.status_code == 200 and got.content, ref
 
 
+def test_openapi_lists_each_method_as_its_own_operation(srv: ServerThread) -> None:
+    paths = httpx.get(srv.url + "/openapi.json", timeout=30).json()["paths"]
+    ids = [op["operationId"] for ops in paths.values() for op in ops.values()]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    assert sorted(paths["/generate"]) == ["post", "put"] and sorted(paths["/flush_cache"]) == ["get", "post"]
+
+
 CLIENT = textwrap.dedent("""
     import json, sys
     sys.modules["transformers"] = None  # no local tokenizer can be loaded in this process

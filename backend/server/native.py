@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -174,11 +174,19 @@ async def _stream_events(
     yield SSE_DONE
 
 
+def route_methods(app: FastAPI, path: str, endpoint: Callable[..., Any], methods: list[str]) -> None:
+    """path served by endpoint for each of methods, one OpenAPI operation each (a route taking
+    several methods would list them all under one operation id)."""
+    for method in methods:
+        app.add_api_route(
+            path, endpoint, methods=[method], operation_id=f"{endpoint.__name__}_{method.lower()}"
+        )
+
+
 def register(app: FastAPI) -> None:
     runner: Runner = app.state.runner
     engine = app.state.engine
 
-    @app.api_route("/generate", methods=["POST", "PUT"])  # SGLang takes both
     async def generate(req: GenerateRequest, request: Request) -> Any:
         req.check_supported()
         seqs = build_seqs(req)
@@ -196,6 +204,8 @@ def register(app: FastAPI) -> None:
             runner.release_all(seqs)
         outs = [_finish(r, _with_text(s, req), engine.tokenizer) for r, s in zip(results, seqs)]
         return outs if req.is_batch or len(outs) > 1 else outs[0]
+
+    route_methods(app, "/generate", generate, ["POST", "PUT"])  # SGLang takes both
 
     @app.get("/health")
     async def health() -> Response:
@@ -250,7 +260,7 @@ def register(app: FastAPI) -> None:
             return JSONResponse({"flushed": True, "message": "cache flushed"})
         return JSONResponse(error_body("cache not flushed: requests are running", 400), status_code=400)
 
-    app.api_route("/flush_cache", methods=["GET", "POST"])(flush_cache)  # SGLang takes both
+    route_methods(app, "/flush_cache", flush_cache, ["GET", "POST"])  # SGLang takes both
 
     @app.post("/abort_request")
     async def abort_request(req: AbortRequest) -> dict[str, Any]:
