@@ -151,8 +151,13 @@ class ModelRunner:
         was_unit = self.kv_pool.unit_scales
         self.kv_pool.set_scales(k_scales, v_scales)
         if self.graph_runner is not None and was_unit != self.kv_pool.unit_scales:
-            self.graph_runner = None  # drop the old graphs' memory before capturing anew
-            self.graph_runner = try_create(self.graph_target(), *self._graph_args)
+            self.recapture_decode_graphs()
+
+    def recapture_decode_graphs(self) -> None:
+        """Capture the decode graphs again (after a change they bake in); on the scheduler
+        thread. graph_runner is None afterwards where capture failed (the reason logged)."""
+        self.graph_runner = None  # drop the old graphs' memory before capturing anew
+        self.graph_runner = try_create(self.graph_target(), *self._graph_args)
 
     def _load_model(self, model_dir: Path | None, random_weights: bool, seed: int) -> LlamaForCausalLM:
         with torch.device("meta"):

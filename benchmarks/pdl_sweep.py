@@ -20,7 +20,6 @@ from typing import Any
 import suite_workloads as w
 from bench_env import environment
 
-from radixlm.backend.cuda_graph_runner import try_create
 from radixlm.backend.engine import Engine
 from radixlm.kernels import _triton
 
@@ -50,10 +49,8 @@ def apply_setting(engine: Engine, setting: str) -> None:
 
     def recapture() -> None:
         _triton.PDL_ON, _triton.PDL_EARLY = parse_setting(setting)
-        runner = engine.runner
-        runner.graph_runner = None  # free the old graphs' memory first
-        runner.graph_runner = try_create(runner.graph_target(), *runner._graph_args)
-        if runner.graph_runner is None:
+        engine.runner.recapture_decode_graphs()
+        if engine.runner.graph_runner is None:
             raise RuntimeError("decode graphs failed to capture")
 
     w.on_scheduler(engine, recapture)

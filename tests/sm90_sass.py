@@ -28,11 +28,11 @@ def compile_sm90(
     num_stages: int,
     aligned_ints: tuple[str, ...] = (),
     floats: tuple[str, ...] = (),
-    fp_fusion: bool = True,
 ) -> str:
     """fn's SASS for sm_90: pointers (name → Triton type) and the ints named in aligned_ints
     marked divisible by 16, as the launcher specialises them for aligned tensors and sizes;
-    other arguments are i32, or fp32 where floats names them; FP fusion as the launch names it."""
+    other arguments are i32, or fp32 where floats names them; FP fusion on, as the launches
+    name it (those that turn it off round values, which these checks do not look at)."""
     from triton.backends.compiler import GPUTarget
 
     names: list[str] = fn.arg_names  # type: ignore[attr-defined]
@@ -50,7 +50,7 @@ def compile_sm90(
     kernel = triton.compile(
         src,
         target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": fp_fusion},
+        options={"num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": True},
     )
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "kernel.cubin")
