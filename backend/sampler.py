@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import torch
 
+from radixlm.kernels.argmax import argmax_rows
+
 from .forward_batch import to_device
 from .request import Req
 
@@ -101,7 +103,7 @@ class Sampler:
         self.process_(logits, reqs)
         greedy = [r.params.is_greedy for r in reqs]
         if all(greedy):
-            return logits.argmax(dim=-1)
+            return argmax_rows(logits)
         return self._sample_random(logits, reqs, greedy)
 
     def process_(self, logits: torch.Tensor, reqs: Sequence[Req]) -> None:
@@ -204,7 +206,7 @@ class Sampler:
                 tokens[to_device(plain_rows, dev)] = self._sample_seeded(probs, reqs, plain_rows)
         if any(greedy):
             g = to_device(greedy, dev, torch.bool)
-            tokens = torch.where(g, logits.argmax(dim=-1), tokens)
+            tokens = torch.where(g, argmax_rows(logits), tokens)
         return tokens
 
     @staticmethod
