@@ -23,6 +23,11 @@ def build_cos_sin_cache(inv_freq: torch.Tensor, max_position: int) -> torch.Tens
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
 
 
+# Heads per program: a token's 32 q and 8 k heads take five programs, whose loads run side by side
+# where one program would take them block after block
+HEADS_PER_PROGRAM = 8
+
+
 @triton.jit
 def _rotate_heads(
     X,
@@ -33,6 +38,7 @@ def _rotate_heads(
     stride_xh,
     stride_yt,
     stride_yh,
+    h0,
     n_heads,
     cos,
     sin,
@@ -42,25 +48,24 @@ def _rotate_heads(
     BLOCK_HALF: tl.constexpr,
     QUANT: tl.constexpr,
 ):
-    """QUANT: Y is an fp8 pool buffer; the rotated rows (rounded to X's dtype first, as the
-    unfused rope-then-store path would hold them) are quantized with Scale[head]."""
-    offs_h = tl.arange(0, BLOCK_H)
+    """Heads h0 .. h0 + BLOCK_H - 1 (those below n_heads). QUANT: Y is an fp8 pool buffer; the
+    rotated rows (rounded to X's dtype first, as the unfused rope-then-store path would hold
+    them) are quantized with Scale[head]."""
+    hh = h0 + tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
-    for h0 in range(0, n_heads, BLOCK_H):
-        hh = h0 + offs_h
-        mask = (hh[:, None] < n_heads) & (offs_d[None, :] < HALF)
-        src = X + tok * stride_xt + hh[:, None] * stride_xh + offs_d[None, :]
-        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
-        dst = Y + out_row * stride_yt + hh[:, None] * stride_yh + offs_d[None, :]
-        y1 = x1 * cos - x2 * sin
-        y2 = x2 * cos + x1 * sin
-        if QUANT:
-            s = tl.load(Scale + hh, mask=hh < n_heads, other=1.0)[:, None]
-            y1 = quantize_rows(y1.to(X.dtype.element_ty), s, True, Y)
-            y2 = quantize_rows(y2.to(X.dtype.element_ty), s, True, Y)
-        tl.store(dst, y1.to(Y.dtype.element_ty), mask=mask)
-        tl.store(dst + HALF, y2.to(Y.dtype.element_ty), mask=mask)
+    mask = (hh[:, None] < n_heads) & (offs_d[None, :] < HALF)
+    src = X + tok * stride_xt + hh[:, None] * stride_xh + offs_d[None, :]
+    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    dst = Y + out_row * stride_yt + hh[:, None] * stride_yh + offs_d[None, :]
+    y1 = x1 * cos - x2 * sin
+    y2 = x2 * cos + x1 * sin
+    if QUANT:
+        s = tl.load(Scale + hh, mask=hh < n_heads, other=1.0)[:, None]
+        y1 = quantize_rows(y1.to(X.dtype.element_ty), s, True, Y)
+        y2 = quantize_rows(y2.to(X.dtype.element_ty), s, True, Y)
+    tl.store(dst, y1.to(Y.dtype.element_ty), mask=mask)
+    tl.store(dst + HALF, y2.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -73,6 +78,7 @@ def _copy_v_row(
     stride_vh,
     stride_bt,
     stride_bh,
+    h0,
     n_heads,
     Scale,
     HEAD_DIM: tl.constexpr,
@@ -80,20 +86,19 @@ def _copy_v_row(
     BLOCK_D: tl.constexpr,
     QUANT: tl.constexpr,
 ):
-    offs_h = tl.arange(0, BLOCK_H)
+    """Heads h0 .. h0 + BLOCK_H - 1 of v's row tok into the pool row slot."""
+    hh = h0 + tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
-    for h0 in range(0, n_heads, BLOCK_H):
-        hh = h0 + offs_h
-        mask = (hh[:, None] < n_heads) & (offs_d[None, :] < HEAD_DIM)
-        v = tl.load(V + tok * stride_vt + hh[:, None] * stride_vh + offs_d[None, :], mask=mask)
-        s = 1.0
-        if QUANT:
-            s = tl.load(Scale + hh, mask=hh < n_heads, other=1.0)[:, None]
-        tl.store(
-            Vbuf + slot * stride_bt + hh[:, None] * stride_bh + offs_d[None, :],
-            quantize_rows(v, s, QUANT, Vbuf),
-            mask=mask,
-        )
+    mask = (hh[:, None] < n_heads) & (offs_d[None, :] < HEAD_DIM)
+    v = tl.load(V + tok * stride_vt + hh[:, None] * stride_vh + offs_d[None, :], mask=mask)
+    s = 1.0
+    if QUANT:
+        s = tl.load(Scale + hh, mask=hh < n_heads, other=1.0)[:, None]
+    tl.store(
+        Vbuf + slot * stride_bt + hh[:, None] * stride_bh + offs_d[None, :],
+        quantize_rows(v, s, QUANT, Vbuf),
+        mask=mask,
+    )
 
 
 @triton.jit
@@ -131,70 +136,80 @@ def _rotary_kernel(
     QUANT: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """STORE_KV: Ko is the pool's K buffer and k's output row is Loc[tok]; v is copied to Vbuf.
+    """One program per (token, block of BLOCK_H heads): q's blocks first, then k's (with v's
+    same heads when storing), so one token's heads spread over several programs.
+    STORE_KV: Ko is the pool's K buffer and k's output row is Loc[tok]; v is copied to Vbuf.
     QUANT: the pool is fp8, quantized with KScale / VScale per KV head."""
     pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    q_blocks = tl.cdiv(n_q_heads, BLOCK_H)
     pos = tl.load(Pos + tok)
     offs_d = tl.arange(0, BLOCK_HALF)
     cmask = offs_d < HALF
     cos = tl.load(Cache + pos * stride_c + offs_d, mask=cmask, other=0.0)[None, :]
     sin = tl.load(Cache + pos * stride_c + HALF + offs_d, mask=cmask, other=0.0)[None, :]
-    _rotate_heads(
-        Q,
-        Qo,
-        tok,
-        tok,
-        stride_qt,
-        stride_qh,
-        stride_ot,
-        stride_oh,
-        n_q_heads,
-        cos,
-        sin,
-        KScale,
-        HALF,
-        BLOCK_H,
-        BLOCK_HALF,
-        False,
-    )
-    k_row = tok
-    if STORE_KV:
-        k_row = tl.load(Loc + tok).to(tl.int64)
-        _copy_v_row(
-            V,
-            Vbuf,
+    if part < q_blocks:
+        _rotate_heads(
+            Q,
+            Qo,
+            tok,
+            tok,
+            stride_qt,
+            stride_qh,
+            stride_ot,
+            stride_oh,
+            part * BLOCK_H,
+            n_q_heads,
+            cos,
+            sin,
+            KScale,
+            HALF,
+            BLOCK_H,
+            BLOCK_HALF,
+            False,
+        )
+    else:
+        h0 = (part - q_blocks) * BLOCK_H
+        k_row = tok
+        if STORE_KV:
+            k_row = tl.load(Loc + tok).to(tl.int64)
+            _copy_v_row(
+                V,
+                Vbuf,
+                tok,
+                k_row,
+                stride_vt,
+                stride_vh,
+                stride_bt,
+                stride_bh,
+                h0,
+                n_k_heads,
+                VScale,
+                2 * HALF,
+                BLOCK_H,
+                2 * BLOCK_HALF,
+                QUANT,
+            )
+        _rotate_heads(
+            K,
+            Ko,
             tok,
             k_row,
-            stride_vt,
-            stride_vh,
-            stride_bt,
-            stride_bh,
+            stride_kt,
+            stride_kh,
+            stride_pt,
+            stride_ph,
+            h0,
             n_k_heads,
-            VScale,
-            2 * HALF,
+            cos,
+            sin,
+            KScale,
+            HALF,
             BLOCK_H,
-            2 * BLOCK_HALF,
+            BLOCK_HALF,
             QUANT,
         )
-    _rotate_heads(
-        K,
-        Ko,
-        tok,
-        k_row,
-        stride_kt,
-        stride_kh,
-        stride_pt,
-        stride_ph,
-        n_k_heads,
-        cos,
-        sin,
-        KScale,
-        HALF,
-        BLOCK_H,
-        BLOCK_HALF,
-        QUANT,
-    )
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
@@ -223,7 +238,9 @@ def _launch(
     k_scale, v_scale = scales if scales is not None else (cache, cache)  # unused unless QUANT
     if q.shape[0]:
         half = q.shape[2] // 2
-        _rotary_kernel[(q.shape[0],)](
+        block_h = min(HEADS_PER_PROGRAM, next_pow2(max(q.shape[1], k.shape[1])))
+        parts = triton.cdiv(q.shape[1], block_h) + triton.cdiv(k.shape[1], block_h)
+        _rotary_kernel[(q.shape[0], parts)](
             q,
             k,
             qo,
@@ -251,7 +268,7 @@ def _launch(
             k_scale,
             v_scale,
             HALF=half,
-            BLOCK_H=min(16, next_pow2(max(q.shape[1], k.shape[1]))),
+            BLOCK_H=block_h,
             BLOCK_HALF=next_pow2(half),
             STORE_KV=store is not None,
             QUANT=scales is not None,

@@ -57,6 +57,8 @@ CASES = [
     (torch.bfloat16, 3, 8, 2, 32, True),
     (torch.bfloat16, 1, 12, 4, 16, True),
     (torch.float32, 4, 6, 6, 48, True),
+    (torch.bfloat16, 2, 32, 8, 32, True),  # four q programs and one k program per token
+    (torch.float32, 2, 10, 10, 16, False),  # k heads over two programs, the second part-full
 ]
 
 
