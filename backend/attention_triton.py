@@ -1,7 +1,6 @@
 """TritonAttentionBackend: the GPU attention path. Per layer it stores the step's new K/V into the
-KV pool (one kernel), then runs split-K paged decode, its splits merged in the same launch through
-counters the backend owns (or cascade decode when the batch carries a CascadePlan in
-fb.cascade_plan) for decode batches, else paged extend attention (a mixed step with
+KV pool (one kernel), then runs split-K paged decode (or cascade decode when the batch carries a
+CascadePlan in fb.cascade_plan) for decode batches, else paged extend attention (a mixed step with
 at least mixed_decode_min_rows leading decode rows runs those through decode attention). An fp8 pool is
 quantized on store and read by the kernels with its per-head scales; extend reads the new tokens
 back from the pool, so every token is attended as decode will later see it.
@@ -25,9 +24,6 @@ from .forward_batch import ForwardBatch, MixedStepSplit, to_device_packed
 # (TritonAttentionBackend.mixed_split says why there is a floor); the suite's mixed_decode_split
 # row measures the split against running the whole step through extend.
 MIXED_DECODE_MIN_ROWS = 16
-# Requests whose decode splits merge inside the decode launch (the running-request limit's
-# ceiling, limits.max_running_requests)
-SPLIT_COUNTER_ROWS = 4096
 
 
 class TritonAttentionBackend:
@@ -45,17 +41,6 @@ class TritonAttentionBackend:
         self.sm_scale = sm_scale
         self._num_sms = num_sms
         self.mixed_decode_min_rows = mixed_decode_min_rows
-        self._split_counters: torch.Tensor | None = None
-
-    def split_counters(self, num_kv_heads: int, device: torch.device) -> torch.Tensor:
-        """int32 zeros for split-K decode to merge its splits in one launch (the kernels leave them
-        at zero): one per (request, KV head) for SPLIT_COUNTER_ROWS requests, made by the first
-        decode (eager, before any graph captures it). Batches past it merge in a second launch."""
-        if self._split_counters is None:
-            self._split_counters = torch.zeros(
-                SPLIT_COUNTER_ROWS * num_kv_heads, dtype=torch.int32, device=device
-            )
-        return self._split_counters
 
     def num_sms(self, device: torch.device) -> int:
         if self._num_sms is None:
@@ -95,9 +80,8 @@ class TritonAttentionBackend:
         if not pool.quantized and q.dtype != k_buf.dtype:  # an fp8 pool is widened to q's dtype
             q = q.to(k_buf.dtype)
         q = q if q.stride(-1) == 1 else q.contiguous()
-        scale = self.sm_scale if self.sm_scale is not None else 1.0 / math.sqrt(d)
         att = _LayerAttention(
-            q, k_buf, v_buf, fb, layer, scale, self.split_counters(k_buf.shape[1], q.device)
+            q, k_buf, v_buf, fb, layer, self.sm_scale if self.sm_scale is not None else 1.0 / math.sqrt(d)
         )
         if fb.is_decode:
             out = att.decode(self.decode_splits(fb, k_buf.shape[1], q.device))
@@ -152,11 +136,9 @@ class _LayerAttention:
         fb: ForwardBatch,
         layer: int,
         scale: float,
-        split_counters: torch.Tensor,
     ) -> None:
         self.q, self.k_buf, self.v_buf, self.fb, self.scale = q, k_buf, v_buf, fb, scale
         self.k_scale, self.v_scale = fb.kv_pool.scales(layer)  # None when 1: nothing to fold
-        self.split_counters = split_counters
 
     def decode(self, num_splits: int) -> torch.Tensor:
         fb = self.fb
@@ -197,7 +179,6 @@ class _LayerAttention:
             out=out,
             k_scale=self.k_scale,
             v_scale=self.v_scale,
-            split_counters=self.split_counters,
         )
 
     def extend(

@@ -158,100 +158,25 @@ def _merge_splits_kernel(
     pdl_wait(PDL)
     n = tl.program_id(0)
     h = tl.program_id(1)
-    merge_head(
-        MidO,
-        MidLse,
-        Out + n * stride_ob + h * stride_oh,
-        OutLse + n * tl.num_programs(1) + h,
-        (n * tl.num_programs(1) + h) * num_splits,
-        num_splits,
-        HEAD_DIM,
-        BLOCK_D,
-        BLOCK_S,
-        WRITE_LSE,
-        "",
-    )
-
-
-@triton.jit
-def merge_head(
-    MidO,
-    MidLse,
-    Out,
-    OutLse,
-    base,
-    num_splits,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    WRITE_LSE: tl.constexpr,
-    CACHE: tl.constexpr,
-):
-    """One head's states at rows base .. base + num_splits - 1 of MidO / MidLse, merged into the
-    row at Out (and its lse at OutLse). CACHE ".cg" reads past this SM's L1, for states that
-    other programs of the running grid wrote."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     mask_s = offs_s < num_splits
     mask_d = offs_d < HEAD_DIM
-    lse = tl.load(MidLse + base + offs_s, mask=mask_s, other=float("-inf"), cache_modifier=CACHE)
-    o = tl.load(
-        MidO + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-        mask=mask_s[:, None] & mask_d[None, :],
-        other=0.0,
-        cache_modifier=CACHE,
-    )
+    base = (n * tl.num_programs(1) + h) * num_splits
+    lse = tl.load(MidLse + base + offs_s, mask=mask_s, other=float("-inf"))
     m = tl.max(lse, 0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp(lse - m_safe)
     total = tl.sum(w, 0)
+    o = tl.load(
+        MidO + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )
     out = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-    tl.store(Out + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
+    tl.store(Out + n * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=mask_d)
     if WRITE_LSE:
-        tl.store(OutLse, tl.where(total > 0, m_safe + tl.log(total), m))
-
-
-@triton.jit
-def merge_if_last(
-    Counter,
-    MidO,
-    MidLse,
-    Out,
-    OutLse,
-    b,
-    kvh,
-    num_splits,
-    num_q_heads,
-    stride_ob,
-    stride_oh,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    WRITE_LSE: tl.constexpr,
-):
-    """Split-K's second stage inside the first: each program of (request b, KV head kvh) counts
-    itself in at Counter once its states are stored; the last of the num_splits merges the GROUP
-    heads' states and sets the count back to 0 for the next launch. The barrier orders every
-    thread's stores before the count's release; the merge reads after its acquire, from L2."""
-    tl.debug_barrier()
-    if tl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-        for j in tl.static_range(GROUP):
-            h = kvh * GROUP + j
-            merge_head(
-                MidO,
-                MidLse,
-                Out + b * stride_ob + h * stride_oh,
-                OutLse + b * num_q_heads + h,
-                (b * num_q_heads + h) * num_splits,
-                num_splits,
-                HEAD_DIM,
-                BLOCK_D,
-                BLOCK_S,
-                WRITE_LSE,
-                ".cg",
-            )
-        tl.atomic_xchg(Counter, 0, sem="relaxed", scope="gpu")
+        tl.store(OutLse + n * tl.num_programs(1) + h, tl.where(total > 0, m_safe + tl.log(total), m))
 
 
 def merge_splits(

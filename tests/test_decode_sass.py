@@ -26,7 +26,6 @@ def fp8_decode_signature(v_in_registers: bool) -> tuple[dict[str, str], dict[str
     }
     for name in ("OutLse", "KScale", "VScale"):
         pointers[name] = "*fp32"
-    pointers["Counters"] = "*i32"
     for name in ("ReqToToken", "ReqIdx", "SeqLens", "KvStart"):
         pointers[name] = "*i64"
     constexprs = dict(
@@ -43,32 +42,27 @@ def fp8_decode_signature(v_in_registers: bool) -> tuple[dict[str, str], dict[str
         WRITE_LSE=False,
         HAS_K_SCALE=False,
         HAS_V_SCALE=False,
-        MERGE_LAST=False,
-        BLOCK_S=16,
         PDL=True,
     )
     return pointers, constexprs
 
 
-def decode_sass(v_in_registers: bool, merge_last: bool = False) -> str:
-    """_decode_partial_kernel's SASS as `fp8_decode_signature` has it, 4 warps, 3 stages."""
-    from radixlm.kernels.decode_partial import _decode_partial_kernel as fn
+def sass_opcodes(v_in_registers: bool) -> Counter[str]:
+    """Opcode counts of _decode_partial_kernel as `fp8_decode_signature` has it, 4 warps, 3 stages."""
+    from radixlm.kernels.decode_attention import _decode_partial_kernel as fn
 
     pointers, constexprs = fp8_decode_signature(v_in_registers)
     strides = tuple(name for name in fn.arg_names if name.startswith("stride"))
-    return compile_sm90(
+    sass = compile_sm90(
         fn,
         pointers,
-        constexprs | {"MERGE_LAST": merge_last},
+        constexprs,
         num_warps=4,
         num_stages=3,
         aligned_ints=strides,
         floats=("sm_scale",),
     )
-
-
-def sass_opcodes(v_in_registers: bool) -> Counter[str]:
-    return opcodes(decode_sass(v_in_registers))
+    return opcodes(sass)
 
 
 def test_fp8_decode_reads_v_without_byte_loads() -> None:
@@ -79,18 +73,3 @@ def test_fp8_decode_reads_v_without_byte_loads() -> None:
     assert control["LDS.U8"] >= 64, (
         "Triton no longer reads the fp8 V tile byte-wise by itself: widen_v_in_registers may be unneeded"
     )
-
-
-def test_merge_inside_orders_the_count_between_the_states() -> None:
-    """The last split merges states other programs wrote: a GPU-wide fence releases this
-    program's stores before its count, the L1 is invalidated after it, and the states are read
-    with strong (L1-bypassing) loads; without counters the kernel has no atomics."""
-    sass = decode_sass(True, merge_last=True)
-    ops = opcodes(sass)
-    count, reset = sass.find("ATOMG.E.ADD.STRONG.GPU"), sass.find("ATOMG.E.EXCH.STRONG.GPU")
-    assert count > 0 and reset > count, "no count or no reset of the split counter"
-    assert 0 < sass.find("MEMBAR.ALL.GPU") < count, "no GPU-scope fence before the count"
-    assert count < sass.find("CCTL.IVALL") < reset, "no L1 invalidation after the count"
-    strong = sum(n for op, n in ops.items() if op.startswith("LDG.E") and op.endswith("STRONG.GPU"))
-    assert strong >= 2, "the states are not read past the L1"
-    assert not any(op.startswith("ATOMG") for op in sass_opcodes(True)), "atomics without counters"

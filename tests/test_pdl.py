@@ -32,7 +32,7 @@ _ONE_ROW_CONSTS = dict(KIND=1, ROWS=1, BLOCK_B=32, EVEN_B=True, ASM=True)
 def _kernels() -> dict[str, tuple[object, dict[str, str], dict[str, object], tuple[str, ...]]]:
     """name → (kernel, pointer types, constexprs but PDL, float arguments)."""
     from radixlm.kernels import (
-        decode_partial,
+        decode_attention,
         gemv,
         merge_state,
         quant_gemv_dp4a,
@@ -63,7 +63,7 @@ def _kernels() -> dict[str, tuple[object, dict[str, str], dict[str, object], tup
             (),
         ),
         "decode_partial": (
-            decode_partial._decode_partial_kernel,
+            decode_attention._decode_partial_kernel,
             *fp8_decode_signature(True),
             ("sm_scale",),
         ),
