@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_env import environment
 from suite_quant import one_row_kind
 
 from radixlm.backend.engine import Engine
@@ -67,6 +68,8 @@ def profile(args: argparse.Namespace) -> None:
         rows.sort(key=lambda r: -r["device_us"])
         busy = sum(r["device_us"] for r in rows) / 1e6
         res = {
+            "benchmark": "profile_decode",
+            "env": environment(),
             "args": vars(args),
             "wall_s": wall,
             "device_busy_s": busy,
