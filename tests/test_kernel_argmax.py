@@ -1,7 +1,7 @@
 """The greedy argmax kernel (`radixlm.kernels.argmax`) against torch.argmax, exactly: rows that
 end inside a chunk, ties within and across chunks, NaN and infinities, under TRITON_INTERPRET=1
 in a subprocess (the interpreter must be on before the kernels are defined), and the Llama-3
-vocabulary on a GPU; the sampler's greedy rows take it."""
+vocabulary on a GPU."""
 
 from __future__ import annotations
 
