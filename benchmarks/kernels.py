@@ -46,7 +46,8 @@ from radixlm.kernels.decode_attention import decode_attention  # noqa: E402
 from radixlm.kernels.decode_splits import choose_num_splits  # noqa: E402
 from radixlm.kernels.extend_attention import extend_attention, extend_config  # noqa: E402
 
-DECODE = [(1, 4096), (64, 4096), (128, 2048), (256, 1024), (32, 16384)]
+# (batch, length); B=1 L=768 is where the suite's batch-1 decode ends (512 prompt + 256 new)
+DECODE = [(1, 768), (1, 4096), (64, 4096), (128, 2048), (256, 1024), (32, 16384)]
 EXTEND = [
     ("B=8 2048+512", [2048] * 8, [512] * 8),
     ("B=32 1024+128", [1024] * 32, [128] * 32),
@@ -117,7 +118,8 @@ def sweep_decode(ours, n: int, splits: int) -> list[dict]:
         (32, 2, 3),
         (128, 8, 3),
     ]:
-        for s in sorted({max(1, splits // 2), splits, splits * 2, splits * 4}):
+        # one split too: no merge launch, which short rows of a small batch may not repay
+        for s in sorted({1, max(1, splits // 2), splits, splits * 2, splits * 4}):
             try:
                 t = time_fn([ours(i, s, block_n=bn, num_warps=nw, num_stages=ns) for i in range(n)], 20, 3)
                 out.append({"block_n": bn, "num_warps": nw, "num_stages": ns, "splits": s, "us": t * 1e6})
