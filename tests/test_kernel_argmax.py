@@ -75,16 +75,19 @@ def test_argmax_rows_equals_torch_on_gpu() -> None:
         assert torch.equal(argmax_rows(x), torch.argmax(x, dim=-1))
 
 
-def test_argmax_rows_rejects_other_ranks_and_falls_back_off_triton() -> None:
-    from radixlm.kernels.argmax import argmax_rows
+def test_argmax_rows_rejects_other_ranks_and_leaves_some_rows_to_torch(monkeypatch) -> None:
+    """Inputs the kernel does not take go to torch.argmax even where Triton would run: here a
+    launch on CPU tensors without the interpreter would raise."""
+    from radixlm.kernels import argmax
 
     with pytest.raises(ValueError, match="rows, columns"):
-        argmax_rows(torch.randn(5))
-    x = torch.randn(3, 7)[:, ::2]  # not unit-stride: torch's own argmax
-    assert torch.equal(argmax_rows(x), torch.argmax(x, dim=-1))
-    assert argmax_rows(torch.empty(0, 5)).shape == (0,)
+        argmax.argmax_rows(torch.randn(5))
+    monkeypatch.setattr(argmax, "use_triton", lambda t: True)
+    x = torch.randn(3, 7)[:, ::2]  # not unit-stride
+    assert torch.equal(argmax.argmax_rows(x), torch.argmax(x, dim=-1))
+    assert argmax.argmax_rows(torch.empty(0, 5)).shape == (0,)
     y = torch.tensor([[1.0, 1.0 + 1e-12]], dtype=torch.float64)  # equal once rounded to fp32
-    assert argmax_rows(y).tolist() == [1]
+    assert argmax.argmax_rows(y).tolist() == [1]
 
 
 if __name__ == "__main__":
