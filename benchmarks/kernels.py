@@ -48,6 +48,7 @@ from radixlm.kernels.extend_attention import extend_attention, extend_config  # 
 
 # (batch, length); B=1 L=768 is where the suite's batch-1 decode ends (512 prompt + 256 new)
 DECODE = [(1, 768), (1, 4096), (64, 4096), (128, 2048), (256, 1024), (32, 16384)]
+GRAPH_CONTEXT = 16384  # the suite engine's context limit, which sizes its decode graphs' splits
 EXTEND = [
     ("B=8 2048+512", [2048] * 8, [512] * 8),
     ("B=32 1024+128", [1024] * 32, [128] * 32),
@@ -96,7 +97,7 @@ def decode_shape(fi, bw: float, sweep: bool, bsz: int, L: int) -> dict:
     scat, _ = paged_table(seq, scattered=True)
     row["ours_scattered_slots_us"] = time_fn([ours(i, table=scat) for i in range(len(sets))]) * 1e6
     if sweep:
-        row["sweep"] = sweep_decode(ours, len(sets), splits)
+        row["sweep"] = sweep_decode(ours, len(sets), splits, graph_splits(bsz))
     if fi is not None:
         row["flashinfer_us"] = fi_decode(fi, table, seq, sets, qs)
         row["flashinfer_eager_us"] = fi_decode(fi, table, seq, sets, qs, graph=False)
@@ -105,7 +106,13 @@ def decode_shape(fi, bw: float, sweep: bool, bsz: int, L: int) -> dict:
     return row
 
 
-def sweep_decode(ours, n: int, splits: int) -> list[dict]:
+def graph_splits(bsz: int) -> int:
+    """The split count a decode CUDA graph of bsz rows runs with: sized for the context limit."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return choose_num_splits(bsz, HKV, GRAPH_CONTEXT, sms)
+
+
+def sweep_decode(ours, n: int, splits: int, in_graph: int) -> list[dict]:
     out = []
     for bn, nw, ns in [
         (32, 4, 2),
@@ -119,7 +126,7 @@ def sweep_decode(ours, n: int, splits: int) -> list[dict]:
         (128, 8, 3),
     ]:
         # one split too: no merge launch, which short rows of a small batch may not repay
-        for s in sorted({1, max(1, splits // 2), splits, splits * 2, splits * 4}):
+        for s in sorted({1, max(1, splits // 2), splits, splits * 2, splits * 4, in_graph}):
             try:
                 t = time_fn([ours(i, s, block_n=bn, num_warps=nw, num_stages=ns) for i in range(n)], 20, 3)
                 out.append({"block_n": bn, "num_warps": nw, "num_stages": ns, "splits": s, "us": t * 1e6})
@@ -496,6 +503,11 @@ def parse_args(argv: list[str]):
         "(and their correctness checks); writes kernels_h200_<only>.json so a full run is not overwritten",
     )
     ap.add_argument(
+        "--decode-shapes",
+        default="",
+        help="comma list of BATCH:LEN, the decode shapes to run instead of the default list",
+    )
+    ap.add_argument(
         "--reanalyze",
         nargs=4,
         metavar=("RUN_JSON", "OUT", "COPY_TBPS", "NOTE"),
@@ -509,6 +521,12 @@ def parse_args(argv: list[str]):
     )
     args = ap.parse_args(argv)
     args.only = [k for k in args.only.split(",") if k]
+    try:
+        args.decode_shapes = [tuple(int(v) for v in s.split(":")) for s in args.decode_shapes.split(",") if s]
+    except ValueError:
+        ap.error(f"--decode-shapes: want BATCH:LEN,..., got {args.decode_shapes!r}")
+    if any(len(s) != 2 or min(s) < 1 for s in args.decode_shapes):
+        ap.error(f"--decode-shapes: want positive BATCH:LEN pairs, got {args.decode_shapes!r}")
     kinds = {"decode", "extend", "cascade", "fp8"}
     if set(args.only) - kinds:
         ap.error(f"--only: unknown {sorted(set(args.only) - kinds)}")
@@ -523,4 +541,5 @@ if __name__ == "__main__":
     elif ARGS.dry_run:
         dry_run(__file__, summarize, plot)
     else:
+        DECODE[:] = ARGS.decode_shapes or DECODE
         main(ARGS.out_dir, ARGS.sweep, ARGS.only)
