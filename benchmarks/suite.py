@@ -117,6 +117,8 @@ def worker_engine(sizes: dict[str, Any], device: str) -> dict[str, Any]:
 
 
 def engine_defaults(engine: Any) -> dict[str, Any]:
+    from radixlm.kernels import _triton
+
     cfg = engine.scheduler.cfg
     graphs = engine.runner.graph_runner
     return {
@@ -127,6 +129,7 @@ def engine_defaults(engine: Any) -> dict[str, Any]:
         "kv_slots": engine.runner.allocator.size,
         "cuda_graph_max_bs": graphs.max_bs if graphs is not None else None,
         "piecewise_max_tokens": pieces.max_tokens if (pieces := engine.runner.piecewise) is not None else 0,
+        "pdl_kernels": sorted(_triton.PDL_ON),  # launched with PDL where the GPU has it (sm_90+)
     }
 
 

@@ -111,7 +111,7 @@ def pdl_kernels_from(value: str) -> frozenset[str]:
     return frozenset(names)
 
 
-PDL_ON = pdl_kernels_from(os.environ.get("RADIXLM_PDL", "0"))  # read once: pdl_args runs on every launch
+PDL_ON = pdl_kernels_from(os.environ.get("RADIXLM_PDL", "1"))  # read once: pdl_args runs on every launch
 # The PDL kernels that let the next one be placed right after their wait (its programs then queue
 # on free SM slots while this one runs); the others release it only as their programs exit. The
 # one-row quantized matmuls release late: early, they slowed batch-1 Q4_0 decode on an H100
@@ -128,9 +128,10 @@ def pdl_args(t: torch.Tensor, kernel: str) -> dict[str, int | bool]:
     """Launch keywords for a `PDL_KERNELS` kernel, which calls `pdl_wait(PDL)` first, on tensor
     t's device: programmatic dependent launch (sm_90+, compiled, the kernel named in RADIXLM_PDL
     at import) lets the kernel's programs be placed while the kernel ahead of it drains, inside
-    CUDA graphs too, hiding part of the gap between a decode step's many small launches. Off
-    unless asked for: it sped up batch-1 decode on an H100 (bf16 1.025x, Q4_0 1.03x), but the
-    other workloads have yet to be timed with it (benchmarks/results/pdl_h100.md)."""
+    CUDA graphs too, hiding part of the gap between a decode step's many small launches. On
+    unless RADIXLM_PDL=0: on an H100 it sped up batch-1 decode (bf16 1.026x, Q4_0 1.031x) and
+    slowed none of the suite's engine workloads it was timed on
+    (benchmarks/results/suite_ab_h100_pdl_default.md)."""
     on = (
         kernel in PDL_ON
         and _HAS_GDC

@@ -2,8 +2,8 @@
 each kernel waits for the kernel ahead (`griddepcontrol.wait`, SASS `ACQBULK`) before its first
 global memory access and then releases the next (`PREEXIT`); with PDL off neither is there. A
 kernel that touched memory before the wait could read its producer's output half-written. The
-launch keywords turn PDL on only where asked for (RADIXLM_PDL=1) and where it runs: compiled, on
-CUDA, sm_90 and up."""
+launch keywords turn PDL on unless RADIXLM_PDL=0 says otherwise, and only where it runs: compiled,
+on CUDA, sm_90 and up."""
 
 from __future__ import annotations
 
@@ -159,9 +159,15 @@ def test_radixlm_pdl_names_kernels() -> None:
         pdl_kernels_from("rms_norm,rotary")
 
 
-def test_pdl_only_when_asked_for_and_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pdl_on_by_default_and_only_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     read = "from radixlm.kernels._triton import PDL_ON; print(sorted(PDL_ON))"
-    for value, asked in ((None, "[]"), ("0", "[]"), ("silu_mul,rmsnorm", "['rmsnorm', 'silu_mul']")):
+    every = str(sorted(PDL_KERNELS))
+    for value, asked in (
+        (None, every),
+        ("1", every),
+        ("0", "[]"),
+        ("silu_mul,rmsnorm", "['rmsnorm', 'silu_mul']"),
+    ):
         env = {k: v for k, v in os.environ.items() if k != "RADIXLM_PDL"}
         if value is not None:
             env["RADIXLM_PDL"] = value
