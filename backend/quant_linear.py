@@ -16,6 +16,7 @@ from torch import nn
 from radixlm.kernels import cpu_decode, quant_gemv_cpu
 from radixlm.kernels.quant_gemv import GEMV_FORMATS, quant_matmul, repack, takes_int8_row
 from radixlm.kernels.quant_gemv_int8x import Int8Row
+from radixlm.kernels.quant_gemv_rope import fuses_rope, qkv_rope_store
 
 from .quant_formats import AFFINE_FORMATS, AffineGroups, QuantTensor, stack_rows
 
@@ -245,6 +246,25 @@ class QuantLinear(nn.Module):
         seg = self.segments[0]
         assert isinstance(seg, CudaSegment)
         return quant_matmul(x, seg.blocks, x_int8=x_int8)
+
+    def rope_store_row(
+        self,
+        x: torch.Tensor,
+        heads: tuple[int, int, int],
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        scales: tuple[torch.Tensor | None, torch.Tensor | None],
+    ) -> torch.Tensor | None:
+        """For a qkv projection of one decode row: q rotated, k rotated and v written into the
+        pool (kv: k buffer, v buffer, slots), all in the matmul's launch (`quant_gemv_rope`);
+        None where that kernel does not serve this weight and row (the caller runs the two steps)."""
+        if x.dim() != 2 or x.shape[0] != 1 or self.bias is not None or len(self.segments) != 1:
+            return None
+        seg = self.segments[0]
+        if not isinstance(seg, CudaSegment) or not fuses_rope(x, seg.blocks, heads):
+            return None
+        return qkv_rope_store(x, seg.blocks, heads, positions, cos_sin, *kv, *scales)
 
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         """forward() whose output may stay in the CPU kernel's dtype (bf16), for callers whose

@@ -87,6 +87,7 @@ PDL_KERNELS = (
     "gemv_int8x",
     "gemv_stream",
     "gemv_dp4a",
+    "qkv_rope_store",
     "gemv_half2",
     "gemv_fma",
     "gemv_dot",
@@ -116,7 +117,13 @@ PDL_ON = pdl_kernels_from(os.environ.get("RADIXLM_PDL", "1"))  # read once: pdl_
 # on free SM slots while this one runs); the others release it only as their programs exit. The
 # one-row quantized matmuls release late: early, they slowed batch-1 Q4_0 decode on an H100
 # (0.93x), late with the rest early it ran 1.03x (benchmarks/results/pdl_h100.md).
-PDL_EARLY: frozenset[str] = frozenset(PDL_KERNELS) - {"gemv_int8x", "gemv_stream", "gemv_dp4a", "gemv_half2"}
+PDL_EARLY: frozenset[str] = frozenset(PDL_KERNELS) - {
+    "gemv_int8x",
+    "gemv_stream",
+    "gemv_dp4a",
+    "qkv_rope_store",
+    "gemv_half2",
+}
 
 
 @functools.cache

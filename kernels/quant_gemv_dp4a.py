@@ -124,13 +124,12 @@ def _quantize_x(ga, gb, X_F16: tl.constexpr):
 
 
 @triton.jit
-def _gemv_dp4a_kernel(
+def dp4a_rows(
     X4,
     QW,
     D,
     MN,
-    Y,
-    N,
+    rows,
     NB,
     KIND: tl.constexpr,
     ROWS: tl.constexpr,
@@ -138,14 +137,10 @@ def _gemv_dp4a_kernel(
     EVEN_B: tl.constexpr,
     X_F16: tl.constexpr,
     ASM: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    """ROWS weight rows per program over [ROWS, BLOCK_B, 4] word tiles; x is quantized once per
-    tile of blocks and its words reused for every row."""
-    pdl_wait(PDL)
+    """y [ROWS] fp32: weight rows `rows` (int64, each < N) times x, over [ROWS, BLOCK_B, 4] word
+    tiles; x is quantized once per tile of blocks and its words reused for every row."""
     WB: tl.constexpr = 8 if KIND == 2 else 4  # words per block of 32 quants
-    offs = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    rows = tl.minimum(offs, N - 1).to(tl.int64)  # rows past N re-read N-1, never stored
     bb = tl.arange(0, BLOCK_B)
     t = tl.arange(0, 4)[None, None, :]
     acc = tl.zeros((ROWS, BLOCK_B), dtype=tl.float32)
@@ -171,7 +166,31 @@ def _gemv_dp4a_kernel(
             if not EVEN_B:
                 m = tl.where(valid[None, :], m, 0.0)
             acc += m * tl.sum(sx * dx, axis=2)
-    y = tl.sum(acc, axis=1)
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _gemv_dp4a_kernel(
+    X4,
+    QW,
+    D,
+    MN,
+    Y,
+    N,
+    NB,
+    KIND: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    EVEN_B: tl.constexpr,
+    X_F16: tl.constexpr,
+    ASM: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """ROWS consecutive weight rows per program."""
+    pdl_wait(PDL)
+    offs = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rows = tl.minimum(offs, N - 1).to(tl.int64)  # rows past N re-read N-1, never stored
+    y = dp4a_rows(X4, QW, D, MN, rows, NB, KIND, ROWS, BLOCK_B, EVEN_B, X_F16, ASM)
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=offs < N)
 
 
@@ -225,4 +244,4 @@ def quantize_x_ref(x: torch.Tensor) -> torch.Tensor:
     return (torch.floor(xg * inv + 0.5) * (amax / c127)).reshape(x.shape)
 
 
-__all__ = ["DP4A_FORMATS", "FORMAT_KIND", "gemv_dp4a", "quantize_x_ref", "word_dot"]
+__all__ = ["DP4A_FORMATS", "FORMAT_KIND", "dp4a_rows", "gemv_dp4a", "quantize_x_ref", "word_dot"]

@@ -38,6 +38,7 @@ def _kernels() -> dict[str, tuple[object, dict[str, str], dict[str, object], tup
         quant_gemv_dp4a,
         quant_gemv_half2,
         quant_gemv_int8x,
+        quant_gemv_rope,
         quant_gemv_stream,
         rmsnorm,
         rotary,
@@ -96,6 +97,24 @@ def _kernels() -> dict[str, tuple[object, dict[str, str], dict[str, object], tup
             quant_gemv_dp4a._gemv_dp4a_kernel,
             {"X4": "*i64"} | _ONE_ROW,
             _ONE_ROW_CONSTS | {"X_F16": False},
+            (),
+        ),
+        "qkv_rope_store": (
+            quant_gemv_rope._qkv_rope_store_kernel,
+            {"X4": "*i64", "QW": "*i32", "D": "*fp16", "MN": "*fp16", "Qo": bf16, "Kbuf": bf16, "Vbuf": bf16}
+            | {"Loc": i64, "Pos": i64, "Cache": f32, "KScale": f32, "VScale": f32},
+            dict(
+                HQ=32,
+                HKV=8,
+                HALF=64,
+                KIND=0,
+                ROWS=4,
+                BLOCK_B=32,
+                EVEN_B=True,
+                X_F16=False,
+                ASM=True,
+                QUANT=False,
+            ),
             (),
         ),
         "gemv_half2": (

@@ -15,53 +15,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.kernels import cpu_decode
-from radixlm.kernels.gemv import gemv, use_gemv
 from radixlm.kernels.quant_gemv_int8x import Int8Row
 from radixlm.kernels.silu_and_mul import silu_mul, silu_mul_int8
 
 from ..attention import TorchAttentionBackend
 from ..forward_batch import ForwardBatch
-from ..fp8_linear import Fp8Linear
 from ..model_config import ModelConfig
 from ..quant_formats import QuantTensor
-from ..quant_linear import QuantLinear, install_quantized
+from ..quant_linear import install_quantized
 from ..tensor_parallel import StepSender, TPShard, embed_rows, gather_logits, reduce_partial
 from .cpu_layers import CpuDecodeLayers
+from .linear import Layer, linear, native, reads_int8
 from .norm import RMSNorm, few_f32_rows
-from .rotary import RotaryEmbedding, rotate_and_store
-
-
-def reads_int8(layer: nn.Linear | QuantLinear | Fp8Linear, x: torch.Tensor) -> bool:
-    """Whether layer's matmul of x reads x rounded to int8 (a one-row GGUF kernel), so the op
-    that writes x should round it too."""
-    return isinstance(layer, QuantLinear) and layer.takes_int8_row(x)
-
-
-def linear(
-    layer: nn.Linear | QuantLinear | Fp8Linear, x: torch.Tensor, x_int8: Int8Row | None = None
-) -> torch.Tensor:
-    """layer(x); one row on CUDA goes to radixlm.kernels.gemv, which streams the weight once
-    and beats cuBLAS for a single row; from a few rows up cuBLAS is faster, so it keeps those
-    (figures: benchmarks/results/gemv_h200.json). GGUF blocks and FP8 weights run their
-    layer's own paths; x_int8, x already rounded, only where `reads_int8(layer, x)`. No rows (the
-    LM head of a chunk that needs no logits) give an empty result: not every kernel takes them."""
-    if x.shape[0] == 0:
-        return x.new_empty(0, layer.out_features)
-    if x_int8 is not None:
-        assert isinstance(layer, QuantLinear)
-        return layer.forward_int8(x, x_int8)
-    if isinstance(layer, (QuantLinear, Fp8Linear)):
-        return layer(x)
-    if x.shape[0] == 1 and use_gemv(x, layer.weight):
-        return gemv(x, layer.weight, layer.bias)
-    y: torch.Tensor = layer(x)
-    return y
-
-
-def native(layer: nn.Linear | QuantLinear | Fp8Linear, x: torch.Tensor) -> torch.Tensor:
-    """layer(x) on the CPU, in the packed matmul's own dtype where it has one (the caller's next
-    op promotes or casts: a residual add in float32, the next matmul's bf16 input)."""
-    return layer.forward_native(x) if isinstance(layer, QuantLinear) else layer(x)
+from .rotary import RotaryEmbedding, project_rotate_and_store, rotate_and_store
 
 
 class LlamaAttention(nn.Module):
@@ -80,6 +46,12 @@ class LlamaAttention(nn.Module):
         self, positions: torch.Tensor, x: torch.Tensor, fb: ForwardBatch, x_int8: Int8Row | None = None
     ) -> torch.Tensor:
         t = x.shape[0]
+        backend = fb.attn_backend
+        if fb.is_decode and x.is_cuda and backend.accepts_stored_kv and self.q_norm is None:
+            heads = (self.num_heads, self.num_kv_heads, self.head_dim)
+            q = project_rotate_and_store(self.rope, self.qkv_proj, positions, x, fb, self.layer_id, heads)
+            if q is not None:  # the GGUF qkv matmul rotated q and k and stored k and v itself
+                return linear(self.o_proj, backend.forward(q, None, None, self.layer_id, fb))
         qkv = linear(self.qkv_proj, x, x_int8)
         if self.q_norm is None and self._fused_cpu(fb, qkv):
             return native(self.o_proj, self._rope_store_attend(positions, qkv, fb))
@@ -90,7 +62,6 @@ class LlamaAttention(nn.Module):
             v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
             return native(self.o_proj, fb.attn_backend.forward(q, k, v, self.layer_id, fb))
         q, k, v = self._heads(qkv)
-        backend = fb.attn_backend
         if fb.is_decode and q.is_cuda and backend.accepts_stored_kv:
             pool = fb.kv_pool  # decode reads all K/V from the pool: rope writes k (and v) there itself
             q = rotate_and_store(
@@ -227,7 +198,7 @@ def _norm(
     norm: RMSNorm,
     h: torch.Tensor,
     residual: torch.Tensor | None,
-    consumer: nn.Linear | QuantLinear | Fp8Linear,
+    consumer: Layer,
 ) -> tuple[torch.Tensor, torch.Tensor, Int8Row | None]:
     """(norm(h (+ residual)), the residual stream, and the norm rounded to int8 where the layer
     it feeds reads it so)."""

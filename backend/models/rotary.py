@@ -1,16 +1,22 @@
 """Rotary position embedding: cos/sin tables (plain, linear, llama3 and per-frequency factor
-scaling) and their application in the HF rotate-half layout."""
+scaling) and their application in the HF rotate-half layout; for decode, fused with the KV store
+(and, for a GGUF qkv weight, with the projection itself)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from radixlm.kernels.rotary import apply_rotary, rotary_and_store
+
+from ..quant_linear import QuantLinear
+
+if TYPE_CHECKING:
+    from ..forward_batch import ForwardBatch
 
 
 def inv_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -130,6 +136,25 @@ def rotate_and_store(
     """Decode on CUDA: rotated q; rotated k and v written into the pool rows loc (one launch;
     an fp8 pool's rows quantized with k_scale / v_scale)."""
     return rotary_and_store(q, k, v, positions, rope.cos_sin, k_buffer, v_buffer, loc, k_scale, v_scale)
+
+
+def project_rotate_and_store(
+    rope: RotaryEmbedding,
+    qkv_proj: torch.nn.Module,
+    positions: torch.Tensor,
+    x: torch.Tensor,
+    fb: ForwardBatch,
+    layer: int,
+    heads: tuple[int, int, int],
+) -> torch.Tensor | None:
+    """Decode on CUDA, one row: rotated q, with rotated k and v written into the pool, from the
+    qkv projection's own launch where it is a GGUF matmul that can do both (`QuantLinear.
+    rope_store_row`); None otherwise (the caller projects, then `rotate_and_store`)."""
+    if not isinstance(qkv_proj, QuantLinear):
+        return None
+    pool = fb.kv_pool
+    kv = (pool.k_buffers[layer], pool.v_buffers[layer], fb.out_cache_loc)
+    return qkv_proj.rope_store_row(x, heads, positions, rope.cos_sin, kv, pool.store_scales(layer))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
