@@ -11,23 +11,21 @@ import json
 import sys
 
 import torch
-from kernels_common import DEV, DT, HKV, HQ, D, kv_sets, n_sets, paged_table, time_fn
+from kernels_common import DEV, DT, HKV, HQ, D, graph_splits, kv_sets, n_sets, paged_table, time_fn
 
 from radixlm.kernels.decode_attention import decode_attention
-from radixlm.kernels.decode_splits import choose_num_splits
 
 SHAPES = [(1, 512), (1, 768), (1, 1024), (1, 2048), (1, 4096), (4, 1024), (16, 1024)]
-GRAPH_CONTEXT = 16384
 
 
-def time_shape(bsz: int, seq_len: int, sms: int) -> dict[str, float | int]:
+def time_shape(bsz: int, seq_len: int) -> dict[str, float | int]:
     seq = [seq_len] * bsz
     table, n_slots = paged_table(seq)
     sets = kv_sets(n_slots, n_sets(2 * bsz * seq_len * HKV * D * 2))
     qs = [torch.randn(bsz, HQ, D, dtype=DT, device=DEV) for _ in sets]
     lens = torch.tensor(seq, device=DEV)
     ridx = torch.arange(bsz, device=DEV)
-    in_graph = choose_num_splits(bsz, HKV, GRAPH_CONTEXT, sms)
+    in_graph = graph_splits(bsz)
     row: dict[str, float | int] = {"B": bsz, "L": seq_len, "graph_splits": in_graph}
     for s in sorted({in_graph, 12, 16}):
         fns = [
@@ -40,9 +38,8 @@ def time_shape(bsz: int, seq_len: int, sms: int) -> dict[str, float | int]:
 
 def main() -> None:
     tag = sys.argv[1] if len(sys.argv) > 1 else ""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for bsz, seq_len in SHAPES:
-        print(json.dumps({"tag": tag, **time_shape(bsz, seq_len, sms)}), flush=True)
+        print(json.dumps({"tag": tag, **time_shape(bsz, seq_len)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from kernels_common import (  # noqa: E402
     fi_decode,
     fi_pages,
     fi_view,
+    graph_splits,
     kv_sets,
     log,
     n_sets,
@@ -48,7 +49,6 @@ from radixlm.kernels.extend_attention import extend_attention, extend_config  # 
 
 # (batch, length); B=1 L=768 is where the suite's batch-1 decode ends (512 prompt + 256 new)
 DECODE = [(1, 768), (1, 4096), (64, 4096), (128, 2048), (256, 1024), (32, 16384)]
-GRAPH_CONTEXT = 16384  # the suite engine's context limit, which sizes its decode graphs' splits
 EXTEND = [
     ("B=8 2048+512", [2048] * 8, [512] * 8),
     ("B=32 1024+128", [1024] * 32, [128] * 32),
@@ -104,12 +104,6 @@ def decode_shape(fi, bw: float, sweep: bool, bsz: int, L: int) -> dict:
     row["ours_TBps"] = kv_bytes / row["ours_us"] / 1e6
     log(json.dumps({k: v for k, v in row.items() if k != "sweep"}))
     return row
-
-
-def graph_splits(bsz: int) -> int:
-    """The split count a decode CUDA graph of bsz rows runs with: sized for the context limit."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return choose_num_splits(bsz, HKV, GRAPH_CONTEXT, sms)
 
 
 def sweep_decode(ours, n: int, splits: int, in_graph: int) -> list[dict]:

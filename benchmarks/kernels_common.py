@@ -1,5 +1,5 @@
-"""Shared pieces of the kernel benchmarks (benchmarks/kernels.py, benchmarks/kernels_cascade.py):
-the shape constants, CUDA-graph timing with launch cost hidden and cold L2, paged tables laid out
+"""Shared pieces of the kernel benchmarks (benchmarks/kernels.py, benchmarks/kernels_cascade.py,
+benchmarks/decode_split_counts.py): the shape constants, the split count a decode graph runs with, CUDA-graph timing with launch cost hidden and cold L2, paged tables laid out
 in whole 16-token pages (the bytes FlashInfer reads), K/V buffer sets, FlashInfer plain decode."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ HQ, HKV, D, PAGE = 32, 8, 128, 16
 DT = torch.bfloat16
 DEV = "cuda"
 L2_BYTES = 60e6
+GRAPH_CONTEXT = 16384  # the suite engine's context limit, which sizes its decode graphs' splits
 
 
 def log(*a: object, **kw: object) -> None:
@@ -21,6 +22,14 @@ def log(*a: object, **kw: object) -> None:
 
 
 GRAPH_FAILURES: list[str] = []
+
+
+def graph_splits(bsz: int) -> int:
+    """The split count a decode CUDA graph of bsz rows runs with: sized for the context limit."""
+    from radixlm.kernels.decode_splits import choose_num_splits
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return choose_num_splits(bsz, HKV, GRAPH_CONTEXT, sms)
 
 
 def time_fn(
